@@ -1,0 +1,104 @@
+"""`crucible env …` and `crucible tasks …`: register environment specs and import their tasks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+from sqlalchemy import func, select
+
+from cli.console import OutputFormat, OutputOption, console, print_json, readable_errors
+from core.db import session_scope
+from core.models import Environment, Task
+from environments.service import get_environment, list_environments, register_environment
+from environments.spec import load_spec_file
+from environments.tasks import TaskFormat, import_tasks
+
+env_app = typer.Typer(help="Environments: register versioned specs, list and show them.", no_args_is_help=True)
+tasks_app = typer.Typer(help="Tasks: import them into an environment and list them.", no_args_is_help=True)
+
+
+def _env_json(row: Environment) -> dict[str, object]:
+    return {"id": row.id, "name": row.name, "version": row.version, "kind": row.kind, "spec_hash": row.spec_hash,
+            "created_at": row.created_at, "spec": row.spec}
+
+
+@env_app.command("register")
+def register(path: Path = typer.Argument(..., help="YAML or JSON spec file."), output: OutputFormat = OutputOption) -> None:
+    """Register a spec; an unchanged spec keeps its version, a changed one gets the next."""
+    with readable_errors(), session_scope() as session:
+        row, created = register_environment(session, spec=load_spec_file(path))
+        data = {**_env_json(row), "created": created}
+    if output is OutputFormat.json:
+        print_json(data)
+    else:
+        verb = "registered" if created else "unchanged:"
+        console.print(f"{verb} [bold]{data['name']}[/] version {data['version']}")
+
+
+@env_app.command("ls")
+def ls(output: OutputFormat = OutputOption) -> None:
+    """The latest version of every environment."""
+    with readable_errors(), session_scope() as session:
+        rows = [_env_json(row) for row in list_environments(session)]
+        counts = dict(session.execute(select(Task.environment_name, func.count()).group_by(Task.environment_name)).all())
+    if output is OutputFormat.json:
+        print_json([{**row, "tasks": counts.get(row["name"], 0)} for row in rows])
+        return
+    table = Table("name", "version", "kind", "tasks", "registered")
+    for row in rows:
+        table.add_row(str(row["name"]), str(row["version"]), str(row["kind"]), str(counts.get(row["name"], 0)),
+                      f"{row['created_at']:%Y-%m-%d %H:%M}")
+    console.print(table)
+
+
+@env_app.command("show")
+def show(name: str, version: int | None = typer.Option(None, min=1), output: OutputFormat = OutputOption) -> None:
+    """One environment version (the latest unless --version)."""
+    with readable_errors(), session_scope() as session:
+        data = _env_json(get_environment(session, name=name, version=version))
+    if output is OutputFormat.json:
+        print_json(data)
+    else:
+        console.print(f"[bold]{data['name']}[/] v{data['version']} ({data['kind']})")
+        console.print_json(data=data["spec"])
+
+
+@tasks_app.command("import")
+def import_(
+    environment: str = typer.Argument(..., help="Registered environment name."),
+    path: Path = typer.Argument(..., help="JSONL task file."),
+    format: str = typer.Option("crucible", "--format", "-f", help="crucible or swebench"),
+    repos_dir: Path | None = typer.Option(None, help="Where SWE-bench repositories are cloned."),
+    output: OutputFormat = OutputOption,
+) -> None:
+    """Import (or update) tasks from a JSONL file."""
+    if format not in ("crucible", "swebench"):
+        raise typer.BadParameter(f"expected crucible or swebench, got {format!r}", param_hint="--format")
+    fmt: TaskFormat = "swebench" if format == "swebench" else "crucible"
+    with readable_errors(), session_scope() as session:
+        count = import_tasks(session, environment=environment, path=path, format=fmt, repos_dir=repos_dir)
+    if output is OutputFormat.json:
+        print_json({"environment": environment, "imported": count})
+    else:
+        console.print(f"imported {count} tasks into [bold]{environment}[/]")
+
+
+@tasks_app.command("ls")
+def tasks_ls(environment: str, split: str | None = None, output: OutputFormat = OutputOption) -> None:
+    """Tasks of an environment with their split, pass rate and difficulty."""
+    with readable_errors(), session_scope() as session:
+        query = select(Task.id, Task.external_id, Task.split, Task.pass_rate, Task.difficulty).where(
+            Task.environment_name == environment)
+        if split:
+            query = query.where(Task.split == split)
+        rows = [dict(row._mapping) for row in session.execute(query.order_by(Task.id))]
+    if output is OutputFormat.json:
+        print_json(rows)
+        return
+    table = Table("id", "external id", "split", "pass rate", "difficulty")
+    for row in rows:
+        rate = "-" if row["pass_rate"] is None else f"{row['pass_rate']:.2f}"
+        table.add_row(str(row["id"]), row["external_id"], row["split"], rate, row["difficulty"] or "-")
+    console.print(table)

@@ -1,0 +1,46 @@
+"""The `crucible` command line: `crucible --help` lists everything."""
+
+from __future__ import annotations
+
+import logging
+
+import typer
+
+from cli import db, environments, services
+from cli.console import readable_errors
+from cli.doctor import doctor
+from core.settings import get_settings
+
+app = typer.Typer(
+    name="crucible", help="Train LLM agents with RL in real sandboxes.", no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(db.app, name="db")
+app.add_typer(environments.env_app, name="env")
+app.add_typer(environments.tasks_app, name="tasks")
+app.command()(doctor)
+app.command()(services.api)
+app.command()(services.worker)
+
+
+@app.callback()
+def _configure() -> None:
+    with readable_errors():
+        settings = get_settings()  # fail fast on bad settings, before any command runs
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@app.command()
+def version() -> None:
+    """Print Crucible's version."""
+    from importlib.metadata import version as package_version
+
+    typer.echo(package_version("crucible"))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

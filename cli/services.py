@@ -1,0 +1,39 @@
+"""Long-running processes: `crucible api`, `crucible worker`."""
+
+from __future__ import annotations
+
+import typer
+
+from cli.console import readable_errors
+from core.settings import get_settings
+
+
+def api(
+    host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
+    port: int = typer.Option(8080, min=1, max=65535, help="Port to listen on."),
+) -> None:
+    """Serve the REST API and dashboard."""
+    import uvicorn
+
+    with readable_errors():
+        from core.db import check_database, get_engine
+
+        check_database(get_engine())
+    uvicorn.run("api.main:app", host=host, port=port, log_level=get_settings().log_level.lower())
+
+
+def worker(
+    queues: str = typer.Option("celery,code_repo", "--queues", "-Q", help="Comma-separated queues to consume."),
+    concurrency: int = typer.Option(0, min=0, help="Threads; 0 = CRUCIBLE_WORKER_CONCURRENCY."),
+) -> None:
+    """Start a Celery task worker (threads pool: episodes are I/O-bound)."""
+    from task_workers.celery_app import connect_worker_signals, get_app
+
+    with readable_errors():
+        app = get_app()
+    connect_worker_signals(queues=[q for q in queues.split(",") if q])
+    threads = concurrency or get_settings().worker_concurrency
+    app.worker_main(
+        ["worker", "--pool=threads", f"--concurrency={threads}", f"--queues={queues}", "--loglevel=INFO",
+         f"--hostname={get_settings().worker_name}@%h"]
+    )

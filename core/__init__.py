@@ -1,0 +1,4 @@
+"""Crucible core: settings, database, ORM models, shared schemas and the termination vocabulary.
+
+Nothing here imports another Crucible package.
+"""

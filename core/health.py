@@ -1,0 +1,112 @@
+"""Health checks behind `crucible doctor`: what is wrong and how to fix it."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+
+import httpx
+
+from core.errors import CrucibleError
+from core.settings import Settings
+
+MIN_FREE_DISK_GB = 5.0
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    ok: bool
+    required: bool
+    detail: str
+    fix: str = ""
+
+
+def broker_url_for(settings: Settings, database_url: str) -> str:
+    """The configured broker, or Celery's SQLAlchemy transport on the database."""
+    if settings.broker_url is not None:
+        return settings.broker_url
+    return "sqla+" + database_url
+
+
+def check_database(settings: Settings) -> tuple[CheckResult, str | None]:
+    from core.db import check_database as ping
+    from core.db import get_engine, resolve_database_url
+
+    where = "embedded Postgres" if settings.uses_embedded_database else "CRUCIBLE_DATABASE_URL"
+    try:
+        url = resolve_database_url(settings)
+        version = ping(get_engine(settings))
+    except CrucibleError as error:
+        fix = (
+            "check the embedded server's log under the data dir, or set CRUCIBLE_DATABASE_URL"
+            if settings.uses_embedded_database
+            else "start PostgreSQL or correct CRUCIBLE_DATABASE_URL"
+        )
+        return CheckResult("database", False, True, str(error), fix), None
+    return CheckResult("database", True, True, f"{where}, PostgreSQL {version}"), url
+
+
+def check_broker(settings: Settings, database_url: str | None) -> CheckResult:
+    from kombu import Connection
+
+    if settings.broker_url is None and database_url is None:
+        return CheckResult("broker", False, True, "no database, so no SQLAlchemy broker", "fix the database first")
+    url = broker_url_for(settings, database_url or "")
+    shown = "SQLAlchemy transport on the database" if settings.broker_url is None else url.split("@")[-1]
+    try:
+        with Connection(url, connect_timeout=3) as connection:
+            connection.ensure_connection(max_retries=1, timeout=3)
+    except Exception as error:  # kombu raises transport-specific errors
+        return CheckResult(
+            "broker", False, True, f"cannot reach {shown}: {error}", "start the broker or correct CRUCIBLE_BROKER_URL"
+        )
+    return CheckResult("broker", True, True, shown)
+
+
+def check_docker() -> CheckResult:
+    import docker
+
+    try:
+        client = docker.from_env(timeout=5)
+        try:
+            version = client.version()
+        finally:
+            client.close()
+    except Exception as error:  # docker raises DockerException subclasses and requests errors
+        return CheckResult(
+            "docker engine", False, True, f"not reachable: {error}",
+            "apt-get install docker.io && dockerd --bridge=none --iptables=false &",
+        )
+    return CheckResult("docker engine", True, True, f"Docker {version.get('Version', '?')}")
+
+
+def check_policy_server(settings: Settings) -> CheckResult:
+    url = f"{settings.policy_url}/models"
+    try:
+        response = httpx.get(url, timeout=3)
+        response.raise_for_status()
+        models = [m.get("id") for m in response.json().get("data", [])]
+    except (httpx.HTTPError, ValueError) as error:
+        return CheckResult(
+            "policy server", False, False, f"{url}: {error}",
+            "start one with `crucible serve MODEL_DIR` or set CRUCIBLE_POLICY_URL",
+        )
+    return CheckResult("policy server", True, False, f"{settings.policy_url} serving {', '.join(map(str, models))}")
+
+
+def check_disk(settings: Settings) -> CheckResult:
+    path = settings.data_dir
+    while not path.exists():
+        path = path.parent
+    free_gb = shutil.disk_usage(path).free / 2**30
+    ok = free_gb >= MIN_FREE_DISK_GB
+    return CheckResult(
+        "disk", ok, False, f"{free_gb:.1f} GiB free under {settings.data_dir}",
+        "" if ok else f"free at least {MIN_FREE_DISK_GB:.0f} GiB or move CRUCIBLE_DATA_DIR",
+    )
+
+
+def run_checks(settings: Settings) -> list[CheckResult]:
+    database, url = check_database(settings)
+    return [check_docker(), database, check_broker(settings, url), check_policy_server(settings), check_disk(settings)]

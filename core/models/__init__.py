@@ -1,0 +1,25 @@
+"""SQLAlchemy 2.0 models of the trajectory store (see ARCHITECTURE.md, "The data that flows")."""
+
+from core.models.auth import ApiToken
+from core.models.base import Base
+from core.models.environment import Environment, Task
+from core.models.episode import Episode, EpisodeGroup, Turn
+from core.models.run import PolicyVersion, Run, RunEnvironment, TrainingStep
+from core.models.sandbox import SandboxEvent
+from core.models.worker import Worker
+
+__all__ = [
+    "ApiToken",
+    "Base",
+    "Environment",
+    "Episode",
+    "EpisodeGroup",
+    "PolicyVersion",
+    "Run",
+    "RunEnvironment",
+    "SandboxEvent",
+    "Task",
+    "TrainingStep",
+    "Turn",
+    "Worker",
+]

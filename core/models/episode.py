@@ -1,0 +1,150 @@
+"""Groups of rollouts, episodes and their turns: the trajectories the trainer learns from."""
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    Boolean,
+    CheckConstraint,
+    Computed,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    SmallInteger,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, REAL, TSVECTOR
+from sqlalchemy.orm import Mapped, mapped_column
+
+from core.models.base import Base, created_at_column
+from core.termination import TerminationReason
+
+_REASONS = ", ".join(f"'{reason.value}'" for reason in TerminationReason)
+
+
+class EpisodeGroup(Base):
+    """G rollouts of one task under one policy version: the unit GRPO normalises over."""
+
+    __tablename__ = "episode_groups"
+    __table_args__ = (
+        UniqueConstraint("run_id", "group_index"),
+        Index(None, "run_id", "status"),
+        CheckConstraint("size >= 1", name="size_positive"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    group_index: Mapped[int] = mapped_column(Integer)
+    """Position of the group in the run's dispatch order."""
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"))
+    environment_id: Mapped[int] = mapped_column(ForeignKey("environments.id"))
+    size: Mapped[int] = mapped_column(Integer)
+    policy_version: Mapped[int] = mapped_column(Integer)
+    """The run's policy version when the group was dispatched."""
+    status: Mapped[str] = mapped_column(String(16), default="running")
+    """running → complete (all samples ended) → consumed (trained on) or dropped."""
+    consumed_step: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = created_at_column()
+
+
+class Episode(Base):
+    """One rollout. (run, group, sample index) is its idempotency key."""
+
+    __tablename__ = "episodes"
+    __table_args__ = (
+        UniqueConstraint("run_id", "group_id", "sample_index", name="uq_episodes_idempotency_key"),
+        CheckConstraint(f"termination_reason IS NULL OR termination_reason IN ({_REASONS})", name="reason_known"),
+        Index(None, "run_id", "status"),
+        Index(None, "run_id", "termination_reason"),
+        Index(None, "run_id", "reward"),
+        Index(None, "run_id", "policy_version"),
+        Index(None, "run_id", "environment_id", "id"),
+        Index(None, "group_id"),
+        Index("ix_episodes_reward_components", "reward_components", postgresql_using="gin"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    group_id: Mapped[int] = mapped_column(ForeignKey("episode_groups.id", ondelete="CASCADE"))
+    sample_index: Mapped[int] = mapped_column(Integer)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"))
+    environment_id: Mapped[int] = mapped_column(ForeignKey("environments.id"))
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    """Infrastructure retries so far; the faults are kept in `failures`."""
+    failures: Mapped[list[Any]] = mapped_column(default=list)
+    termination_reason: Mapped[str | None] = mapped_column(String(32))
+    reward: Mapped[float | None] = mapped_column(Float)
+    reward_components: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    """Every verifier layer's score by name, e.g. {"format": 1.0, "public_tests": 0.5}."""
+    policy_version: Mapped[int | None] = mapped_column(Integer)
+    """The version that produced the first turn."""
+    policy_version_last: Mapped[int | None] = mapped_column(Integer)
+    num_turns: Mapped[int] = mapped_column(Integer, default=0)
+    num_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    timings: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    """Seconds by stage: generation, sandbox, verify, total."""
+    verifier_layers: Mapped[list[Any]] = mapped_column(default=list, server_default="[]")
+    """Each verifier layer's name, score, pass flag, detail and duration, in order."""
+    final_diff: Mapped[str | None] = mapped_column(Text, deferred=True)
+    """What the agent changed (code tasks), as a unified diff."""
+    sandbox_id: Mapped[str | None] = mapped_column(String(64))
+    worker: Mapped[str | None] = mapped_column(String(128))
+    deadline_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = created_at_column()
+
+
+class Turn(Base):
+    """One step of an episode. Its tokens are the context added since the previous turn
+    (environment text, loss mask 0) followed by the completion sampled by the policy (mask 1);
+    concatenating an episode's turns gives the exact sequence the policy saw.
+
+    The primary key leads with run_id so that the table can be partitioned by run.
+    """
+
+    __tablename__ = "turns"
+    __table_args__ = (
+        Index("ix_turns_search", "search", postgresql_using="gin"),
+        CheckConstraint(
+            "cardinality(token_ids) = cardinality(logprobs) AND cardinality(token_ids) = cardinality(loss_mask)",
+            name="token_arrays_aligned",
+        ),
+    )
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    episode_id: Mapped[int] = mapped_column(ForeignKey("episodes.id", ondelete="CASCADE"), primary_key=True)
+    index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    token_ids: Mapped[list[int]] = mapped_column(ARRAY(Integer))
+    logprobs: Mapped[list[float]] = mapped_column(ARRAY(REAL))
+    """Behaviour logprobs from vLLM for sampled tokens; 0 where the mask is 0."""
+    loss_mask: Mapped[list[int]] = mapped_column(ARRAY(SmallInteger))
+    prompt_length: Mapped[int] = mapped_column(Integer)
+    """How many leading tokens are context (environment text), not sampled."""
+    completion_text: Mapped[str] = mapped_column(Text, default="")
+    tool_call: Mapped[dict[str, Any] | None]
+    observation: Mapped[str | None] = mapped_column(Text)
+    """The tool output as the policy saw it (capped)."""
+    tool_output_full: Mapped[str | None] = mapped_column(Text)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    tool_status: Mapped[str | None] = mapped_column(String(32))
+    duration_s: Mapped[float | None] = mapped_column(Float)
+    generation_s: Mapped[float | None] = mapped_column(Float)
+    truncated: Mapped[bool] = mapped_column(Boolean, default=False)
+    truncated_bytes: Mapped[int] = mapped_column(Integer, default=0)
+    weight_version: Mapped[int | None] = mapped_column(Integer)
+    finish_reason: Mapped[str | None] = mapped_column(String(32))
+    search: Mapped[str] = mapped_column(
+        TSVECTOR,
+        Computed(
+            "to_tsvector('simple', left(coalesce(completion_text, '') || ' ' || coalesce(observation, ''), 200000))",
+            persisted=True,
+        ),
+        deferred=True,
+    )
+    created_at: Mapped[datetime] = created_at_column()

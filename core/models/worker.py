@@ -1,0 +1,23 @@
+"""Task workers announce themselves and beat a heartbeat, so the controller can tell a dead worker
+(stale heartbeat: its episodes are `worker_lost` and redispatched) from a slow one."""
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import DateTime, Integer, String, func
+from sqlalchemy.orm import Mapped, mapped_column
+
+from core.models.base import Base, created_at_column
+
+
+class Worker(Base):
+    __tablename__ = "workers"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    hostname: Mapped[str] = mapped_column(String(128))
+    pid: Mapped[int] = mapped_column(Integer)
+    queues: Mapped[list[Any]] = mapped_column(default=list)
+    started_at: Mapped[datetime] = created_at_column()
+    last_heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    stopped_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

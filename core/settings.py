@@ -1,0 +1,140 @@
+"""One validated Settings object, read from `CRUCIBLE_*` environment variables (and `.env`).
+
+With no `CRUCIBLE_DATABASE_URL`, Crucible runs an embedded Postgres under the data dir; with no
+`CRUCIBLE_BROKER_URL`, Celery uses its SQLAlchemy transport on that same database. A wrong value
+fails fast with a `ConfigError` that names the setting, what was given and what is expected.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
+from core.errors import ConfigError
+
+ENV_PREFIX = "CRUCIBLE_"
+BROKER_SCHEMES = ("redis", "rediss", "amqp", "amqps", "pyamqp", "sqla+postgresql", "memory")
+
+
+def _default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "crucible"
+
+
+class Settings(BaseSettings):
+    """Everything a Crucible process is configured by. Field docs are the configuration reference."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_file=".env", extra="ignore")
+
+    database_url: str | None = None
+    """PostgreSQL URL. Unset: an embedded Postgres is started under `data_dir/postgres`."""
+    broker_url: str | None = None
+    """Celery broker (redis://, amqp://). Unset: Celery's SQLAlchemy transport on the database."""
+    policy_url: str = "http://127.0.0.1:8000/v1"
+    """OpenAI-compatible policy server (vLLM) base URL."""
+    data_dir: Path = Field(default_factory=_default_data_dir)
+    """Where the embedded database, checkpoints, models and image caches live."""
+    api_url: str = "http://127.0.0.1:8080"
+    """Where the REST API and dashboard are served; the CLI talks to it."""
+    api_token: str | None = None
+    """Bearer token the CLI sends to the API."""
+    environment: Literal["development", "production"] = "development"
+    """`production` refuses to start without an API token."""
+    worker_name: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    """Identity of this worker; it labels every sandbox the worker owns."""
+    worker_concurrency: Annotated[int, Field(ge=1, le=1024)] = 4
+    """Episodes a task worker runs at once (threads)."""
+    sandbox_base_image: str | None = None
+    """A registry image to build environments on instead of the debootstrap base."""
+    sandbox_pool_min: Annotated[int, Field(ge=0, le=1024)] = 1
+    """Warm sandboxes kept ready per spec."""
+    sandbox_pool_max: Annotated[int, Field(ge=1, le=1024)] = 8
+    """Most sandboxes one worker holds per spec."""
+    db_pool_size: Annotated[int, Field(ge=1, le=512)] = 10
+    """SQLAlchemy connection pool size per process."""
+    db_connect_timeout_s: Annotated[int, Field(ge=1, le=600)] = 5
+    """Seconds to wait for the database before failing."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Logging level for every Crucible process."""
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        return str(_postgres_url(value).render_as_string(hide_password=False))
+
+    @field_validator("broker_url")
+    @classmethod
+    def _check_broker_url(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        scheme = value.split("://", 1)[0] if "://" in value else ""
+        if not scheme.startswith(BROKER_SCHEMES):
+            raise ValueError(f"expected a URL starting with one of {', '.join(BROKER_SCHEMES)}")
+        return value
+
+    @field_validator("policy_url", "api_url")
+    @classmethod
+    def _check_http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")) or len(value.split("://", 1)[1]) == 0:
+            raise ValueError("expected an http:// or https:// URL")
+        return value.rstrip("/")
+
+    @field_validator("sandbox_pool_max")
+    @classmethod
+    def _check_pool_bounds(cls, value: int, info) -> int:  # type: ignore[no-untyped-def]
+        low = info.data.get("sandbox_pool_min")
+        if low is not None and value < low:
+            raise ValueError(f"expected at least CRUCIBLE_SANDBOX_POOL_MIN ({low})")
+        return value
+
+    @property
+    def uses_embedded_database(self) -> bool:
+        return self.database_url is None
+
+
+def _postgres_url(value: str) -> URL:
+    """Parse and normalise a PostgreSQL URL to the psycopg 3 driver."""
+    try:
+        url = make_url(value)
+    except ArgumentError:
+        raise ValueError("expected a URL like postgresql://user@host:5432/dbname") from None
+    if url.get_backend_name() != "postgresql":
+        raise ValueError("expected a postgresql:// URL")
+    if url.drivername in ("postgresql", "postgres", "postgresql+psycopg2"):
+        url = url.set(drivername="postgresql+psycopg")
+    return url
+
+
+def _describe(error: ValidationError) -> str:
+    """One line per bad setting: name, what is expected, what was given."""
+    lines = []
+    for item in error.errors():
+        field = str(item["loc"][0]) if item["loc"] else "?"
+        message = item["msg"].removeprefix("Value error, ")
+        given = item.get("input")
+        lines.append(f"{ENV_PREFIX}{field.upper()}: {message}, got {given!r}")
+    return "; ".join(lines)
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read settings from the environment; raise ConfigError with a readable line on bad values."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as error:
+        raise ConfigError(_describe(error)) from None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings (cached; tests call `get_settings.cache_clear()`)."""
+    return load_settings()

@@ -1,0 +1,99 @@
+"""The interface every environment kind implements, and the values that cross it.
+
+An episode runner drives a kind like this:
+
+    kind = get_kind(spec.kind)(spec)
+    kind.setup(sandbox=sb, task=task)                  # put the repo / site in place
+    result = kind.execute(sandbox=sb, call=tool_call)  # one tool call → observation
+    verdict = kind.verify(sandbox=sb, task=task, submitted=True, open_sandbox=pool.open_fresh)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from environments.spec import EnvironmentSpec
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+    id: str = ""
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What a tool call did. `observation` is what the policy sees; `output` is the full text."""
+
+    observation: str
+    output: str = ""
+    exit_code: int | None = None
+    status: str = "ok"
+    """ok, error (the call was wrong), timeout, oom, output_truncated, sandbox_dead."""
+    duration_s: float = 0.0
+    truncated_bytes: int = 0
+    ends_episode: bool = False
+    """`submit` ends the episode with reason `submitted`."""
+
+    @property
+    def is_error(self) -> bool:
+        return self.status != "ok" and self.status != "output_truncated"
+
+
+@dataclass(frozen=True)
+class LayerResult:
+    name: str
+    score: float
+    """In [0, 1]."""
+    passed: bool
+    detail: str = ""
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    reward: float
+    layers: list[LayerResult] = field(default_factory=list)
+    diff: str = ""
+
+    @property
+    def components(self) -> dict[str, float]:
+        return {layer.name: layer.score for layer in self.layers}
+
+
+class Sandbox(Protocol):
+    """The part of a sandbox an environment uses (see task_workers/sandbox)."""
+
+    def step(self, command: str, *, timeout: float | None = None) -> Any: ...
+    def put_files(self, files: dict[str, bytes], *, dest: str = ...) -> None: ...
+    def put_archive(self, data: bytes, *, dest: str = ...) -> None: ...
+    def get_file(self, path: str) -> bytes: ...
+
+
+OpenSandbox = Callable[[], AbstractContextManager[Sandbox]]
+
+
+class EnvironmentKind(Protocol):
+    """One kind of environment (code_repo, browser, …)."""
+
+    def __init__(self, spec: EnvironmentSpec) -> None: ...
+
+    def tools(self) -> list[dict[str, Any]]:
+        """OpenAI function schemas offered to the policy."""
+        ...
+
+    def system_prompt(self) -> str: ...
+
+    def setup(self, *, sandbox: Sandbox, task: Any) -> None:
+        """Put the task in place in a fresh (or freshly reset) sandbox."""
+        ...
+
+    def execute(self, *, sandbox: Sandbox, call: ToolCall, task: Any) -> ToolResult: ...
+
+    def verify(self, *, sandbox: Sandbox, task: Any, submitted: bool, open_sandbox: OpenSandbox) -> Verdict:
+        """Score the episode, layer by layer."""
+        ...

@@ -1,0 +1,53 @@
+"""The code_repo environment kind."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from environments.base import OpenSandbox, Sandbox, ToolCall, ToolResult, Verdict
+from environments.code_repo import verifier
+from environments.code_repo.repo import install_repo
+from environments.code_repo.task import CodeRepoTask
+from environments.code_repo.tools import TOOL_SCHEMAS, execute_tool
+from environments.spec import EnvironmentSpec
+
+SYSTEM_PROMPT = (
+    "You are a software engineer working in a git repository at /workspace. Use the tools to inspect "
+    "the code, make the change the task asks for, check it with run_tests, then call submit. "
+    "Call exactly one tool per turn as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>."
+)
+
+
+class CodeRepoKind:
+    name = "code_repo"
+
+    def __init__(self, spec: EnvironmentSpec) -> None:
+        self.spec = spec
+        unknown = set(spec.tools or []) - set(TOOL_SCHEMAS)
+        if unknown:
+            raise ValueError(f"tools: expected a subset of {', '.join(TOOL_SCHEMAS)}, got {sorted(unknown)}")
+        self.tool_names = spec.tools or list(TOOL_SCHEMAS)
+
+    def tools(self) -> list[dict[str, Any]]:
+        return [TOOL_SCHEMAS[name] for name in self.tool_names]
+
+    def system_prompt(self) -> str:
+        return self.spec.system_prompt or SYSTEM_PROMPT
+
+    @staticmethod
+    def parse_task(payload: dict[str, Any]) -> CodeRepoTask:
+        return CodeRepoTask.model_validate(payload)
+
+    def setup(self, *, sandbox: Sandbox, task: CodeRepoTask) -> None:
+        install_repo(sandbox, task)
+
+    def execute(self, *, sandbox: Sandbox, call: ToolCall, task: CodeRepoTask) -> ToolResult:
+        if call.name not in self.tool_names:
+            message = f"tool: expected one of {', '.join(self.tool_names)}, got {json.dumps(call.name)}"
+            return ToolResult(observation=message, output=message, status="error")
+        return execute_tool(sandbox=sandbox, call=call, task=task, timeout_s=self.spec.limits.tool_timeout_s)
+
+    def verify(self, *, sandbox: Sandbox, task: CodeRepoTask, submitted: bool, open_sandbox: OpenSandbox) -> Verdict:
+        return verifier.verify(sandbox=sandbox, task=task, submitted=submitted, open_sandbox=open_sandbox,
+                               weights=self.spec.verifier.weights)

@@ -1,0 +1,27 @@
+"""Environment kinds by short name. Each kind lives in its own module and is imported on first use."""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+from core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from environments.base import EnvironmentKind
+
+KINDS: dict[str, str] = {
+    "code_repo": "environments.code_repo.kind:CodeRepoKind",
+}
+
+
+def kind_names() -> list[str]:
+    return sorted(KINDS)
+
+
+def get_kind(name: str) -> type[EnvironmentKind]:
+    try:
+        module_name, _, attr = KINDS[name].partition(":")
+    except KeyError:
+        raise ConfigError(f"environment kind: expected one of {', '.join(kind_names())}, got {name!r}") from None
+    return getattr(import_module(module_name), attr)  # type: ignore[no-any-return]

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# `make test`: set the machine up, then run the whole suite against real services.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+# The machine's Postgres when it answers on 127.0.0.1:5432; else the tests start an embedded one.
+if [ -z "${CRUCIBLE_TEST_DATABASE_URL:-}" ] && (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null; then
+  export CRUCIBLE_TEST_DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres
+fi
+export CRUCIBLE_TEST_REDIS_URL=${CRUCIBLE_TEST_REDIS_URL:-redis://127.0.0.1:6379/15}
+.venv/bin/ruff check .
+set +e
+.venv/bin/pytest "$@"
+status=$?
+set -e
+# pytest exits 5 when it collected no tests: that is a failure, never a pass.
+if [ "$status" = 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi
+exit "$status"

@@ -1,0 +1,95 @@
+"""The Celery application every Crucible worker runs.
+
+    crucible worker               # or: celery -A task_workers.celery_app worker
+
+The broker is CRUCIBLE_BROKER_URL, else Celery's SQLAlchemy transport on Crucible's own database
+(the embedded default needs no Redis). Results are not kept in a result backend: episodes write
+their outcome to Postgres themselves.
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+from core.db import resolve_database_url
+from core.health import broker_url_for
+from core.settings import Settings, get_settings
+
+
+def broker_url(settings: Settings | None = None) -> str:
+    settings = settings or get_settings()
+    if settings.broker_url is not None:
+        return settings.broker_url
+    return broker_url_for(settings, resolve_database_url(settings))
+
+
+def create_app(settings: Settings | None = None) -> Celery:
+    settings = settings or get_settings()
+    app = Celery("crucible")
+    app.conf.update(
+        broker_url=broker_url(settings),
+        task_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,
+        # Episodes are long and must survive a worker crash: ack after the work is stored, fetch one at
+        # a time, and hand an unacked task to another worker when this one dies.
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        imports=["task_workers.tasks"],
+    )
+    return app
+
+
+def _on_worker_ready(sender: object = None, **_: object) -> None:
+    """Announce the worker and start its heartbeat; sandboxes and the reaper start on first episode."""
+    from task_workers import heartbeat
+
+    beat = heartbeat.Heartbeat(name=get_settings().worker_name, queues=list(_state.get("queues", [])))  # type: ignore[call-overload]
+    beat.start()
+    _state["heartbeat"] = beat
+
+
+def _on_worker_shutdown(**_: object) -> None:
+    """Graceful shutdown: return every sandbox, mark the worker stopped."""
+    from task_workers.context import close_worker_context
+
+    close_worker_context()
+    beat = _state.pop("heartbeat", None)
+    if beat is not None:
+        beat.stop()  # type: ignore[attr-defined]
+
+
+_state: dict[str, object] = {}
+
+
+def connect_worker_signals(*, queues: list[str]) -> None:
+    """Called by `crucible worker` before it starts consuming `queues`."""
+    from celery import signals
+
+    _state["queues"] = queues
+    signals.worker_ready.connect(_on_worker_ready, weak=False)
+    signals.worker_shutdown.connect(_on_worker_shutdown, weak=False)
+
+
+class _LazyApp:
+    """`app` is built on first use, so importing this module reads no settings and opens no database."""
+
+    _app: Celery | None = None
+    _pid: int | None = None
+
+    def get(self) -> Celery:
+        if self._app is None or self._pid != os.getpid():
+            self._app, self._pid = create_app(), os.getpid()
+        return self._app
+
+
+_lazy = _LazyApp()
+
+
+def get_app() -> Celery:
+    return _lazy.get()

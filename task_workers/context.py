@@ -1,0 +1,114 @@
+"""What a task-worker process holds for its whole life: one policy client, one Docker backend, one
+warm pool per sandbox spec, the event sink, the heartbeat and the reaper. Created on first use (after
+Celery forks), closed at worker shutdown — which returns every sandbox (nothing is left running).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from environments.spec import EnvironmentSpec
+from task_workers.policy.client import PolicyClient
+from task_workers.sandbox import PoolSet, Reaper, SandboxBackend, SandboxSpec, make_backend
+from task_workers.sandbox.db_events import DbEventSink
+from task_workers.sandbox.events import EventSink
+
+logger = logging.getLogger(__name__)
+REAP_INTERVAL_S = 60.0
+
+
+def sandbox_spec_for(spec: EnvironmentSpec) -> SandboxSpec:
+    """The sandbox an environment asks for; `image` names one of environments/images or any tag."""
+    image = spec.image
+    if ":" not in image and "/" not in image:
+        from environments.images.build import image_tag
+
+        image = image_tag(image)
+    limits = {"command_timeout_s": spec.limits.tool_timeout_s, **spec.sandbox}
+    return SandboxSpec.from_mapping({"image": image, **limits})
+
+
+class DockerSandboxes:
+    """The episode runner's SandboxProvider over warm pools (one per distinct spec)."""
+
+    def __init__(self, *, backend: SandboxBackend, events: EventSink, worker: str, min_size: int, max_size: int) -> None:
+        self._pools = PoolSet(backend=backend, events=events, worker=worker, min_size=min_size, max_size=max_size)
+
+    def pool_for(self, spec: EnvironmentSpec) -> Any:
+        return self._pools.pool(sandbox_spec_for(spec))
+
+    @contextmanager
+    def lease(self, *, spec: EnvironmentSpec, run_id: int, episode_id: int) -> Iterator[Any]:
+        with self.pool_for(spec).lease(run_id=run_id, episode_id=episode_id) as sandbox:
+            yield sandbox
+
+    @contextmanager
+    def fresh(self, *, spec: EnvironmentSpec, run_id: int, episode_id: int) -> Iterator[Any]:
+        with self.pool_for(spec).open_fresh() as sandbox:
+            yield sandbox
+
+    def close(self) -> None:
+        self._pools.close()
+
+
+@dataclass
+class WorkerContext:
+    policy: PolicyClient
+    sandboxes: DockerSandboxes
+    backend: SandboxBackend
+    events: EventSink
+    reaper: Reaper
+    _stop: threading.Event
+
+    def close(self) -> None:
+        self._stop.set()
+        self.sandboxes.close()
+        self.policy.close()
+        close = getattr(self.events, "close", None)
+        if close:
+            close()
+
+
+_lock = threading.Lock()
+_context: WorkerContext | None = None
+
+
+def _reap_periodically(reaper: Reaper, stop: threading.Event) -> None:
+    while not stop.wait(REAP_INTERVAL_S):
+        try:
+            reaper.sweep()
+        except Exception:  # the next sweep tries again; a failing engine is reported by doctor
+            logger.exception("reaper sweep failed")
+
+
+def worker_context() -> WorkerContext:
+    """This process's context, built on first use; the reaper sweeps once now and then every minute."""
+    global _context
+    with _lock:
+        if _context is None:
+            from core.settings import get_settings
+
+            settings = get_settings()
+            backend = make_backend("docker")
+            events = DbEventSink()
+            reaper = Reaper(backend=backend, events=events, worker=settings.worker_name)
+            reaper.sweep()
+            stop = threading.Event()
+            threading.Thread(target=_reap_periodically, args=(reaper, stop), daemon=True, name="reaper").start()
+            sandboxes = DockerSandboxes(backend=backend, events=events, worker=settings.worker_name,
+                                        min_size=settings.sandbox_pool_min, max_size=settings.sandbox_pool_max)
+            _context = WorkerContext(PolicyClient(base_url=settings.policy_url), sandboxes, backend, events, reaper, stop)
+        return _context
+
+
+def close_worker_context() -> None:
+    global _context
+    with _lock:
+        if _context is not None:
+            _context.close()
+            _context = None

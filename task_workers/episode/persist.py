@@ -1,0 +1,95 @@
+"""Claiming an episode and storing its outcome: each one transaction, each safe to repeat."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import exists, select, update
+from sqlalchemy.orm import Session
+
+from core.models import Episode, EpisodeGroup, Turn
+from core.termination import EpisodeStatus, TerminationReason
+from environments.base import Verdict
+from task_workers.episode.trajectory import Trajectory
+
+ENDED = (EpisodeStatus.COMPLETED, EpisodeStatus.FAILED, EpisodeStatus.CANCELLED)
+
+
+def claim_episode(session: Session, *, episode_id: int, worker: str) -> Episode | None:
+    """Mark the episode running under this worker; None if it has already ended (a redelivery)."""
+    episode = session.execute(select(Episode).where(Episode.id == episode_id).with_for_update()).scalar_one_or_none()
+    if episode is None or episode.status in ENDED:
+        return None
+    episode.status = EpisodeStatus.RUNNING
+    episode.worker = worker
+    episode.started_at = datetime.now(UTC)
+    episode.attempts += 1
+    return episode
+
+
+def _mark_group_if_complete(session: Session, group_id: int) -> None:
+    outstanding = exists().where(
+        Episode.group_id == group_id, Episode.status.in_([EpisodeStatus.PENDING, EpisodeStatus.RUNNING])
+    )
+    session.execute(
+        update(EpisodeGroup).where(EpisodeGroup.id == group_id, EpisodeGroup.status == "running", ~outstanding)
+        .values(status="complete")
+    )
+
+
+def store_episode(
+    session: Session, *, episode_id: int, trajectory: Trajectory, verdict: Verdict | None,
+    sandbox_id: str | None, timings: dict[str, float],
+) -> bool:
+    """Write the episode's outcome and every turn. False (and nothing written) if a copy is stored."""
+    episode = session.execute(select(Episode).where(Episode.id == episode_id).with_for_update()).scalar_one()
+    if episode.status in ENDED:
+        return False
+    for turn in trajectory.turns:
+        session.add(Turn(run_id=episode.run_id, episode_id=episode.id, **asdict(turn)))
+    versions = trajectory.weight_versions
+    reason = trajectory.termination or TerminationReason.CANCELLED
+    episode.status = EpisodeStatus.COMPLETED
+    episode.termination_reason = reason
+    episode.reward = verdict.reward if verdict else 0.0
+    episode.reward_components = verdict.components if verdict else {}
+    episode.timings = timings
+    episode.verifier_layers = _layers(verdict)
+    episode.final_diff = verdict.diff if verdict else None
+    episode.policy_version = versions[0] if versions else episode.policy_version
+    episode.policy_version_last = versions[-1] if versions else episode.policy_version
+    episode.num_turns = len(trajectory.turns)
+    episode.num_tokens = trajectory.num_tokens
+    episode.sandbox_id = sandbox_id
+    episode.finished_at = datetime.now(UTC)
+    session.flush()
+    _mark_group_if_complete(session, episode.group_id)
+    return True
+
+
+def _layers(verdict: Verdict | None) -> list[dict[str, Any]]:
+    if verdict is None:
+        return []
+    return [{"name": layer.name, "score": layer.score, "passed": layer.passed, "detail": layer.detail[-4000:],
+             "duration_s": round(layer.duration_s, 4)} for layer in verdict.layers]
+
+
+def record_fault(session: Session, *, episode_id: int, reason: TerminationReason, message: str, worker: str,
+                 final: bool) -> None:
+    """Log an infrastructure fault on the episode; `final` gives up (status failed), else back to pending."""
+    episode = session.execute(select(Episode).where(Episode.id == episode_id).with_for_update()).scalar_one()
+    if episode.status in ENDED:
+        return
+    at = datetime.now(UTC).isoformat()
+    episode.failures = [*episode.failures, {"reason": reason.value, "message": message[-1000:], "worker": worker,
+                                            "at": at}]
+    if final:
+        episode.status = EpisodeStatus.FAILED
+        episode.termination_reason = reason
+        episode.finished_at = datetime.now(UTC)
+        session.flush()
+        _mark_group_if_complete(session, episode.group_id)
+    else:
+        episode.status = EpisodeStatus.PENDING

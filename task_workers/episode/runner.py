@@ -1,0 +1,128 @@
+"""One episode, end to end:
+
+    claim → lease a sandbox → set the task up → agent loop → verify → store episode + turns in ONE
+    transaction → the sandbox is reset and returned to its pool (or destroyed).
+
+Infrastructure faults (sandbox, policy) propagate as InfrastructureFault for the Celery task to
+retry; the agent's own outcomes are stored. Running the same episode twice stores one copy.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sqlalchemy import select
+
+from core.db import session_scope
+from core.errors import CrucibleError
+from core.models import Environment, Episode, Task
+from core.termination import TerminationReason
+from environments.base import Sandbox, Verdict
+from environments.registry import get_kind
+from environments.service import spec_of
+from environments.spec import EnvironmentSpec
+from task_workers.episode.errors import SandboxFault
+from task_workers.episode.loop import LoopContext, initial_prompt, run_agent_loop
+from task_workers.episode.persist import claim_episode, store_episode
+from task_workers.episode.trajectory import Trajectory
+from task_workers.policy.client import PolicyClient
+
+logger = logging.getLogger(__name__)
+
+
+class SandboxProvider(Protocol):
+    """Where episodes get sandboxes: a leased one for the agent, a fresh one for grading."""
+
+    def lease(self, *, spec: EnvironmentSpec, run_id: int, episode_id: int) -> AbstractContextManager[Any]: ...
+
+    def fresh(self, *, spec: EnvironmentSpec, run_id: int, episode_id: int) -> AbstractContextManager[Sandbox]: ...
+
+
+@dataclass(frozen=True)
+class EpisodeOutcome:
+    episode_id: int
+    stored: bool
+    termination: TerminationReason | None
+    reward: float | None
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    episode_id: int
+    run_id: int
+    spec: EnvironmentSpec
+    instruction: str
+    payload: dict[str, Any]
+    deadline: float
+    temperature: float
+
+
+def _load(episode_id: int, *, worker: str) -> _Loaded | None:
+    with session_scope() as session:
+        episode = claim_episode(session, episode_id=episode_id, worker=worker)
+        if episode is None:
+            return None
+        env_row = session.get(Environment, episode.environment_id)
+        task = session.get(Task, episode.task_id)
+        assert env_row is not None and task is not None  # foreign keys
+        spec = spec_of(env_row)
+        temperature = float(_run_config(session, episode).get("temperature", 1.0))
+        return _Loaded(
+            episode_id=episode.id, run_id=episode.run_id, spec=spec, instruction=task.instruction,
+            payload=task.payload, deadline=time.monotonic() + spec.limits.episode_timeout_s, temperature=temperature,
+        )
+
+
+def _run_config(session: Any, episode: Episode) -> dict[str, Any]:
+    from core.models import Run
+
+    config = session.execute(select(Run.config).where(Run.id == episode.run_id)).scalar_one()
+    return dict(config.get("sampling", {})) if isinstance(config, dict) else {}
+
+
+def run_episode(
+    episode_id: int, *, policy: PolicyClient, sandboxes: SandboxProvider, worker: str
+) -> EpisodeOutcome:
+    started = time.monotonic()
+    loaded = _load(episode_id, worker=worker)
+    if loaded is None:
+        logger.info("episode %s already ended; nothing to do", episode_id)
+        return EpisodeOutcome(episode_id, False, None, None)
+    kind = get_kind(loaded.spec.kind)(loaded.spec)
+    task = kind.parse_task(loaded.payload)  # type: ignore[attr-defined]
+    lease = sandboxes.lease(spec=loaded.spec, run_id=loaded.run_id, episode_id=episode_id)
+    with lease as sandbox:
+        try:
+            kind.setup(sandbox=sandbox, task=task)
+        except (RuntimeError, CrucibleError) as error:
+            raise SandboxFault(f"task setup failed: {error}") from error
+        ctx = LoopContext(kind=kind, task=task, sandbox=sandbox, policy=policy, limits=loaded.spec.limits,
+                          deadline=loaded.deadline, temperature=loaded.temperature)
+        trajectory = run_agent_loop(ctx, prompt_ids=initial_prompt(ctx, instruction=loaded.instruction))
+        verdict, verify_s = _verify(kind, sandbox, task, trajectory, sandboxes, loaded)
+        sandbox_id = getattr(sandbox, "id", None)
+    timings = {**trajectory.timings, "verify": verify_s, "total": time.monotonic() - started}
+    with session_scope() as session:
+        stored = store_episode(session, episode_id=episode_id, trajectory=trajectory, verdict=verdict,
+                               sandbox_id=sandbox_id, timings={k: round(v, 4) for k, v in timings.items()})
+    logger.info("episode %s ended: %s reward=%s stored=%s", episode_id, trajectory.termination,
+                verdict.reward, stored)
+    return EpisodeOutcome(episode_id, stored, trajectory.termination, verdict.reward)
+
+
+def _verify(kind: Any, sandbox: Sandbox, task: Any, trajectory: Trajectory, sandboxes: SandboxProvider,
+            loaded: _Loaded) -> tuple[Verdict, float]:
+    started = time.monotonic()
+
+    def open_fresh() -> AbstractContextManager[Sandbox]:
+        return sandboxes.fresh(spec=loaded.spec, run_id=loaded.run_id, episode_id=loaded.episode_id)
+
+    try:
+        verdict = kind.verify(sandbox=sandbox, task=task, submitted=trajectory.submitted, open_sandbox=open_fresh)
+    except (RuntimeError, CrucibleError) as error:
+        raise SandboxFault(f"verification failed: {error}") from error
+    return verdict, time.monotonic() - started

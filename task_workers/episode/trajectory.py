@@ -1,0 +1,45 @@
+"""What one episode produced, before it is stored."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.termination import TerminationReason
+
+
+@dataclass
+class TurnRecord:
+    index: int
+    token_ids: list[int]  # (P + C,) environment tokens then sampled tokens
+    logprobs: list[float]  # (P + C,) 0 for environment tokens
+    loss_mask: list[int]  # (P + C,) 0 environment, 1 sampled
+    prompt_length: int  # P
+    completion_text: str
+    finish_reason: str | None
+    generation_s: float
+    weight_version: int | None
+    tool_call: dict[str, Any] | None = None
+    observation: str | None = None
+    tool_output_full: str | None = None
+    exit_code: int | None = None
+    tool_status: str | None = None
+    duration_s: float | None = None
+    truncated: bool = False
+    truncated_bytes: int = 0
+
+
+@dataclass
+class Trajectory:
+    turns: list[TurnRecord] = field(default_factory=list)
+    termination: TerminationReason | None = None
+    submitted: bool = False
+    timings: dict[str, float] = field(default_factory=lambda: {"generation": 0.0, "sandbox": 0.0})
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(turn.token_ids) for turn in self.turns)
+
+    @property
+    def weight_versions(self) -> list[int]:
+        return [turn.weight_version for turn in self.turns if turn.weight_version is not None]

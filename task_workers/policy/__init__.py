@@ -1,0 +1,1 @@
+"""Talking to the policy: vLLM's OpenAI-compatible server, token-exact across turns."""

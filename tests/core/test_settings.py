@@ -1,0 +1,41 @@
+"""Settings fail fast with one readable line: the setting, what is expected, what was given."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.errors import ConfigError
+from core.settings import load_settings
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("database_url", "mysql://root@localhost/db", "CRUCIBLE_DATABASE_URL: expected a postgresql:// URL, got 'mysql://root@localhost/db'"),
+        ("database_url", "not a url", "CRUCIBLE_DATABASE_URL: expected a URL like postgresql://user@host:5432/dbname, got 'not a url'"),
+        ("broker_url", "kafka://x", "CRUCIBLE_BROKER_URL: expected a URL starting with one of"),
+        ("policy_url", "localhost:8000", "CRUCIBLE_POLICY_URL: expected an http:// or https:// URL, got 'localhost:8000'"),
+        ("worker_concurrency", -1, "CRUCIBLE_WORKER_CONCURRENCY: Input should be greater than or equal to 1, got -1"),
+        ("sandbox_pool_min", -3, "CRUCIBLE_SANDBOX_POOL_MIN: Input should be greater than or equal to 0, got -3"),
+    ],
+)
+def test_bad_values_name_the_setting_and_the_value(field: str, value: object, expected: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(**{field: value})
+    assert str(caught.value).startswith(expected)
+    assert "\n" not in str(caught.value)
+
+
+def test_pool_max_below_min_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"CRUCIBLE_SANDBOX_POOL_MAX: expected at least CRUCIBLE_SANDBOX_POOL_MIN \(5\), got 2"):
+        load_settings(sandbox_pool_min=5, sandbox_pool_max=2)
+
+
+def test_postgres_urls_are_normalised_to_psycopg3() -> None:
+    settings = load_settings(database_url="postgresql://u:p@db:5432/crucible")
+    assert settings.database_url == "postgresql+psycopg://u:p@db:5432/crucible"
+
+
+def test_unset_database_means_embedded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CRUCIBLE_DATABASE_URL", raising=False)
+    assert load_settings().uses_embedded_database

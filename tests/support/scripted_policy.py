@@ -1,0 +1,195 @@
+"""A scripted policy server that speaks vLLM's OpenAI-compatible wire format, for deterministic tests
+and benchmarks of everything around the model (it stands in for the model's choices, not for vLLM:
+at least one test drives a real vLLM on CPU too).
+
+Routes: /v1/models, /v1/completions (token-id prompts, `return_token_ids`, logprobs), /tokenize (text
+or chat messages + tools), /detokenize, /weight_info, /update_weight_version, /health.
+
+Tokens are bytes (0-255) plus ChatML specials. A task's instruction names its script with
+`[script:NAME]`; turn k of an episode gets `scripts[NAME][k]` — a string, a `Reply`, or a callable.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+SPECIALS = {"<|im_start|>": 256, "<|im_end|>": 257, "<|endoftext|>": 258}
+IDS_TO_SPECIAL = {v: k for k, v in SPECIALS.items()}
+IM_END = SPECIALS["<|im_end|>"]
+_SPECIAL_RE = re.compile("|".join(re.escape(s) for s in SPECIALS))
+_SCRIPT_RE = re.compile(r"\[script:([\w.-]+)\]")
+
+
+def tokenize(text: str) -> list[int]:
+    ids: list[int] = []
+    position = 0
+    for match in _SPECIAL_RE.finditer(text):
+        ids += list(text[position:match.start()].encode())
+        ids.append(SPECIALS[match.group()])
+        position = match.end()
+    return ids + list(text[position:].encode())
+
+
+def detokenize(ids: list[int]) -> str:
+    out, pending = [], bytearray()
+    for token in ids:
+        if token in IDS_TO_SPECIAL:
+            out.append(pending.decode(errors="replace"))
+            pending = bytearray()
+            out.append(IDS_TO_SPECIAL[token])
+        else:
+            pending.append(token)
+    out.append(pending.decode(errors="replace"))
+    return "".join(out)
+
+
+def render_chat(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+    text = ""
+    for index, message in enumerate(messages):
+        content = message.get("content") or ""
+        if index == 0 and message["role"] == "system" and tools:
+            content += "\n\n# Tools\n" + "\n".join(json.dumps(tool["function"]) for tool in tools)
+        text += f"<|im_start|>{message['role']}\n{content}<|im_end|>\n"
+    return text + "<|im_start|>assistant\n"
+
+
+@dataclass(frozen=True)
+class Reply:
+    text: str
+    delay_s: float = 0.0
+    status: int = 200
+    """A non-200 status answers with an error instead (a failing policy server)."""
+
+
+Step = str | Reply | Callable[[str], "str | Reply"]
+
+
+def tool_call(name: str, **arguments: Any) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+def _logprob(position: int) -> float:
+    return -0.05 - 0.1 * (position % 7)
+
+
+class ScriptedPolicy:
+    def __init__(self, scripts: dict[str, list[Step]] | None = None, *, max_model_len: int = 16384) -> None:
+        self.scripts: dict[str, list[Step]] = dict(scripts or {})
+        self.max_model_len = max_model_len
+        self.weight_version = "0"
+        self.requests = 0
+        self.app = self._build()
+
+    def _reply(self, prompt: str) -> Reply:
+        match = _SCRIPT_RE.search(prompt)
+        script = self.scripts.get(match.group(1), []) if match else []
+        turn = prompt.count("<|im_start|>assistant") - 1
+        step: Step = script[turn] if turn < len(script) else tool_call("submit")
+        if callable(step):
+            step = step(prompt)
+        return step if isinstance(step, Reply) else Reply(step)
+
+    def _complete(self, body: dict[str, Any]) -> JSONResponse:
+        prompt_ids = body["prompt"] if isinstance(body["prompt"], list) else tokenize(body["prompt"])
+        max_tokens = int(body.get("max_tokens") or 16)
+        if len(prompt_ids) + max_tokens > self.max_model_len:
+            message = (f"This model's maximum context length is {self.max_model_len} tokens. However, you "
+                       f"requested {len(prompt_ids) + max_tokens} tokens.")
+            return JSONResponse({"error": {"message": message, "type": "BadRequestError", "code": 400}}, 400)
+        reply = self._reply(detokenize(prompt_ids))
+        if reply.delay_s:
+            time.sleep(reply.delay_s)
+        if reply.status != 200:
+            return JSONResponse({"error": {"message": "scripted failure", "code": reply.status}}, reply.status)
+        ids = [*tokenize(reply.text), IM_END]
+        finish = "stop"
+        if len(ids) > max_tokens:
+            ids, finish = ids[:max_tokens], "length"
+        choice = {
+            "index": 0, "text": detokenize(ids), "finish_reason": finish, "token_ids": ids,
+            "prompt_token_ids": prompt_ids,
+            "logprobs": {"token_logprobs": [_logprob(i) for i in range(len(ids))],
+                         "tokens": [detokenize([t]) for t in ids], "text_offset": [], "top_logprobs": []},
+        }
+        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids)}
+        return JSONResponse({"id": f"cmpl-{self.requests}", "object": "text_completion", "model": "scripted",
+                             "choices": [choice], "usage": usage})
+
+    def _build(self) -> FastAPI:
+        app = FastAPI()
+
+        @app.get("/health")
+        def health() -> dict[str, str]:
+            return {}
+
+        @app.get("/v1/models")
+        def models() -> dict[str, Any]:
+            return {"object": "list", "data": [{"id": "scripted", "object": "model"}]}
+
+        @app.post("/tokenize")
+        async def tokenize_route(request: Request) -> dict[str, Any]:
+            body = await request.json()
+            text = render_chat(body["messages"], body.get("tools")) if "messages" in body else body["prompt"]
+            tokens = tokenize(text)
+            return {"tokens": tokens, "count": len(tokens), "max_model_len": self.max_model_len}
+
+        @app.post("/detokenize")
+        async def detokenize_route(request: Request) -> dict[str, str]:
+            return {"prompt": detokenize((await request.json())["tokens"])}
+
+        @app.get("/weight_info")
+        def weight_info() -> dict[str, str]:
+            return {"weight_version": self.weight_version}
+
+        @app.post("/update_weight_version")
+        async def update_weight_version(request: Request) -> dict[str, Any]:
+            self.weight_version = str((await request.json())["new_version"])
+            return {"success": True, "new_version": self.weight_version}
+
+        @app.post("/v1/completions")
+        async def completions(request: Request) -> JSONResponse:
+            self.requests += 1
+            body = await request.json()
+            # Run the (possibly sleeping) reply off the event loop so concurrent episodes overlap.
+            import anyio
+
+            return await anyio.to_thread.run_sync(self._complete, body)
+
+        return app
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def serve(policy: ScriptedPolicy) -> Iterator[str]:
+    """Run the server on a loopback port in a thread; yields its base URL (…/v1)."""
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(policy.app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the scripted policy server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -1,0 +1,117 @@
+"""Fixtures for episode tests: real dockerd sandboxes, a scripted vLLM-compatible policy server,
+and a registered code_repo environment with one buggy-calculator task."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session
+
+from core.models import EpisodeGroup, Run, Task
+from core.store import insert_episode
+from environments.code_repo.task import CodeRepoTask, TestSpec, pack_directory
+from environments.service import register_environment
+from environments.spec import parse_spec
+from task_workers.context import DockerSandboxes
+from task_workers.policy.client import PolicyClient
+from task_workers.sandbox import InMemoryEventSink, make_backend
+from tests.support.scripted_policy import ScriptedPolicy, serve, tool_call
+
+BUGGY = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
+PUBLIC_TEST = "from calc import mul\n\n\ndef test_mul():\n    assert mul(3, 4) == 12\n"
+HIDDEN_TEST = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+
+FIX = [
+    tool_call("bash", command="cat calc.py"),
+    tool_call("edit_file", path="calc.py", old_str="return a - b", new_str="return a + b"),
+    tool_call("run_tests"),
+    tool_call("submit"),
+]
+
+
+@pytest.fixture(scope="session")
+def calc_task_payload(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    repo = tmp_path_factory.mktemp("calc")
+    (repo / "calc.py").write_text(BUGGY)
+    (repo / "tests").mkdir()
+    (repo / "tests" / "test_calc.py").write_text(PUBLIC_TEST)
+    task = CodeRepoTask(
+        repo=pack_directory(repo),
+        public_tests=TestSpec(command="python3 -m pytest -q -p no:cacheprovider tests", timeout_s=60),
+        hidden_tests=TestSpec(command="python3 -m pytest -q -p no:cacheprovider test_hidden.py",
+                              files={"test_hidden.py": HIDDEN_TEST}, timeout_s=60),
+    )
+    return task.model_dump(mode="json")
+
+
+@pytest.fixture(scope="session")
+def code_repo_image(sandbox_images: dict[str, str]) -> str:
+    return sandbox_images["code-repo"]
+
+
+@pytest.fixture
+def scripted() -> Iterator[tuple[ScriptedPolicy, str]]:
+    policy = ScriptedPolicy()
+    with serve(policy) as url:
+        yield policy, url
+
+
+def env_spec(image: str, **limits: object) -> dict:
+    return {
+        "name": "calc", "kind": "code_repo", "image": image,
+        "sandbox": {"memory": "512m", "pids": 256, "workspace_size": "64m", "tmp_size": "64m", "max_lifetime_s": 900},
+        "limits": {"max_turns": 6, "episode_timeout_s": 120, "tool_timeout_s": 20, "max_tool_errors": 3, **limits},
+        "verifier": {"weights": {"rules": 0.1, "public_tests": 0.2, "hidden_tests": 0.7}},
+    }
+
+
+def make_episode(session: Session, *, image: str, payload: dict, script: str, **limits: object) -> int:
+    """One environment version, one task naming `script`, one run, one group, one pending episode."""
+    env, _ = register_environment(session, spec=parse_spec(env_spec(image, **limits)))
+    task = Task(environment_name="calc", external_id=f"calc-{script}", instruction=f"Fix add(). [script:{script}]",
+                payload=json.loads(json.dumps(payload)))
+    run = Run(name=f"run-{script}", model="scripted", group_size=1, batch_size=1, config={})
+    session.add_all([task, run])
+    session.flush()
+    group = EpisodeGroup(run_id=run.id, group_index=0, task_id=task.id, environment_id=env.id, size=1,
+                         policy_version=0)
+    session.add(group)
+    session.flush()
+    episode_id, _ = insert_episode(session, run_id=run.id, group_id=group.id, sample_index=0, task_id=task.id,
+                                   environment_id=env.id)
+    session.commit()
+    return episode_id
+
+
+@pytest.fixture
+def sandboxes(backend) -> Iterator[DockerSandboxes]:
+    provider = DockerSandboxes(backend=backend, events=InMemoryEventSink(), worker="test", min_size=0, max_size=4)
+    yield provider
+    provider.close()
+
+
+@pytest.fixture
+def policy_client(scripted) -> Iterator[PolicyClient]:
+    client = PolicyClient(base_url=scripted[1], retries=1, backoff_s=0.05)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def backend():
+    docker_backend = make_backend("docker")
+    docker_backend.ping()
+    return docker_backend
+
+
+@pytest.fixture(scope="session")
+def sandbox_images(backend) -> dict[str, str]:
+    import os
+
+    from environments.images import build_images
+
+    cache = Path(os.environ.get("CRUCIBLE_TEST_IMAGE_CACHE", Path.home() / ".cache" / "crucible"))
+    return {b.name: b.tag for b in build_images(data_dir=cache)}

@@ -1,0 +1,54 @@
+"""compose.yaml: every service is healthy-checked, and every Crucible command it runs exists in the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import typer.main
+import yaml
+
+from cli.main import app
+
+COMPOSE = yaml.safe_load((Path(__file__).parents[1] / "compose.yaml").read_text())
+SERVICES = COMPOSE["services"]
+OURS = sorted(name for name, service in SERVICES.items() if service.get("image") == "crucible:latest")
+
+
+def test_the_production_services_are_all_there() -> None:
+    assert {"postgres", "redis", "api", "controller", "worker", "trainer", "vllm"} <= set(SERVICES)
+    assert {"api", "controller", "worker", "trainer", "vllm", "migrate"} == set(OURS)
+    assert all(SERVICES[name].get("build") == "." for name in OURS)
+
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_every_long_running_service_has_a_healthcheck(name: str) -> None:
+    healthcheck = SERVICES[name].get("healthcheck", {})
+    if name == "migrate":
+        assert healthcheck.get("disable") is True  # a one-shot job
+    else:
+        assert healthcheck.get("test"), f"{name} has no healthcheck"
+
+
+@pytest.mark.parametrize("name", OURS)
+def test_service_command_exists_in_the_cli(name: str) -> None:
+    """Walk the real Typer app down the command's words, then parse the rest as its options."""
+    words = list(SERVICES[name]["command"])
+    command = typer.main.get_command(app)
+    path = "crucible"
+    while hasattr(command, "list_commands"):  # a group: the next word names a subcommand
+        assert words, f"{name}: `{path}` needs a subcommand"
+        word, words = words[0], words[1:]
+        group_ctx = command.make_context(path, [], resilient_parsing=True)
+        sub = command.get_command(group_ctx, word)
+        assert sub is not None, f"{name}: `{path} {word}` is no command"
+        command, path = sub, f"{path} {word}"
+    command.make_context(path, words)  # raises a usage error on unknown options or bad values
+    assert command.callback is not None
+
+
+def test_only_the_worker_sees_the_docker_socket() -> None:
+    for name, service in SERVICES.items():
+        mounts = [str(volume) for volume in service.get("volumes", [])]
+        has_socket = any("docker.sock" in mount for mount in mounts)
+        assert has_socket == (name == "worker"), name
