@@ -7,6 +7,9 @@ import logging
 import typer
 
 from cli import db, environments, services
+from cli.controller import controller, runs_app
+from cli.model import app as model_app
+from cli.model import serve
 from cli.console import readable_errors
 from cli.doctor import doctor
 from core.settings import get_settings
@@ -18,6 +21,10 @@ app = typer.Typer(
 app.add_typer(db.app, name="db")
 app.add_typer(environments.env_app, name="env")
 app.add_typer(environments.tasks_app, name="tasks")
+app.add_typer(model_app, name="model")
+app.command()(serve)
+app.command()(controller)
+app.add_typer(runs_app, name="run")
 app.command()(doctor)
 app.command()(services.api)
 app.command()(services.worker)

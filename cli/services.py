@@ -23,7 +23,7 @@ def api(
 
 
 def worker(
-    queues: str = typer.Option("celery,code_repo", "--queues", "-Q", help="Comma-separated queues to consume."),
+    queues: str = typer.Option("", "--queues", "-Q", help="Comma-separated queues; default: every environment kind."),
     concurrency: int = typer.Option(0, min=0, help="Threads; 0 = CRUCIBLE_WORKER_CONCURRENCY."),
 ) -> None:
     """Start a Celery task worker (threads pool: episodes are I/O-bound)."""
@@ -31,7 +31,11 @@ def worker(
 
     with readable_errors():
         app = get_app()
-    connect_worker_signals(queues=[q for q in queues.split(",") if q])
+    from environments.registry import kind_names
+
+    consumed = [q for q in queues.split(",") if q] or ["celery", *kind_names()]
+    queues = ",".join(consumed)
+    connect_worker_signals(queues=consumed)
     threads = concurrency or get_settings().worker_concurrency
     app.worker_main(
         ["worker", "--pool=threads", f"--concurrency={threads}", f"--queues={queues}", "--loglevel=INFO",

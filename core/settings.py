@@ -40,6 +40,8 @@ class Settings(BaseSettings):
     """Celery broker (redis://, amqp://). Unset: Celery's SQLAlchemy transport on the database."""
     policy_url: str = "http://127.0.0.1:8000/v1"
     """OpenAI-compatible policy server (vLLM) base URL."""
+    policy_tokenizer: Path | None = None
+    """The served model's directory: workers tokenize environment text with it locally (else over HTTP)."""
     data_dir: Path = Field(default_factory=_default_data_dir)
     """Where the embedded database, checkpoints, models and image caches live."""
     api_url: str = "http://127.0.0.1:8080"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from environments.spec import EnvironmentSpec
-from task_workers.policy.client import PolicyClient
+from task_workers.policy.client import PolicyClient, local_tokenizer
 from task_workers.sandbox import PoolSet, Reaper, SandboxBackend, SandboxSpec, make_backend
 from task_workers.sandbox.db_events import DbEventSink
 from task_workers.sandbox.events import EventSink
@@ -102,7 +102,9 @@ def worker_context() -> WorkerContext:
             threading.Thread(target=_reap_periodically, args=(reaper, stop), daemon=True, name="reaper").start()
             sandboxes = DockerSandboxes(backend=backend, events=events, worker=settings.worker_name,
                                         min_size=settings.sandbox_pool_min, max_size=settings.sandbox_pool_max)
-            _context = WorkerContext(PolicyClient(base_url=settings.policy_url), sandboxes, backend, events, reaper, stop)
+            tokenizer = local_tokenizer(str(settings.policy_tokenizer)) if settings.policy_tokenizer else None
+            policy = PolicyClient(base_url=settings.policy_url, tokenizer=tokenizer)
+            _context = WorkerContext(policy, sandboxes, backend, events, reaper, stop)
         return _context
 
 

@@ -7,6 +7,8 @@ the machine's Postgres when one answers), else an embedded Postgres started unde
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,13 +25,13 @@ from core.models import Base
 from core.settings import get_settings
 
 
-def _admin_url(tmp_root: Path) -> str:
+def _admin_url(embedded_root: Path) -> str:
     configured = os.environ.get("CRUCIBLE_TEST_DATABASE_URL")
     if configured:
         return configured
     from core.embedded import ensure_embedded_postgres
 
-    return ensure_embedded_postgres(tmp_root / "embedded")
+    return ensure_embedded_postgres(embedded_root)
 
 
 def _psycopg_dsn(url: str) -> str:
@@ -39,7 +41,9 @@ def _psycopg_dsn(url: str) -> str:
 @pytest.fixture(scope="session")
 def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A new database on the test server, migrated to head; dropped after the session."""
-    admin = make_url(_admin_url(tmp_path_factory.mktemp("pg")))
+    # Not under pytest's basetemp: concurrent pytest sessions rotate those directories away.
+    embedded_root = Path(tempfile.mkdtemp(prefix="crucible-test-pg-"))
+    admin = make_url(_admin_url(embedded_root))
     name = f"crucible_test_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(_psycopg_dsn(str(admin.render_as_string(hide_password=False))), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
@@ -49,6 +53,11 @@ def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     reset_engines()
     with psycopg.connect(_psycopg_dsn(str(admin.render_as_string(hide_password=False))), autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    if (embedded_root / "postgres").exists():
+        from core.embedded import stop_embedded_postgres
+
+        stop_embedded_postgres(embedded_root)
+    shutil.rmtree(embedded_root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -36,6 +36,14 @@ class Curriculum(BaseModel):
         return self
 
 
+class Sampling(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float = Field(default=1.0, ge=0.0, le=5.0)
+    """Policy sampling temperature (1.0: the logprobs the trainer recomputes are the model's own)."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+
+
 class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -60,6 +68,7 @@ class RunConfig(BaseModel):
     """Budget: stop dispatching after this many groups."""
     curriculum: Curriculum = Field(default_factory=Curriculum)
     seed: int = 0
+    sampling: Sampling = Field(default_factory=lambda: Sampling())
     trainer: dict[str, object] = Field(default_factory=dict)
     """Loss and optimizer settings, validated by the trainer."""
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import posixpath
 import shlex
 import time
@@ -74,6 +76,8 @@ def execute_tool(*, sandbox: Sandbox, call: ToolCall, task: CodeRepoTask, timeou
     except ToolInputError as error:
         return ToolResult(observation=str(error), output=str(error), status="error",
                           duration_s=time.monotonic() - started)
+    if call.name in ("write_file", "edit_file"):  # several sandbox round trips: time them here
+        result = dataclasses.replace(result, duration_s=time.monotonic() - started)
     return result
 
 
@@ -88,10 +92,10 @@ def _dispatch(*, sandbox: Sandbox, call: ToolCall, task: CodeRepoTask, timeout_s
     if call.name == "write_file":
         path = workspace_path(_argument(call, "path"))
         content = _argument(call, "content")
-        sandbox.put_files({path: content.encode()})
+        write_file(sandbox, path, content.encode(), timeout_s=timeout_s)
         return ToolResult(observation=f"wrote {len(content)} characters to {path}", exit_code=0)
     if call.name == "edit_file":
-        return _edit(sandbox=sandbox, call=call)
+        return _edit(sandbox=sandbox, call=call, timeout_s=timeout_s)
     if call.name == "run_tests":
         if task.public_tests is None:
             return ToolResult(observation="this task has no public tests", status="error")
@@ -101,13 +105,43 @@ def _dispatch(*, sandbox: Sandbox, call: ToolCall, task: CodeRepoTask, timeout_s
     raise ToolInputError(f"tool: expected one of {', '.join(TOOL_SCHEMAS)}, got {call.name!r}")
 
 
-def _edit(*, sandbox: Sandbox, call: ToolCall) -> ToolResult:
+# Small files travel through the persistent shell (one round trip, ~1 ms); larger ones as a tar
+# archive through the engine's API (tens of ms, but no size limit).
+SHELL_TRANSFER_MAX = 48 * 1024
+
+
+def write_file(sandbox: Sandbox, path: str, data: bytes, *, timeout_s: float) -> None:
+    if len(data) > SHELL_TRANSFER_MAX:
+        sandbox.put_files({path: data})
+        return
+    encoded = base64.b64encode(data).decode()
+    quoted = shlex.quote(path)
+    step = sandbox.step(f"mkdir -p -- \"$(dirname -- {quoted})\" && printf %s {encoded} | base64 -d > {quoted}",
+                        timeout=timeout_s)
+    if step.exit_code != 0:
+        raise ToolInputError(f"cannot write {path}: {step.output.strip()[-300:]}")
+
+
+def read_file(sandbox: Sandbox, path: str, *, timeout_s: float) -> bytes:
+    quoted = shlex.quote(path)
+    step = sandbox.step(f"test -f {quoted} || exit 3; [ $(stat -c %s -- {quoted}) -le {SHELL_TRANSFER_MAX} ] "
+                        f"|| exit 4; base64 -w0 -- {quoted}", timeout=timeout_s)
+    if step.exit_code == 3:
+        raise FileNotFoundError(path)
+    if step.exit_code == 4:
+        return sandbox.get_file(path)
+    if step.exit_code != 0:
+        raise ToolInputError(f"cannot read {path}: {step.output.strip()[-300:]}")
+    return base64.b64decode(step.output.strip())
+
+
+def _edit(*, sandbox: Sandbox, call: ToolCall, timeout_s: float) -> ToolResult:
     path = workspace_path(_argument(call, "path"))
     old, new = _argument(call, "old_str"), _argument(call, "new_str")
     if not old:
         raise ToolInputError("edit_file: expected a non-empty old_str")
     try:
-        text = sandbox.get_file(path).decode("utf-8")
+        text = read_file(sandbox, path, timeout_s=timeout_s).decode("utf-8")
     except FileNotFoundError:
         raise ToolInputError(f"edit_file: no file at {path}") from None
     except UnicodeDecodeError:
@@ -115,5 +149,5 @@ def _edit(*, sandbox: Sandbox, call: ToolCall) -> ToolResult:
     count = text.count(old)
     if count != 1:
         raise ToolInputError(f"edit_file: expected old_str to occur exactly once in {path}, found {count}")
-    sandbox.put_files({path: text.replace(old, new, 1).encode()})
+    write_file(sandbox, path, text.replace(old, new, 1).encode(), timeout_s=timeout_s)
     return ToolResult(observation=f"edited {path}", exit_code=0)

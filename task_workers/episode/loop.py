@@ -32,6 +32,7 @@ class LoopContext:
     limits: Limits
     deadline: float  # time.monotonic() value
     temperature: float = 1.0
+    top_p: float = 1.0
 
 
 def cap_text(text: str, limit: int) -> str:
@@ -43,6 +44,9 @@ def cap_text(text: str, limit: int) -> str:
 
 
 def _version(raw: str | None) -> int | None:
+    """vLLM reports "default" until the first `/update_weight_version`: the weights it started with, v0."""
+    if raw == "default":
+        return 0
     return int(raw) if raw is not None and raw.isdigit() else None
 
 
@@ -51,7 +55,8 @@ def _generate(ctx: LoopContext, tokens: list[int]) -> Completion | TerminationRe
     if budget <= 0:
         return TerminationReason.CONTEXT_EXHAUSTED
     try:
-        return ctx.policy.complete(prompt_ids=tokens, max_tokens=budget, temperature=ctx.temperature)
+        return ctx.policy.complete(prompt_ids=tokens, max_tokens=budget, temperature=ctx.temperature,
+                                   top_p=ctx.top_p)
     except ContextOverflow:
         return TerminationReason.CONTEXT_EXHAUSTED
     except PolicyError as error:
@@ -112,7 +117,7 @@ def run_agent_loop(ctx: LoopContext, *, prompt_ids: list[int]) -> Trajectory:
             trajectory.termination = reason
             trajectory.submitted = reason is TerminationReason.SUBMITTED
             return trajectory
-        closed = completion.finish_reason == "stop"
+        closed = bool(completion.token_ids) and completion.token_ids[-1] == ctx.policy.end_of_turn_id()
         pending_env = _observation_tokens(ctx, observation, closed=closed)
         tokens += pending_env
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -59,6 +59,7 @@ class _Loaded:
     payload: dict[str, Any]
     deadline: float
     temperature: float
+    top_p: float
 
 
 def _load(episode_id: int, *, worker: str) -> _Loaded | None:
@@ -70,10 +71,11 @@ def _load(episode_id: int, *, worker: str) -> _Loaded | None:
         task = session.get(Task, episode.task_id)
         assert env_row is not None and task is not None  # foreign keys
         spec = spec_of(env_row)
-        temperature = float(_run_config(session, episode).get("temperature", 1.0))
+        sampling = _run_config(session, episode)
         return _Loaded(
             episode_id=episode.id, run_id=episode.run_id, spec=spec, instruction=task.instruction,
-            payload=task.payload, deadline=time.monotonic() + spec.limits.episode_timeout_s, temperature=temperature,
+            payload=task.payload, deadline=time.monotonic() + spec.limits.episode_timeout_s,
+            temperature=float(sampling.get("temperature", 1.0)), top_p=float(sampling.get("top_p", 1.0)),
         )
 
 
@@ -94,18 +96,24 @@ def run_episode(
         return EpisodeOutcome(episode_id, False, None, None)
     kind = get_kind(loaded.spec.kind)(loaded.spec)
     task = kind.parse_task(loaded.payload)  # type: ignore[attr-defined]
-    lease = sandboxes.lease(spec=loaded.spec, run_id=loaded.run_id, episode_id=episode_id)
-    with lease as sandbox:
+    with ExitStack() as stack:
+        try:
+            sandbox = stack.enter_context(sandboxes.lease(spec=loaded.spec, run_id=loaded.run_id, episode_id=episode_id))
+        except CrucibleError as error:
+            raise SandboxFault(f"no sandbox: {error}") from error
+        leased = time.monotonic()
         try:
             kind.setup(sandbox=sandbox, task=task)
         except (RuntimeError, CrucibleError) as error:
             raise SandboxFault(f"task setup failed: {error}") from error
+        set_up = time.monotonic()
         ctx = LoopContext(kind=kind, task=task, sandbox=sandbox, policy=policy, limits=loaded.spec.limits,
-                          deadline=loaded.deadline, temperature=loaded.temperature)
+                          deadline=loaded.deadline, temperature=loaded.temperature, top_p=loaded.top_p)
         trajectory = run_agent_loop(ctx, prompt_ids=initial_prompt(ctx, instruction=loaded.instruction))
         verdict, verify_s = _verify(kind, sandbox, task, trajectory, sandboxes, loaded)
         sandbox_id = getattr(sandbox, "id", None)
-    timings = {**trajectory.timings, "verify": verify_s, "total": time.monotonic() - started}
+    timings = {**trajectory.timings, "lease": leased - started, "setup": set_up - leased, "verify": verify_s,
+               "total": time.monotonic() - started}
     with session_scope() as session:
         stored = store_episode(session, episode_id=episode_id, trajectory=trajectory, verdict=verdict,
                                sandbox_id=sandbox_id, timings={k: round(v, 4) for k, v in timings.items()})

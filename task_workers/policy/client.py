@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+
+from task_workers.policy.chat import IM_END
 
 logger = logging.getLogger(__name__)
 
@@ -40,12 +43,17 @@ class PolicyClient:
     def __init__(
         self, *, base_url: str, model: str | None = None, timeout_s: float = 120.0, retries: int = 3,
         backoff_s: float = 0.5, transport: httpx.BaseTransport | None = None,
+        tokenizer: Callable[[str], list[int]] | None = None,
     ) -> None:
+        """`tokenizer`: the served model's own tokenizer, loaded locally, saves a round trip per turn
+        for environment text; without it `/tokenize` is asked (the same tokenizer, over HTTP)."""
         root = base_url.removesuffix("/").removesuffix("/v1")
         self._http = httpx.Client(base_url=root, timeout=timeout_s, transport=transport)
         self._model = model
         self._retries = retries
         self._backoff_s = backoff_s
+        self._tokenizer = tokenizer
+        self._end_of_turn: int | None = None
 
     def close(self) -> None:
         self._http.close()
@@ -61,8 +69,19 @@ class PolicyClient:
         return list(self._request("POST", "/tokenize", json=body)["tokens"])
 
     def tokenize(self, text: str) -> list[int]:
+        if self._tokenizer is not None:
+            return self._tokenizer(text)
         body = {"model": self.model(), "prompt": text, "add_special_tokens": False}
         return list(self._request("POST", "/tokenize", json=body)["tokens"])
+
+    def end_of_turn_id(self) -> int:
+        """The token that closes a chat turn (<|im_end|>): a completion that stopped on it is closed."""
+        if self._end_of_turn is None:
+            ids = self.tokenize(IM_END)
+            if len(ids) != 1:
+                raise PolicyError(f"expected {IM_END} to be one token of the served model, got {ids}")
+            self._end_of_turn = ids[0]
+        return self._end_of_turn
 
     def weight_version(self) -> str | None:
         try:
@@ -113,3 +132,11 @@ class PolicyClient:
                 logger.warning("policy request failed (%s); retrying in %.1fs", failure, delay)
                 time.sleep(delay)
         raise PolicyError(failure)
+
+
+def local_tokenizer(model_dir: str) -> Callable[[str], list[int]]:
+    """The model directory's tokenizer as a function (no special tokens added, like `/tokenize`)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return lambda text: list(tokenizer.encode(text, add_special_tokens=False))

@@ -193,3 +193,57 @@ def serve(policy: ScriptedPolicy) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def main() -> None:
+    """Serve scripts from a JSON file in its own process (benchmarks: the policy is not in our GIL).
+
+        python -m tests.support.scripted_policy --scripts scripts.json --port 8011
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--scripts", required=True, help="JSON: {name: [reply text, ...]}")
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    with open(args.scripts) as handle:
+        policy = ScriptedPolicy(json.load(handle))
+    uvicorn.run(policy.app, host="127.0.0.1", port=args.port, log_level="warning")
+
+
+@contextmanager
+def serve_in_process(scripts: dict[str, list[str]]) -> Iterator[str]:
+    """Like `serve`, but in a child process; scripts must be plain strings."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    import httpx
+
+    port = _free_port()
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump(scripts, handle)
+    child = subprocess.Popen([sys.executable, "-m", "tests.support.scripted_policy", "--scripts", handle.name,
+                              "--port", str(port)])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline or child.poll() is not None:
+                raise RuntimeError("the scripted policy server process did not start")
+            time.sleep(0.1)
+        yield f"{url}/v1"
+    finally:
+        child.terminate()
+        child.wait(10)
+        os.unlink(handle.name)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""A throwaway database for a benchmark: created on the configured server (or an embedded one),
+migrated, set as CRUCIBLE_DATABASE_URL for this process, dropped at the end."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+from sqlalchemy.engine import make_url
+
+from core import migrate
+from core.db import reset_engines
+from core.settings import get_settings
+
+
+@contextmanager
+def scratch_database(prefix: str) -> Iterator[str]:
+    admin_url = os.environ.get("CRUCIBLE_BENCH_DATABASE_URL") or os.environ.get("CRUCIBLE_TEST_DATABASE_URL")
+    if not admin_url:
+        from core.embedded import ensure_embedded_postgres
+
+        admin_url = ensure_embedded_postgres(Path(tempfile.mkdtemp(prefix="crucible-bench-pg-")))
+    admin = make_url(admin_url)
+    dsn = admin.set(drivername="postgresql").render_as_string(hide_password=False)
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = admin.set(drivername="postgresql+psycopg", database=name).render_as_string(hide_password=False)
+    migrate.upgrade("head", url=url)
+    previous = os.environ.get("CRUCIBLE_DATABASE_URL")
+    os.environ["CRUCIBLE_DATABASE_URL"] = url
+    get_settings.cache_clear()
+    try:
+        yield url
+    finally:
+        reset_engines()
+        if previous is None:
+            os.environ.pop("CRUCIBLE_DATABASE_URL", None)
+        else:
+            os.environ["CRUCIBLE_DATABASE_URL"] = previous
+        get_settings.cache_clear()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -1,0 +1,197 @@
+"""Reconciliation: nothing dispatched is lost, nothing is retried forever.
+
+Per active run, each pass:
+- *unsent* episodes (pending with no deadline: a send failed) are sent again;
+- episodes past their deadline are judged:
+    started, worker alive (fresh heartbeat)  → slow: left alone (the worker enforces the timeout);
+    started, worker dead or unknown          → lost;
+    never started, no live worker serves the queue   → queued: left in the broker for the next worker;
+    never started, the queue is idle or has moved past it (a later-sent episode of the same
+    environment is running)                  → lost (its message was never sent or was dropped);
+    never started otherwise                  → queued behind earlier work;
+- a lost episode gets a `worker_lost` record in `failures`, attempts + 1, and goes back to pending
+  with a new deadline and a new message — or, once lost `max_attempts` times, ends as failed
+  (`worker_lost`);
+- groups with no pending or running episode left are marked complete.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy import exists, func, select, update
+from sqlalchemy.orm import Session
+
+from controller.config import ControllerConfig
+from controller.dispatch import database_now, episode_horizon, send_episodes
+from controller.dispatcher import Dispatcher
+from controller.logs import log_event
+from controller.progress import GroupStatus
+from core.models import Environment, Episode, EpisodeGroup, Run, Worker
+from core.termination import EpisodeStatus, RunStatus, TerminationReason
+
+OUTSTANDING = (EpisodeStatus.PENDING, EpisodeStatus.RUNNING)
+SOURCE = "controller"
+
+
+@dataclass
+class ReconcileResult:
+    run_id: int
+    resent: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)
+    slow: list[int] = field(default_factory=list)
+    queued: list[int] = field(default_factory=list)
+    groups_completed: int = 0
+
+
+@dataclass(frozen=True)
+class _Liveness:
+    alive_workers: set[str]
+    served_queues: set[str]
+    busy_queues: set[str]
+    """Queues with an episode running now."""
+    latest_running: dict[int, datetime]
+    """Per environment, the latest deadline (= latest send) among its running episodes."""
+
+
+def reconcile_run(
+    session: Session, *, run_id: int, dispatcher: Dispatcher, settings: ControllerConfig
+) -> ReconcileResult:
+    """One reconciliation pass over a run. Commits."""
+    result = ReconcileResult(run_id=run_id)
+    _send_unsent(session, run_id=run_id, dispatcher=dispatcher, settings=settings, result=result)
+    _handle_overdue(session, run_id=run_id, dispatcher=dispatcher, settings=settings, result=result)
+    result.groups_completed = complete_finished_groups(session, run_id=run_id)
+    session.commit()
+    return result
+
+
+def complete_finished_groups(session: Session, *, run_id: int) -> int:
+    outstanding = (
+        exists().where(Episode.group_id == EpisodeGroup.id, Episode.status.in_(OUTSTANDING)).correlate(EpisodeGroup)
+    )
+    done = session.execute(
+        update(EpisodeGroup)
+        .where(EpisodeGroup.run_id == run_id, EpisodeGroup.status == GroupStatus.RUNNING, ~outstanding)
+        .values(status=GroupStatus.COMPLETE)
+        .returning(EpisodeGroup.id)
+    ).scalars().all()
+    return len(done)
+
+
+def _send_all(
+    session: Session, dispatcher: Dispatcher, by_queue: dict[str, list[int]], result: ReconcileResult
+) -> None:
+    for queue, episode_ids in by_queue.items():
+        sent = send_episodes(session, dispatcher, episode_ids=episode_ids, queue=queue)
+        result.resent.extend(episode_ids[:sent])
+
+
+def _send_unsent(
+    session: Session, *, run_id: int, dispatcher: Dispatcher, settings: ControllerConfig, result: ReconcileResult
+) -> None:
+    rows = session.execute(
+        select(Episode, Environment)
+        .join(Environment, Environment.id == Episode.environment_id)
+        .where(Episode.run_id == run_id, Episode.status == EpisodeStatus.PENDING,
+               Episode.started_at.is_(None), Episode.deadline_at.is_(None))
+        .order_by(Episode.id)
+        .with_for_update(skip_locked=True, of=Episode)
+    ).all()
+    if not rows:
+        return
+    now = database_now(session)
+    by_queue: dict[str, list[int]] = defaultdict(list)
+    for episode, env in rows:
+        episode.deadline_at = now + episode_horizon(env, settings)
+        by_queue[env.kind].append(episode.id)
+    session.commit()
+    log_event("reconcile.send_unsent", run_id=run_id, episodes=sum(len(ids) for ids in by_queue.values()))
+    _send_all(session, dispatcher, by_queue, result)
+
+
+def _handle_overdue(
+    session: Session, *, run_id: int, dispatcher: Dispatcher, settings: ControllerConfig, result: ReconcileResult
+) -> None:
+    rows = session.execute(
+        select(Episode, Environment)
+        .join(Environment, Environment.id == Episode.environment_id)
+        .where(Episode.run_id == run_id, Episode.status.in_(OUTSTANDING), Episode.deadline_at < func.now())
+        .order_by(Episode.id)
+        .with_for_update(skip_locked=True, of=Episode)
+    ).all()
+    if not rows:
+        return
+    now = database_now(session)
+    liveness = _liveness(session, settings=settings)
+    by_queue: dict[str, list[int]] = defaultdict(list)
+    for episode, env in rows:
+        verdict = _judge(episode, env, liveness)
+        if verdict == "slow":
+            result.slow.append(episode.id)
+        elif verdict == "queued":
+            result.queued.append(episode.id)
+        elif _requeue_or_fail(episode, now=now, horizon=episode_horizon(env, settings), settings=settings):
+            by_queue[env.kind].append(episode.id)
+        else:
+            result.failed.append(episode.id)
+    session.commit()
+    _send_all(session, dispatcher, by_queue, result)
+
+
+def _judge(episode: Episode, env: Environment, liveness: _Liveness) -> str:
+    if episode.started_at is not None:
+        return "slow" if episode.worker in liveness.alive_workers else "lost"
+    if env.kind not in liveness.served_queues:
+        return "queued"
+    if env.kind not in liveness.busy_queues:
+        return "lost"
+    latest = liveness.latest_running.get(env.id)
+    passed = latest is not None and episode.deadline_at is not None and latest > episode.deadline_at
+    return "lost" if passed else "queued"
+
+
+def _liveness(session: Session, *, settings: ControllerConfig) -> _Liveness:
+    fresh_since = func.now() - timedelta(seconds=settings.heartbeat_timeout_s)
+    workers = session.execute(
+        select(Worker.name, Worker.queues).where(Worker.stopped_at.is_(None), Worker.last_heartbeat_at >= fresh_since)
+    ).all()
+    live_runs = select(Run.id).where(Run.status.in_((RunStatus.PENDING, RunStatus.RUNNING, RunStatus.STOPPED)))
+    running = session.execute(
+        select(Environment.id, Environment.kind, func.max(Episode.deadline_at))
+        .join(Environment, Environment.id == Episode.environment_id)
+        .where(Episode.run_id.in_(live_runs), Episode.status == EpisodeStatus.RUNNING)
+        .group_by(Environment.id, Environment.kind)
+    ).all()
+    return _Liveness(
+        alive_workers={name for name, _ in workers},
+        served_queues={str(queue) for _, queues in workers for queue in (queues or [])},
+        busy_queues={kind for _, kind, _ in running},
+        latest_running={env_id: latest for env_id, _, latest in running if latest is not None},
+    )
+
+
+def _requeue_or_fail(
+    episode: Episode, *, now: datetime, horizon: timedelta, settings: ControllerConfig
+) -> bool:
+    """Record the loss; back to pending (True) or, after max_attempts losses, failed (False)."""
+    record = {"reason": TerminationReason.WORKER_LOST.value, "worker": episode.worker, "at": now.isoformat(),
+              "status": episode.status, "source": SOURCE}
+    episode.failures = [*episode.failures, record]
+    episode.attempts += 1
+    losses = sum(1 for item in episode.failures if isinstance(item, dict) and item.get("source") == SOURCE)
+    gave_up = losses >= settings.max_attempts
+    log_event("reconcile.worker_lost", level=logging.WARNING, run_id=episode.run_id, episode_id=episode.id,
+              worker=episode.worker, losses=losses, action="failed" if gave_up else "requeued")
+    if gave_up:
+        episode.status = EpisodeStatus.FAILED
+        episode.termination_reason = TerminationReason.WORKER_LOST
+        episode.finished_at = now
+        return False
+    episode.status = EpisodeStatus.PENDING
+    episode.worker, episode.started_at = None, None
+    episode.deadline_at = now + horizon
+    return True

@@ -1,0 +1,142 @@
+"""Dispatch: sync and async staleness bounds, in-flight target, budget, eval runs, failed sends."""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from controller.config import ControllerConfig
+from controller.dispatch import complete_run_if_done, dispatch_run
+from controller.dispatcher import EPISODE_TASK, RecordingDispatcher
+from controller.progress import run_progress
+from controller.reconcile import reconcile_run
+from controller.runs import get_run, stop_run
+from tests.controller import factories as f
+
+
+def _dispatch(session: Session, run_id: int, recorder: RecordingDispatcher, settings: ControllerConfig) -> list[int]:
+    return dispatch_run(session, run_id=run_id, dispatcher=recorder, settings=settings).group_ids
+
+
+def test_sync_mode_dispatches_one_batch_then_waits_for_the_new_version(
+    db_session: Session, recorder: RecordingDispatcher, settings: ControllerConfig
+) -> None:
+    env = f.environment(db_session, timeout_s=300)
+    f.tasks(db_session, env, 4)
+    run = f.launch(db_session, env, mode="sync", batch_size=2, group_size=3)
+    first = _dispatch(db_session, run.id, recorder, settings)
+    assert len(first) == 2
+    episodes = f.episodes(db_session, run.id)
+    assert [e.sample_index for e in episodes] == [0, 1, 2, 0, 1, 2]
+    assert {e.status for e in episodes} == {"pending"}
+    assert recorder.episode_ids == [e.id for e in episodes]
+    assert {(t.name, t.queue) for t in recorder.sent} == {(EPISODE_TASK, "code_repo")}
+    now = db_session.execute(select(func.now())).scalar_one()
+    for episode in episodes:  # deadline = now + episode_timeout_s (300) + slack (60)
+        assert timedelta(seconds=350) < episode.deadline_at - now <= timedelta(seconds=361)
+    assert [(g.group_index, g.size, g.policy_version, g.status) for g in f.groups(db_session, run.id)] == [
+        (0, 3, 0, "running"), (1, 3, 0, "running")]
+    assert get_run(db_session, run_id=run.id).status == "running"
+
+    assert _dispatch(db_session, run.id, recorder, settings) == []  # the batch is in flight
+    f.finish_groups(db_session, first)
+    result = dispatch_run(db_session, run_id=run.id, dispatcher=recorder, settings=settings)
+    assert (result.group_ids, result.limit) == ([], "staleness")  # complete, but not trained on yet
+    f.train_step(db_session, run.id)
+    second = _dispatch(db_session, run.id, recorder, settings)
+    assert len(second) == 2
+    assert [g.policy_version for g in f.groups(db_session, run.id)] == [0, 0, 1, 1]
+
+
+def test_async_mode_keeps_inflight_at_target_within_the_staleness_bound(
+    db_session: Session, recorder: RecordingDispatcher, settings: ControllerConfig
+) -> None:
+    env = f.environment(db_session)
+    f.tasks(db_session, env, 5)
+    run = f.launch(db_session, env, mode="async", max_staleness=1, batch_size=2, group_size=1)
+    target, rng = 4, random.Random(0)  # (1 + 1) × 2
+    for _ in range(40):  # workers finish some groups, the trainer sometimes steps: the bounds always hold
+        _dispatch(db_session, run.id, recorder, settings)
+        version = get_run(db_session, run_id=run.id).policy_version
+        progress, cap = run_progress(db_session, run_id=run.id), (version + 1 + 1) * 2
+        assert progress.dispatched <= cap and progress.inflight <= target
+        assert progress.inflight == target or progress.dispatched == cap  # never idle below both bounds
+        running = [g.id for g in f.groups(db_session, run.id) if g.status == "running"]
+        f.finish_groups(db_session, rng.sample(running, rng.randint(0, len(running))))
+        if progress.awaiting_trainer + len(running) >= 2 and rng.random() < 0.5:
+            f.train_step(db_session, run.id)
+    assert get_run(db_session, run_id=run.id).policy_version >= 5
+
+
+def test_explicit_inflight_cap(db_session: Session, recorder: RecordingDispatcher, settings: ControllerConfig) -> None:
+    env = f.environment(db_session)
+    f.tasks(db_session, env, 2)
+    run = f.launch(db_session, env, max_staleness=3, batch_size=2, max_inflight_groups=3)
+    first = dispatch_run(db_session, run_id=run.id, dispatcher=recorder, settings=settings)
+    assert (len(first.group_ids), first.limit) == (3, "inflight")
+    f.finish_groups(db_session, first.group_ids[:1])
+    assert len(_dispatch(db_session, run.id, recorder, settings)) == 1
+
+
+def test_budget_then_completed_once_consumed(
+    db_session: Session, recorder: RecordingDispatcher, settings: ControllerConfig
+) -> None:
+    env = f.environment(db_session)
+    f.tasks(db_session, env, 2)
+    run = f.launch(db_session, env, max_staleness=1, batch_size=2, max_groups=3)
+    result = dispatch_run(db_session, run_id=run.id, dispatcher=recorder, settings=settings)
+    assert (len(result.group_ids), result.limit) == (3, "budget")
+    f.finish_groups(db_session, result.group_ids)
+    assert not complete_run_if_done(db_session, run_id=run.id)  # complete, not yet trained on
+    f.train_step(db_session, run.id)
+    assert _dispatch(db_session, run.id, recorder, settings) == []
+    assert complete_run_if_done(db_session, run_id=run.id)
+    run = get_run(db_session, run_id=run.id)
+    assert run.status == "completed" and run.finished_at is not None
+
+
+def test_eval_runs_ignore_the_version_bound(
+    db_session: Session, recorder: RecordingDispatcher, settings: ControllerConfig
+) -> None:
+    env = f.environment(db_session)
+    f.tasks(db_session, env, 3)
+    run = f.launch(db_session, env, purpose="eval", mode="sync", batch_size=1, max_inflight_groups=4, max_groups=6)
+    first = _dispatch(db_session, run.id, recorder, settings)
+    assert len(first) == 4  # a train run would stop at (0 + 0 + 1) × 1
+    f.finish_groups(db_session, first)
+    second = _dispatch(db_session, run.id, recorder, settings)
+    assert len(second) == 2
+    f.finish_groups(db_session, second)
+    assert complete_run_if_done(db_session, run_id=run.id)  # nobody trains on eval groups
+
+
+def test_stopped_runs_are_not_dispatched(
+    db_session: Session, recorder: RecordingDispatcher, settings: ControllerConfig
+) -> None:
+    env = f.environment(db_session)
+    f.tasks(db_session, env, 1)
+    run = f.launch(db_session, env)
+    stop_run(db_session, run_id=run.id)
+    db_session.commit()
+    result = dispatch_run(db_session, run_id=run.id, dispatcher=recorder, settings=settings)
+    assert (result.group_ids, result.limit, recorder.sent) == ([], "inactive", [])
+
+
+def test_a_failed_send_leaves_episodes_pending_and_the_reconciler_sends_them(
+    db_session: Session, settings: ControllerConfig
+) -> None:
+    env = f.environment(db_session)
+    f.tasks(db_session, env, 2)
+    run = f.launch(db_session, env, group_size=3)
+    broken = RecordingDispatcher(fail=True)
+    result = dispatch_run(db_session, run_id=run.id, dispatcher=broken, settings=settings)
+    assert (len(result.group_ids), result.limit) == (1, "send_failed")  # stops at the first failure
+    episodes = f.episodes(db_session, run.id)
+    assert [(e.status, e.deadline_at) for e in episodes] == [("pending", None)] * 3
+    broken.fail = False
+    reconciled = reconcile_run(db_session, run_id=run.id, dispatcher=broken, settings=settings)
+    assert sorted(reconciled.resent) == sorted(broken.episode_ids) == [e.id for e in episodes]
+    assert all(e.deadline_at is not None and e.attempts == 0 for e in f.episodes(db_session, run.id))

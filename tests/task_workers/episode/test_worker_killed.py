@@ -1,0 +1,129 @@
+"""The whole line with real processes: a `crucible worker` is SIGKILLed mid-episode; the controller
+sees its heartbeat go stale, marks the episode `worker_lost` and redispatches it; a second worker
+runs it; exactly one copy is stored; the dead worker's sandbox is reaped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from controller.config import ControllerConfig
+from controller.loop import Controller
+from controller.runs import create_run
+from core.models import Episode, Task, Turn, Worker
+from core.schemas import RunConfig
+from core.settings import load_settings
+from environments.service import register_environment
+from environments.spec import parse_spec
+from task_workers.celery_app import create_app
+from task_workers.sandbox import labels as L
+from tests.support.scripted_policy import Reply
+from tests.task_workers.episode.conftest import FIX, env_spec
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _wait(predicate, *, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def start_worker(database_url: str, scripted, tmp_path: Path) -> Iterator:
+    started: list[subprocess.Popen] = []
+
+    def start(name: str) -> subprocess.Popen:
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("CRUCIBLE_")},
+               "CRUCIBLE_DATABASE_URL": database_url, "CRUCIBLE_POLICY_URL": scripted[1],
+               "CRUCIBLE_WORKER_NAME": name, "CRUCIBLE_SANDBOX_POOL_MIN": "0",
+               "CRUCIBLE_DATA_DIR": str(tmp_path), "CRUCIBLE_WORKER_CONCURRENCY": "1"}
+        log = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
+        process = subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "-Q", "code_repo"], cwd=ROOT, env=env,
+                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+
+
+def _heartbeat(session: Session, name: str) -> bool:
+    session.expire_all()
+    return session.execute(select(Worker).where(Worker.name == name)).scalar_one_or_none() is not None
+
+
+def test_a_worker_killed_mid_episode_is_redispatched_and_stored_once(
+    db_session: Session, scripted, start_worker, engine, backend, code_repo_image, calc_task_payload
+) -> None:
+    policy, _ = scripted
+    in_flight, release = threading.Event(), threading.Event()
+
+    def stall_first_time(_: str) -> Reply:
+        if not in_flight.is_set():
+            in_flight.set()
+            release.wait(120)  # worker 1 waits here on the policy, mid-episode, until it is killed
+        return Reply(FIX[0])
+
+    policy.scripts["killed"] = [stall_first_time, *FIX[1:]]
+    register_environment(db_session, spec=parse_spec(env_spec(code_repo_image)))
+    db_session.add(Task(environment_name="calc", external_id="calc-killed", instruction="Fix add(). [script:killed]",
+                        payload=calc_task_payload))
+    db_session.commit()
+    run = create_run(db_session, config=RunConfig(name="killed", model="scripted", purpose="eval", group_size=1,
+                                                  batch_size=1, max_groups=1, environments=[{"name": "calc"}]))
+    db_session.commit()
+    controller = Controller(engine=engine, dispatcher=create_app(load_settings()),
+                            settings=ControllerConfig(heartbeat_timeout_s=3, deadline_slack_s=0))
+    first = start_worker("worker-1")
+    _wait(lambda: _heartbeat(db_session, "worker-1"), timeout=120, what="worker 1 to beat")
+    assert controller.step().dispatched == {run.id: 1}
+    _wait(in_flight.is_set, timeout=120, what="worker 1 to be mid-episode")
+    episode_id = db_session.execute(select(Episode.id).where(Episode.run_id == run.id)).scalar_one()
+    victim_containers = [info.id for info in backend.list(labels={L.WORKER: "worker-1"})]
+    assert victim_containers, "worker 1 holds a sandbox"
+
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait(30)
+    release.set()
+    # Time passes: the episode is overdue and worker 1's heartbeat goes stale.
+    db_session.execute(update(Episode).where(Episode.id == episode_id).values(deadline_at=Episode.created_at))
+    db_session.commit()
+    time.sleep(4)
+    start_worker("worker-2")
+    _wait(lambda: _heartbeat(db_session, "worker-2"), timeout=120, what="worker 2 to beat")
+    report = controller.step()
+    assert report.resent == 1, report
+
+    def ended() -> bool:
+        db_session.expire_all()
+        return db_session.get(Episode, episode_id).status in ("completed", "failed")
+
+    _wait(ended, timeout=240, what="the redispatched episode to end")
+    controller.close()
+    episode = db_session.get(Episode, episode_id)
+    assert (episode.status, episode.termination_reason, episode.worker) == ("completed", "submitted", "worker-2")
+    assert [f["reason"] for f in episode.failures] == ["worker_lost"]
+    assert episode.reward_components["hidden_tests"] == 1.0
+    turns = db_session.execute(select(Turn.index).where(Turn.episode_id == episode_id)).scalars().all()
+    assert sorted(turns) == [0, 1, 2, 3]  # one copy
+    # Worker 2's reaper swept worker 1's orphaned sandbox (its owner process is dead).
+    _wait(lambda: not any(backend.get(cid) for cid in victim_containers), timeout=90, what="the orphan to be reaped")

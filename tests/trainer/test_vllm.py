@@ -1,0 +1,164 @@
+"""A real vLLM (CPU) server on a fresh tiny model: token ids and logprobs, the probe, weight sync.
+
+One server for the module (start-up costs 25-50 s). Tests that change the served weights put the
+original weights back before they end.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from trainer.errors import WeightSyncError
+from trainer.probe import probe, probe_token_ids, trainer_logprobs, verify_sync
+from trainer.serving import VllmServer
+from trainer.weight_sync import ReloadWeightSyncer, make_weight_syncer
+
+# float32 on both sides: measured agreement ~1e-7 mean, ~1e-6 max per token.
+AGREE = 1e-4
+# A perturbation of std 0.02 on every weight moves probe logprobs by ~0.3 nats on average.
+DISAGREE = 0.05
+MESSAGES = [{"role": "user", "content": "Run the tests and tell me what fails."}]
+
+
+def _chat(server: VllmServer) -> dict:
+    """A greedy chat completion; the choice, with the prompt's token ids (top level in chat) added."""
+    body = {"model": server.model_name, "messages": MESSAGES, "max_tokens": 12, "temperature": 0.0,
+            "logprobs": True, "return_token_ids": True}
+    response = httpx.post(f"{server.api_url}/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    data = response.json()
+    return {**data["choices"][0], "prompt_token_ids": data["prompt_token_ids"]}
+
+
+def _perturbed(model: PreTrainedModel, *, seed: int) -> PreTrainedModel:
+    """A copy with every weight moved by N(0, 0.02²): what a (large) optimizer step looks like."""
+    new = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in new.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.02)
+    return new
+
+
+def _sampled_logprobs_match(model: PreTrainedModel, choice: dict) -> float:
+    """Largest |Δ| between vLLM's logprobs of the tokens it sampled and the trainer's, teacher-forced."""
+    prompt, completion = choice["prompt_token_ids"], choice["token_ids"]
+    served = [entry["logprob"] for entry in choice["logprobs"]["content"]]
+    recomputed = trainer_logprobs(model=model, token_ids=prompt + completion)[len(prompt) - 1:]
+    return max(abs(a - b) for a, b in zip(served, recomputed, strict=True))
+
+
+@pytest.fixture
+def syncer(vllm_server: VllmServer) -> Iterator[ReloadWeightSyncer]:
+    syncer = make_weight_syncer("reload", base_url=vllm_server.base_url, model_dir=vllm_server.model_dir)
+    assert isinstance(syncer, ReloadWeightSyncer)
+    yield syncer
+    syncer.close()
+
+
+def test_chat_returns_token_ids_and_logprobs(
+    vllm_server: VllmServer, tokenizer: PreTrainedTokenizerBase, trainer_model: PreTrainedModel
+) -> None:
+    choice = _chat(vllm_server)
+    assert choice["prompt_token_ids"] == tokenizer.apply_chat_template(
+        MESSAGES, add_generation_prompt=True, return_dict=False)
+    assert 0 < len(choice["token_ids"]) == len(choice["logprobs"]["content"]) <= 12
+    assert _sampled_logprobs_match(trainer_model, choice) < AGREE
+
+
+def test_completions_take_token_ids_and_sample_n(vllm_server: VllmServer, tokenizer: PreTrainedTokenizerBase) -> None:
+    prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, return_dict=False)
+    body = {"model": vllm_server.model_name, "prompt": prompt, "max_tokens": 8, "n": 4, "temperature": 1.0,
+            "seed": 0, "logprobs": 0, "return_token_ids": True}
+    response = httpx.post(f"{vllm_server.api_url}/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    choices = response.json()["choices"]
+    assert len(choices) == 4
+    for choice in choices:
+        assert choice["prompt_token_ids"] == prompt
+        assert len(choice["token_ids"]) == len(choice["logprobs"]["token_logprobs"])
+
+
+def test_probe_agrees_with_the_trainer(
+    vllm_server: VllmServer, tokenizer: PreTrainedTokenizerBase, trainer_model: PreTrainedModel
+) -> None:
+    token_ids = probe_token_ids(tokenizer)
+    assert 100 < len(token_ids) < vllm_server.max_model_len
+    report = verify_sync(model=trainer_model, api_url=vllm_server.api_url, model_name=vllm_server.model_name,
+                         token_ids=token_ids, tolerance=AGREE)
+    assert report.tokens == len(token_ids) - 1
+    assert report.max_abs_diff < 10 * AGREE and abs(report.kl) < AGREE
+
+
+def test_verify_sync_names_the_mismatch(
+    vllm_server: VllmServer, tokenizer: PreTrainedTokenizerBase, trainer_model: PreTrainedModel
+) -> None:
+    stale = _perturbed(trainer_model, seed=2)  # trained, never pushed
+    with pytest.raises(WeightSyncError, match=r"mean \|Δlogprob\| [0-9.e-]+, max .* over \d+ tokens"):
+        verify_sync(model=stale, api_url=vllm_server.api_url, model_name=vllm_server.model_name,
+                    token_ids=probe_token_ids(tokenizer))
+
+
+def test_push_moves_the_server_to_the_new_weights(
+    vllm_server: VllmServer, tokenizer: PreTrainedTokenizerBase, trainer_model: PreTrainedModel,
+    syncer: ReloadWeightSyncer,
+) -> None:
+    kwargs: dict[str, Any] = {"api_url": vllm_server.api_url, "model_name": vllm_server.model_name,
+              "token_ids": probe_token_ids(tokenizer)}
+    new = _perturbed(trainer_model, seed=1)
+    before_chat = _chat(vllm_server)  # also fills the prefix cache with old-weight KV
+    assert probe(model=new, **kwargs).mean_abs_diff > DISAGREE  # the server still runs the old weights
+
+    try:
+        seconds = syncer.push(model=new, version=1)
+        assert seconds > 0
+        after = verify_sync(model=new, tolerance=AGREE, **kwargs)
+        assert after.max_abs_diff < 10 * AGREE
+        assert probe(model=trainer_model, **kwargs).mean_abs_diff > DISAGREE  # and no longer the old ones
+        # Generation too, with the same prompt as before the push: no stale cached KV is reused.
+        after_chat = _chat(vllm_server)
+        assert _sampled_logprobs_match(new, after_chat) < AGREE
+        assert _sampled_logprobs_match(trainer_model, before_chat) < AGREE
+        assert syncer.control.version() == "1"
+        assert httpx.get(f"{vllm_server.base_url}/is_paused").json() == {"is_paused": False}
+        assert sorted(p.name for p in vllm_server.model_dir.glob(".weights-*")) == []  # no temp file left
+    finally:
+        syncer.push(model=trainer_model, version=2)
+    verify_sync(model=trainer_model, tolerance=AGREE, **kwargs)
+
+
+def test_push_keeps_in_flight_requests(
+    vllm_server: VllmServer, tokenizer: PreTrainedTokenizerBase, trainer_model: PreTrainedModel,
+    syncer: ReloadWeightSyncer,
+) -> None:
+    """`/pause?mode=keep`: a request streaming during the push finishes whole instead of being aborted."""
+    prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, return_dict=False)
+    body = {"model": vllm_server.model_name, "prompt": prompt, "max_tokens": 400, "ignore_eos": True,
+            "temperature": 1.0, "stream": True, "return_token_ids": True}
+    token_ids: list[int] = []
+    finish_reasons = []
+    tokens_at_push = None
+    try:
+        with httpx.stream("POST", f"{vllm_server.api_url}/completions", json=body, timeout=120) as response:
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                choice = json.loads(line.removeprefix("data: "))["choices"][0]
+                token_ids += choice.get("token_ids") or []
+                finish_reasons.append(choice.get("finish_reason"))
+                if tokens_at_push is None:  # the first chunk arrived: the request is running now
+                    tokens_at_push = len(token_ids)
+                    syncer.push(model=_perturbed(trainer_model, seed=3), version=3)
+    finally:
+        syncer.push(model=trainer_model, version=4)
+    assert tokens_at_push is not None and tokens_at_push < 400
+    assert len(token_ids) == 400 and finish_reasons[-1] == "length"

@@ -1,0 +1,78 @@
+"""Rewards → scores → group-relative advantages.
+
+    shaped = shaped_reward(sample, loss=cfg)             # reward + DAPO overlong penalty
+    normalize_per_environment(groups, mode="auto")       # z-score per environment when a batch mixes them
+    assign_advantages(groups, scale_by_std=False)        # A_i = s_i − mean(s) [ / std(s) ]
+
+One advantage per episode, broadcast to every token it sampled (uniform credit over its turns).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+
+from trainer.config import LossConfig
+from trainer.rollouts import Group, Sample
+
+STD_EPS = 1e-6  # std below this counts as zero variance
+
+
+def overlong_penalty(sampled_tokens: int, *, max_tokens: int, buffer_tokens: int) -> float:
+    """DAPO's soft overlong punishment: 0 up to max − buffer, then linear to −1 at max, −1 beyond."""
+    start = max_tokens - buffer_tokens
+    if sampled_tokens <= start:
+        return 0.0
+    if sampled_tokens <= max_tokens:
+        return (start - sampled_tokens) / buffer_tokens
+    return -1.0
+
+
+def shaped_reward(sample: Sample, *, loss: LossConfig) -> float:
+    """The verifier's reward plus, when configured, the overlong penalty on the episode's sampled
+    tokens (all turns together: the agent's whole output is what grows too long)."""
+    if loss.overlong_max_tokens is None:
+        return sample.reward
+    return sample.reward + overlong_penalty(
+        sample.sampled_tokens, max_tokens=loss.overlong_max_tokens, buffer_tokens=loss.overlong_buffer_tokens
+    )
+
+
+def has_variance(scores: list[float]) -> bool:
+    """False for a group whose samples all scored the same: every advantage would be 0 (DAPO drops it)."""
+    return len(scores) >= 2 and max(scores) - min(scores) > STD_EPS
+
+
+def normalize_per_environment(groups: list[Group], *, mode: str) -> dict[str, tuple[float, float]]:
+    """z-score every sample's score within its environment across the batch, so an environment with
+    large or shifted rewards does not dominate the gradient. `mode`: auto (only when the batch mixes
+    environments), on, off. Returns each environment's (mean, std) before normalising."""
+    by_env: dict[str, list[Sample]] = defaultdict(list)
+    for group in groups:
+        for sample in group.samples:
+            by_env[sample.environment].append(sample)
+    if mode == "off" or (mode == "auto" and len(by_env) < 2):
+        return {}
+    stats = {}
+    for env, samples in by_env.items():
+        scores = [sample.score for sample in samples]
+        mean = statistics.fmean(scores)
+        std = statistics.pstdev(scores) if len(scores) > 1 else 0.0
+        stats[env] = (mean, std)
+        for sample in samples:
+            sample.score = (sample.score - mean) / std if std > STD_EPS else 0.0
+    return stats
+
+
+def assign_advantages(groups: list[Group], *, scale_by_std: bool) -> None:
+    """A_i = s_i − mean_group(s); divided by the group's std when `scale_by_std` (GRPO), not (Dr. GRPO)."""
+    for group in groups:
+        scores = [sample.score for sample in group.samples]
+        mean = statistics.fmean(scores)
+        std = statistics.pstdev(scores)
+        for sample in group.samples:
+            advantage = sample.score - mean
+            sample.advantage = advantage / (std + STD_EPS) if scale_by_std else advantage
+            if not math.isfinite(sample.advantage):
+                raise ValueError(f"episode {sample.episode_id}: non-finite advantage from scores {scores}")

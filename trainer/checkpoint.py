@@ -1,0 +1,119 @@
+"""Checkpoints written atomically, in two phases that bracket the database commit of a step.
+
+    root/step-000007/           a complete checkpoint (engine state + trainer_state.json)
+    root/step-000008.pending/   written before step 8's transaction commits
+    root/.tmp-step-000008-PID/  being written (ignored and removed on start)
+
+A step writes its checkpoint as `.pending` (temp dir, fsync, rename), commits the step in the
+database, then promotes the checkpoint (rename). On restart a pending checkpoint is promoted if the
+database recorded its step, else discarded — so the newest checkpoint always matches the newest
+recorded step, and the groups it consumed are exactly those the database marks consumed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from trainer.engine import PolicyEngine
+
+STATE_FILE = "trainer_state.json"
+_NAME = re.compile(r"^step-(\d{6,})(\.pending)?$")
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """What a checkpoint records beside the weights and optimizer."""
+
+    run_id: int
+    step: int
+    policy_version: int
+    """The version this step's weights are published as."""
+    consumed_groups: int
+    """Watermark: groups the run had consumed through this step (the database must agree)."""
+    last_group_ids: list[int] = field(default_factory=list)
+    """The groups this step consumed."""
+
+
+def _fsync_tree(directory: Path) -> None:
+    for path in directory.rglob("*"):
+        if path.is_file():
+            with path.open("rb") as handle:
+                os.fsync(handle.fileno())
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class CheckpointStore:
+    def __init__(self, root: Path, *, keep: int = 2) -> None:
+        self.root = Path(root)
+        self.keep = keep
+        self.root.mkdir(parents=True, exist_ok=True)
+        for leftover in self.root.glob(".tmp-*"):
+            shutil.rmtree(leftover, ignore_errors=True)  # a write that a crash interrupted
+
+    def _path(self, step: int, *, pending: bool) -> Path:
+        return self.root / f"step-{step:06d}{'.pending' if pending else ''}"
+
+    def _steps(self, *, pending: bool) -> list[int]:
+        found = []
+        for path in self.root.iterdir():
+            match = _NAME.match(path.name)
+            if match and bool(match.group(2)) == pending:
+                found.append(int(match.group(1)))
+        return sorted(found)
+
+    def write_pending(self, *, engine: PolicyEngine, state: TrainerState) -> Path:
+        """Engine state + trainer state into `step-N.pending`, atomically."""
+        tmp = self.root / f".tmp-step-{state.step:06d}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        engine.save(tmp)
+        (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2) + "\n")
+        _fsync_tree(tmp)
+        target = self._path(state.step, pending=True)
+        shutil.rmtree(target, ignore_errors=True)
+        os.rename(tmp, target)
+        _fsync_dir(self.root)
+        return target
+
+    def promote(self, step: int) -> Path:
+        """`step-N.pending` → `step-N`; then delete all but the newest `keep` checkpoints."""
+        final = self._path(step, pending=False)
+        os.rename(self._path(step, pending=True), final)
+        _fsync_dir(self.root)
+        for old in self._steps(pending=False)[: -self.keep]:
+            shutil.rmtree(self._path(old, pending=False), ignore_errors=True)
+        return final
+
+    def discard_pending(self, step: int) -> None:
+        shutil.rmtree(self._path(step, pending=True), ignore_errors=True)
+
+    def pending_steps(self) -> list[int]:
+        return self._steps(pending=True)
+
+    def latest(self) -> tuple[Path, TrainerState] | None:
+        steps = self._steps(pending=False)
+        if not steps:
+            return None
+        path = self._path(steps[-1], pending=False)
+        return path, TrainerState(**json.loads((path / STATE_FILE).read_text()))
+
+    def reconcile(self, *, recorded_step: int) -> None:
+        """Promote the pending checkpoint of a step the database recorded; discard the others."""
+        for step in self.pending_steps():
+            if step == recorded_step and step not in self._steps(pending=False):
+                self.promote(step)
+            else:
+                self.discard_pending(step)

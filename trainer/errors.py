@@ -1,0 +1,18 @@
+"""Errors the trainer package raises on purpose.
+
+    CrucibleError                      (core.errors)
+    ├── ConfigError                    a tiny-model or server option out of range
+    ├── ServiceUnavailable
+    │   └── ServerStartError           vLLM did not become healthy; carries the log tail
+    └── WeightSyncError                a push failed, or the probe shows vLLM disagrees with the trainer
+"""
+
+from core.errors import CrucibleError, ServiceUnavailable
+
+
+class ServerStartError(ServiceUnavailable):
+    """The vLLM server exited or timed out before `/health` answered 200."""
+
+
+class WeightSyncError(CrucibleError):
+    """New weights did not reach the policy server, or it scores the probe differently."""

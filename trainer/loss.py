@@ -1,0 +1,112 @@
+"""The token-level policy objective (decoupled PPO with a truncated importance weight), as one pure function.
+
+Per sampled token t of a sample with advantage A (environment tokens are masked out):
+
+    w_t = min(π_prox / π_behav, C)                 behaviour → proximal correction (TIS), no gradient
+    u_t = π_θ / π_prox                             the PPO ratio against the proximal policy
+    J_t = w_t · min(u_t A, clip(u_t, 1 − ε_low, 1 + ε_high) A)   − β · k3(π_θ, π_ref)
+    L   = − Σ_t J_t / N_active                     DAPO: token sum ÷ active tokens of the whole batch
+
+π_behav is vLLM's logprob at sampling time (the stored turn logprobs), π_prox is recomputed by the
+trainer at the start of the step (AReaL's decoupled loss), C = 2 (TIS). Computed in log space.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from trainer.config import LossConfig
+
+# Summed over a step's micro-batches, then turned into means by `trainer.metrics`.
+STAT_KEYS = (
+    "tokens", "clip_low", "clip_high", "tis_capped", "iw_sum", "iw_sq_sum", "mismatch_k3", "mismatch_abs",
+    "ppo_kl", "entropy", "entropy_tokens", "kl_ref",
+)
+
+
+@dataclass(frozen=True)
+class TokenTensors:
+    """One micro-batch's per-token inputs, all (B, T−1): position t scores token t+1."""
+
+    logp: torch.Tensor  # π_θ, with gradient
+    prox_logp: torch.Tensor  # π_prox, no gradient
+    behav_logp: torch.Tensor  # π_behav (vLLM)
+    advantages: torch.Tensor  # the sample's advantage on each of its tokens
+    mask: torch.Tensor  # 1.0 where the policy sampled the token
+    entropy: torch.Tensor | None = None  # H(π_θ) per position, no gradient
+    ref_logp: torch.Tensor | None = None  # π_ref, when a KL term is on
+
+
+def k3(log_ratio: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimator of KL(p‖q) from d = log q − log p sampled under p: e^d − d − 1 ≥ 0."""
+    d = log_ratio.clamp(-20.0, 20.0)
+    return torch.expm1(d) - d
+
+
+def policy_loss(
+    tokens: TokenTensors, *, total_tokens: int, loss: LossConfig
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The micro-batch's share of the step loss (already divided by the batch's active tokens) and
+    its summed statistics (see STAT_KEYS)."""
+    mask = tokens.mask
+    log_w = (tokens.prox_logp - tokens.behav_logp).detach()  # (B, T-1)
+    weight = torch.exp(torch.clamp(log_w, max=math.log(loss.tis_cap)))
+    ratio = torch.exp(tokens.logp - tokens.prox_logp.detach())  # (B, T-1) u
+    advantages = tokens.advantages
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - loss.clip_low, 1.0 + loss.clip_high) * advantages
+    objective = weight * torch.minimum(unclipped, clipped)  # (B, T-1)
+    per_token = -objective
+    kl_ref = torch.zeros_like(per_token)
+    if loss.kl_beta > 0.0 and tokens.ref_logp is not None:
+        kl_ref = k3(tokens.ref_logp.detach() - tokens.logp)  # KL(π_θ ‖ π_ref), sampled under π_θ ≈ π_behav
+        per_token = per_token + loss.kl_beta * kl_ref
+    value = (per_token * mask).sum() / max(total_tokens, 1)
+    with torch.no_grad():
+        stats = _stats(tokens, ratio=ratio, weight=weight, log_w=log_w, kl_ref=kl_ref, loss=loss)
+    return value, stats
+
+
+def _stats(
+    tokens: TokenTensors, *, ratio: torch.Tensor, weight: torch.Tensor, log_w: torch.Tensor, kl_ref: torch.Tensor,
+    loss: LossConfig,
+) -> dict[str, float]:
+    mask = tokens.mask.bool()
+    adv = tokens.advantages
+
+    def total(values: torch.Tensor) -> float:
+        return float(values[mask].double().sum())
+
+    stats = {
+        "tokens": float(mask.sum()),
+        # The clip binds (no gradient through the token) below 1−ε_low for A<0, above 1+ε_high for A>0.
+        "clip_low": total(((ratio < 1.0 - loss.clip_low) & (adv < 0)).double()),
+        "clip_high": total(((ratio > 1.0 + loss.clip_high) & (adv > 0)).double()),
+        "tis_capped": total((log_w > math.log(loss.tis_cap)).double()),
+        "iw_sum": total(weight),
+        "iw_sq_sum": total(weight * weight),
+        # KL(π_behav ‖ π_prox) sampled under vLLM: how far the trainer's numbers are from vLLM's.
+        "mismatch_k3": total(k3(log_w)),
+        "mismatch_abs": total(log_w.abs()),
+        "ppo_kl": total((tokens.prox_logp - tokens.logp).detach()),
+        "entropy": total(tokens.entropy) if tokens.entropy is not None else 0.0,
+        "entropy_tokens": float(mask.sum()) if tokens.entropy is not None else 0.0,
+        "kl_ref": total(kl_ref.detach()),
+    }
+    if mask.any():
+        stats["iw_max"], stats["iw_min"] = float(weight[mask].max()), float(weight[mask].min())
+    return stats
+
+
+def merge_stats(into: dict[str, float], more: dict[str, float]) -> None:
+    """Sum the additive stats; keep the extremes of the max/min ones."""
+    for key, value in more.items():
+        if key.endswith("_max"):
+            into[key] = max(into.get(key, value), value)
+        elif key.endswith("_min"):
+            into[key] = min(into.get(key, value), value)
+        else:
+            into[key] = into.get(key, 0.0) + value

