@@ -7,11 +7,11 @@ import logging
 import typer
 
 from cli import db, environments, services
+from cli.console import readable_errors
 from cli.controller import controller, runs_app
+from cli.doctor import doctor
 from cli.model import app as model_app
 from cli.model import serve
-from cli.console import readable_errors
-from cli.doctor import doctor
 from core.settings import get_settings
 
 app = typer.Typer(
