@@ -123,11 +123,131 @@ def _orchestration_figures(ids: list[int], wall: float) -> dict[str, Any]:
     }
 
 
+# -- part 2: sync vs async on a long tail ---------------------------------------------------------
+
+def _pareto_delays(n: int, *, seed: int, alpha: float = 1.2, scale_s: float = 0.1, cap_s: float = 4.0) -> list[float]:
+    """Heavy-tailed policy latencies (a few episodes take 10-40x the typical one)."""
+    import random
+
+    rng = random.Random(seed)
+    return [round(min(cap_s, scale_s * rng.paretovariate(alpha)), 3) for _ in range(n)]
+
+
+class StandInTrainer:
+    """Consumes complete groups a batch at a time, takes `step_s` per update, bumps the policy version.
+    It stands in for the GRPO trainer here because this measures scheduling, not learning."""
+
+    def __init__(self, *, run_id: int, batch_size: int, bound: int, step_s: float, updates: int) -> None:
+        self.run_id, self.batch_size, self.bound, self.step_s, self.updates = run_id, batch_size, bound, step_s, updates
+        self.staleness: list[int] = []
+        self.done = __import__("threading").Event()
+
+    def run(self) -> None:
+        from sqlalchemy import update
+
+        version = 0
+        while version < self.updates:
+            with session_scope() as session:
+                groups = session.execute(
+                    select(EpisodeGroup).where(EpisodeGroup.run_id == self.run_id, EpisodeGroup.status == "complete")
+                    .order_by(EpisodeGroup.id).limit(self.batch_size).with_for_update(skip_locked=True)
+                ).scalars().all()
+                if len(groups) < self.batch_size:
+                    session.rollback()
+                    time.sleep(0.02)
+                    continue
+                self.staleness += [version - g.policy_version for g in groups]
+                time.sleep(self.step_s)  # the optimizer step
+                version += 1
+                for group in groups:
+                    group.status, group.consumed_step = "consumed", version
+                session.execute(update(Run).where(Run.id == self.run_id).values(policy_version=version))
+        self.done.set()
+
+
+def _tail_run(*, mode: str, image: str, payload: dict[str, Any], delays: list[float], url: str,
+              concurrency: int, group_size: int, batch_size: int, updates: int, step_s: float) -> dict[str, Any]:
+    import threading
+
+    from controller.config import ControllerConfig
+    from controller.loop import Controller
+    from controller.runs import create_run
+    from core.db import get_engine
+    from core.schemas import RunConfig
+
+    with session_scope() as session:
+        if session.execute(select(Task).where(Task.environment_name == "tail")).first() is None:
+            spec = {"name": "tail", "kind": "code_repo", "image": image,
+                    "sandbox": {"memory": "256m", "pids": 128, "workspace_size": "32m", "tmp_size": "32m"},
+                    "limits": {"max_turns": 5, "episode_timeout_s": 300}}
+            register_environment(session, spec=parse_spec(spec))
+            session.add_all([Task(environment_name="tail", external_id=f"tail-{i}", instruction=f"[script:tail-{i}]",
+                                  payload=payload) for i in range(len(delays))])
+        run = create_run(session, config=RunConfig(
+            name=f"tail-{mode}", model="scripted", mode=mode, max_staleness=1, group_size=group_size,
+            batch_size=batch_size, environments=[{"name": "tail"}]))
+        run_id, bound = run.id, run.max_staleness
+    backend = make_backend("docker")
+    sandboxes = DockerSandboxes(backend=backend, events=InMemoryEventSink(), worker=f"bench-{mode}",
+                                min_size=concurrency, max_size=concurrency)
+    client = PolicyClient(base_url=url, tokenizer=tokenize)
+    pool = ThreadPoolExecutor(concurrency)
+
+    class LocalDispatcher:  # the worker: threads running the real episode runner
+        def send_task(self, name: str, args: list[int] | None = None, **_: Any) -> None:
+            pool.submit(run_episode, args[0], policy=client, sandboxes=sandboxes, worker=f"bench-{mode}")
+
+    trainer = StandInTrainer(run_id=run_id, batch_size=batch_size, bound=bound, step_s=step_s, updates=updates)
+    controller = Controller(engine=get_engine(), dispatcher=LocalDispatcher(), settings=ControllerConfig(),
+                            name=f"bench-{mode}")
+    try:
+        with session_scope() as session:
+            from environments.service import get_environment, spec_of
+
+            sandboxes.pool_for(spec_of(get_environment(session, name="tail"))).wait_ready(timeout=180)
+        started = time.monotonic()
+        threading.Thread(target=trainer.run, daemon=True).start()
+        while not trainer.done.is_set():
+            controller.step()
+            trainer.done.wait(0.02)
+        wall = time.monotonic() - started
+        with session_scope() as session:
+            session.execute(__import__("sqlalchemy").update(Run).where(Run.id == run_id).values(status="stopped"))
+    finally:
+        controller.close()
+        pool.shutdown(wait=True)
+        sandboxes.close()
+        client.close()
+    return {"wall_s": round(wall, 3), "updates": updates, "samples_trained": updates * batch_size * group_size,
+            "max_staleness": max(trainer.staleness), "staleness_bound": bound}
+
+
+def sync_vs_async(*, image: str, tmp: Path, concurrency: int, updates: int) -> dict[str, Any]:
+    delays = _pareto_delays(32, seed=7)
+    scripts = {f"tail-{i}": [{"text": tool_call("bash", command="true"), "delay_s": d}, tool_call("submit")]
+               for i, d in enumerate(delays)}
+    payload = _task_payload(tmp)
+    settings = {"concurrency": concurrency, "group_size": 2, "batch_size": 4, "updates": updates, "step_s": 0.5}
+    with serve_in_process(scripts) as url:
+        results = {mode: _tail_run(mode=mode, image=image, payload=payload, delays=delays, url=url, **settings)
+                   for mode in ("sync", "async")}
+    return {**results, "workload": {"policy_delay_s": _ms_like(delays), **settings,
+                                    "trainer": "stand-in: fixed step_s per update, real controller dispatch"},
+            "async_speedup": round(results["sync"]["wall_s"] / results["async"]["wall_s"], 2), "target_speedup": 2.0}
+
+
+def _ms_like(delays: list[float]) -> dict[str, float]:
+    ordered = sorted(delays)
+    return {"p50": ordered[len(ordered) // 2], "max": ordered[-1], "mean": round(statistics.fmean(ordered), 3)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=24)
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--updates", type=int, default=6, help="part 2: trained batches to wait for")
+    parser.add_argument("--tail-concurrency", type=int, default=6, help="part 2: episodes run at once")
     args = parser.parse_args()
     import logging
     import tempfile
@@ -140,6 +260,8 @@ def main() -> None:
     with scratch_database("bench_episodes"), tempfile.TemporaryDirectory() as tmp:
         result["orchestration"] = orchestration(image=image, tmp=Path(tmp), episodes=args.episodes,
                                                 concurrency=args.concurrency, turns=args.turns)
+        result["sync_vs_async"] = sync_vs_async(image=image, tmp=Path(tmp), concurrency=args.tail_concurrency,
+                                                updates=args.updates)
     print(json.dumps(result, indent=2))
 
 

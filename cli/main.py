@@ -10,8 +10,10 @@ from cli import db, environments, services
 from cli.console import readable_errors
 from cli.controller import controller, runs_app
 from cli.doctor import doctor
+from cli.images import app as images_app
 from cli.model import app as model_app
 from cli.model import serve
+from cli.sandbox import app as sandbox_app
 from core.settings import get_settings
 
 app = typer.Typer(
@@ -25,6 +27,8 @@ app.add_typer(model_app, name="model")
 app.command()(serve)
 app.command()(controller)
 app.add_typer(runs_app, name="run")
+app.add_typer(sandbox_app, name="sandbox")
+app.add_typer(images_app, name="images")
 app.command()(doctor)
 app.command()(services.api)
 app.command()(services.worker)

@@ -48,7 +48,9 @@ def create_app(settings: Settings | None = None) -> Celery:
 def _on_worker_ready(sender: object = None, **_: object) -> None:
     """Announce the worker and start its heartbeat; sandboxes and the reaper start on first episode."""
     from task_workers import heartbeat
+    from task_workers.context import worker_context
 
+    worker_context()  # the reaper sweeps what a crashed predecessor left, before any episode runs
     beat = heartbeat.Heartbeat(name=get_settings().worker_name, queues=list(_state.get("queues", [])))  # type: ignore[call-overload]
     beat.start()
     _state["heartbeat"] = beat

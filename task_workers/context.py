@@ -17,9 +17,9 @@ from task_workers.policy.client import PolicyClient, local_tokenizer
 from task_workers.sandbox import PoolSet, Reaper, SandboxBackend, SandboxSpec, make_backend
 from task_workers.sandbox.db_events import DbEventSink
 from task_workers.sandbox.events import EventSink
+from task_workers.sandbox.reaper import start_reaper
 
 logger = logging.getLogger(__name__)
-REAP_INTERVAL_S = 60.0
 
 
 def sandbox_spec_for(spec: EnvironmentSpec) -> SandboxSpec:
@@ -63,10 +63,9 @@ class WorkerContext:
     backend: SandboxBackend
     events: EventSink
     reaper: Reaper
-    _stop: threading.Event
 
     def close(self) -> None:
-        self._stop.set()
+        self.reaper.stop()
         self.sandboxes.close()
         self.policy.close()
         close = getattr(self.events, "close", None)
@@ -78,33 +77,23 @@ _lock = threading.Lock()
 _context: WorkerContext | None = None
 
 
-def _reap_periodically(reaper: Reaper, stop: threading.Event) -> None:
-    while not stop.wait(REAP_INTERVAL_S):
-        try:
-            reaper.sweep()
-        except Exception:  # the next sweep tries again; a failing engine is reported by doctor
-            logger.exception("reaper sweep failed")
-
-
 def worker_context() -> WorkerContext:
-    """This process's context, built on first use; the reaper sweeps once now and then every minute."""
+    """This process's context, built on first use; the reaper sweeps once now and then on a schedule."""
     global _context
     with _lock:
         if _context is None:
             from core.settings import get_settings
 
             settings = get_settings()
-            backend = make_backend("docker")
+            # The engine client's connection pool must exceed the episodes (and pool refills) in flight.
+            backend = make_backend("docker", max_pool_size=max(32, 4 * settings.worker_concurrency))
             events = DbEventSink()
-            reaper = Reaper(backend=backend, events=events, worker=settings.worker_name)
-            reaper.sweep()
-            stop = threading.Event()
-            threading.Thread(target=_reap_periodically, args=(reaper, stop), daemon=True, name="reaper").start()
+            reaper = start_reaper(backend=backend, events=events, worker=settings.worker_name)
             sandboxes = DockerSandboxes(backend=backend, events=events, worker=settings.worker_name,
                                         min_size=settings.sandbox_pool_min, max_size=settings.sandbox_pool_max)
             tokenizer = local_tokenizer(str(settings.policy_tokenizer)) if settings.policy_tokenizer else None
             policy = PolicyClient(base_url=settings.policy_url, tokenizer=tokenizer)
-            _context = WorkerContext(policy, sandboxes, backend, events, reaper, stop)
+            _context = WorkerContext(policy, sandboxes, backend, events, reaper)
         return _context
 
 

@@ -30,7 +30,7 @@ def test_dispatched_episodes_are_delivered_to_a_worker(db_session: Session, engi
     seen: list[int] = []
     delivered = threading.Event()
 
-    @app.task(name=EPISODE_TASK)
+    @app.task(name=EPISODE_TASK, shared=False)  # not shared: later apps must get the real task
     def run_episode(episode_id: int) -> None:
         seen.append(episode_id)
         if len(seen) == run.group_size:

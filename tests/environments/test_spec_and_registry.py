@@ -21,7 +21,7 @@ SPEC = {"name": "calc", "kind": "code_repo", "limits": {"max_turns": 8}}
 
 
 def test_bad_specs_say_what_was_expected(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"kind: expected one of code_repo, got .vm."):
+    with pytest.raises(ConfigError, match=r"kind: expected one of [a-z_, ]*code_repo[a-z_, ]*, got .vm."):
         parse_spec({**SPEC, "kind": "vm"})
     with pytest.raises(ConfigError, match=r"limits\.max_turns: Input should be greater than or equal to 1 \(got -2\)"):
         parse_spec({**SPEC, "limits": {"max_turns": -2}})

@@ -203,17 +203,19 @@ def main() -> None:
     import argparse
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("--scripts", required=True, help="JSON: {name: [reply text, ...]}")
+    parser.add_argument("--scripts", required=True, help='JSON: {name: [reply text or {"text", "delay_s"}, ...]}')
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
     with open(args.scripts) as handle:
-        policy = ScriptedPolicy(json.load(handle))
+        scripts = {name: [Reply(**step) if isinstance(step, dict) else step for step in steps]
+                   for name, steps in json.load(handle).items()}
+    policy = ScriptedPolicy(scripts)
     uvicorn.run(policy.app, host="127.0.0.1", port=args.port, log_level="warning")
 
 
 @contextmanager
-def serve_in_process(scripts: dict[str, list[str]]) -> Iterator[str]:
-    """Like `serve`, but in a child process; scripts must be plain strings."""
+def serve_in_process(scripts: dict[str, list[Any]]) -> Iterator[str]:
+    """Like `serve`, but in a child process; steps are strings or {"text", "delay_s", "status"} dicts."""
     import os
     import subprocess
     import sys

@@ -21,7 +21,7 @@ def _round_trip(broker_url: str | None) -> None:
     done = threading.Event()
     seen: list[int] = []
 
-    @app.task(name=f"tests.record.{uuid.uuid4().hex}")
+    @app.task(name=f"tests.record.{uuid.uuid4().hex}", shared=False)
     def record(value: int) -> None:
         seen.append(value)
         done.set()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from sqlalchemy.orm import Session
@@ -17,7 +16,7 @@ from environments.service import register_environment
 from environments.spec import parse_spec
 from task_workers.context import DockerSandboxes
 from task_workers.policy.client import PolicyClient
-from task_workers.sandbox import InMemoryEventSink, make_backend
+from task_workers.sandbox import InMemoryEventSink
 from tests.support.scripted_policy import ScriptedPolicy, serve, tool_call
 
 BUGGY = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
@@ -98,20 +97,3 @@ def policy_client(scripted) -> Iterator[PolicyClient]:
     client = PolicyClient(base_url=scripted[1], retries=1, backoff_s=0.05)
     yield client
     client.close()
-
-
-@pytest.fixture(scope="session")
-def backend():
-    docker_backend = make_backend("docker")
-    docker_backend.ping()
-    return docker_backend
-
-
-@pytest.fixture(scope="session")
-def sandbox_images(backend) -> dict[str, str]:
-    import os
-
-    from environments.images import build_images
-
-    cache = Path(os.environ.get("CRUCIBLE_TEST_IMAGE_CACHE", Path.home() / ".cache" / "crucible"))
-    return {b.name: b.tag for b in build_images(data_dir=cache)}

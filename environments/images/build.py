@@ -1,0 +1,218 @@
+"""Build sandbox images without a registry: a debootstrap base + one Dockerfile per environment.
+
+    crucible images build            # or: build_images()
+
+* base: `debootstrap --variant=minbase bookworm` with python3, git, coreutils, procps, bash and a
+  non-root user `agent` (uid 1000) with a home, then `docker import` -> `crucible/base:<hash>`. The
+  rootfs tarball (and the downloaded .debs) are cached under `<data_dir>/images/`. With
+  CRUCIBLE_SANDBOX_BASE_IMAGE set, that local image is the base instead.
+* environments: every `environments/images/<name>/Dockerfile`, built with `BASE_IMAGE=<base tag>`
+  on the host network -> `crucible/<name>:<hash>`.
+
+A tag's hash covers every input (debootstrap arguments and setup script; the base tag and every
+file of the build context), so an unchanged image is never rebuilt: a second build is a no-op.
+`crucible/<name>:latest` follows the newest build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import docker
+from docker.errors import APIError, NotFound
+
+from task_workers.sandbox.docker_client import docker_api
+from task_workers.sandbox.errors import ImageBuildError
+
+log = logging.getLogger(__name__)
+
+IMAGES_DIR = Path(__file__).resolve().parent
+BUILDER_VERSION = "1"  # bump to force every image to rebuild
+SUITE, VARIANT, MIRROR = "bookworm", "minbase", "http://deb.debian.org/debian"
+PACKAGES = ("python3", "git", "coreutils", "procps", "bash", "patch", "ca-certificates")
+SETUP_SCRIPT = """set -e
+useradd --create-home --uid 1000 --user-group --shell /bin/bash agent
+mkdir -p /workspace /run/crucible /run/crucible-out /run/crucible-pristine
+chown agent:agent /workspace
+rm -rf /var/cache/apt/archives/*.deb /var/lib/apt/lists/* /var/log/*.log
+"""
+IMPORT_CHANGES = (
+    "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "ENV LANG=C.UTF-8",
+    "ENV GIT_AUTHOR_NAME=agent GIT_AUTHOR_EMAIL=agent@sandbox GIT_COMMITTER_NAME=agent GIT_COMMITTER_EMAIL=agent@sandbox",
+    "WORKDIR /",
+    'CMD ["/bin/bash"]',
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuiltImage:
+    name: str
+    tag: str
+    built: bool
+    """False when the tag already existed (nothing was done)."""
+    seconds: float
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def base_hash() -> str:
+    inputs = {"v": BUILDER_VERSION, "suite": SUITE, "variant": VARIANT, "packages": PACKAGES,
+              "setup": SETUP_SCRIPT, "changes": IMPORT_CHANGES}
+    return _sha(json.dumps(inputs, sort_keys=True).encode())[:12]
+
+
+def environment_names() -> list[str]:
+    return sorted(p.parent.name for p in IMAGES_DIR.glob("*/Dockerfile"))
+
+
+def context_hash(context: Path, *, base_tag: str) -> str:
+    """Hash of the base tag and every file (path, mode's exec bit, bytes) of a build context."""
+    digest = hashlib.sha256(f"{BUILDER_VERSION}\n{base_tag}\n".encode())
+    for path in sorted(p for p in context.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(f"{path.relative_to(context).as_posix()}\n{os.access(path, os.X_OK)}\n".encode())
+        digest.update(_sha(path.read_bytes()).encode())
+    return digest.hexdigest()[:12]
+
+
+def _image_exists(api: docker.APIClient, tag: str) -> bool:
+    try:
+        api.inspect_image(tag)
+        return True
+    except NotFound:
+        return False
+
+
+def _tag_latest(api: docker.APIClient, tag: str) -> None:
+    repository = tag.rsplit(":", 1)[0]
+    api.tag(tag, repository, "latest", force=True)
+
+
+def build_base(*, api: docker.APIClient, cache_dir: Path, base_image: str | None = None, force: bool = False) -> BuiltImage:
+    """The base image: `base_image` if given (must exist locally), else debootstrap + docker import."""
+    started = time.monotonic()
+    if base_image:
+        if not _image_exists(api, base_image):
+            raise ImageBuildError(
+                f"CRUCIBLE_SANDBOX_BASE_IMAGE: expected a local image, got {base_image!r} (not on this engine; "
+                "load it with `docker load` or unset the setting to build one with debootstrap)"
+            )
+        return BuiltImage(name="base", tag=base_image, built=False, seconds=0.0)
+    digest = base_hash()
+    tag = f"crucible/base:{digest}"
+    if _image_exists(api, tag) and not force:
+        _tag_latest(api, tag)
+        return BuiltImage(name="base", tag=tag, built=False, seconds=time.monotonic() - started)
+    tarball = cache_dir / f"base-{digest}.tar"
+    if not tarball.exists() or force:
+        _debootstrap_tarball(cache_dir=cache_dir, tarball=tarball)
+    log.info("importing %s as %s", tarball, tag)
+    try:
+        api.import_image_from_file(str(tarball), repository="crucible/base", tag=digest, changes=list(IMPORT_CHANGES))
+    except APIError as error:
+        raise ImageBuildError(f"docker import: expected {tarball} to import, got {error}") from None
+    _tag_latest(api, tag)
+    return BuiltImage(name="base", tag=tag, built=True, seconds=time.monotonic() - started)
+
+
+def _debootstrap_tarball(*, cache_dir: Path, tarball: Path) -> None:
+    if os.geteuid() != 0:
+        raise ImageBuildError(
+            "debootstrap: expected to run as root (it builds a root filesystem), got uid "
+            f"{os.geteuid()}; run `sudo crucible images build` or set CRUCIBLE_SANDBOX_BASE_IMAGE"
+        )
+    if shutil.which("debootstrap") is None:
+        raise ImageBuildError("debootstrap: expected the debootstrap command (apt-get install debootstrap), got none")
+    debs = cache_dir / "debs"
+    work = cache_dir / f"rootfs-{os.getpid()}"
+    debs.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(work, ignore_errors=True)
+    try:
+        _run(["debootstrap", f"--variant={VARIANT}", f"--include={','.join(PACKAGES)}",
+              f"--cache-dir={debs}", SUITE, str(work), MIRROR], what="debootstrap")
+        _run(["chroot", str(work), "/bin/sh", "-c", SETUP_SCRIPT], what="base setup")
+        partial = tarball.with_suffix(".partial")
+        _run(["tar", "--numeric-owner", "-C", str(work), "-cf", str(partial), "."], what="tar")
+        partial.replace(tarball)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run(argv: list[str], *, what: str) -> None:
+    log.info("%s: %s", what, " ".join(argv[:4]))
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        tail = (done.stdout + done.stderr).strip()[-1500:]
+        raise ImageBuildError(f"{what}: expected exit 0, got {done.returncode}:\n{tail}")
+
+
+def build_environment(
+    name: str, *, api: docker.APIClient, base_tag: str, images_dir: Path = IMAGES_DIR, force: bool = False
+) -> BuiltImage:
+    """`crucible/<name>:<hash>` from `<images_dir>/<name>/Dockerfile` on top of `base_tag`."""
+    started = time.monotonic()
+    context = images_dir / name
+    if not (context / "Dockerfile").is_file():
+        known = ", ".join(sorted(p.parent.name for p in images_dir.glob("*/Dockerfile"))) or "none"
+        raise ImageBuildError(f"image: expected one of {known}, got {name!r}")
+    digest = context_hash(context, base_tag=base_tag)
+    tag = f"crucible/{name}:{digest}"
+    if _image_exists(api, tag) and not force:
+        _tag_latest(api, tag)
+        return BuiltImage(name=name, tag=tag, built=False, seconds=time.monotonic() - started)
+    log.info("building %s from %s", tag, context)
+    lines: list[str] = []
+    for chunk in api.build(
+        path=str(context), tag=tag, buildargs={"BASE_IMAGE": base_tag}, network_mode="host",
+        rm=True, forcerm=True, pull=False, decode=True, labels={"crucible.inputs": digest},
+    ):
+        if "error" in chunk:
+            raise ImageBuildError(f"docker build {name}: {chunk['error'].strip()}\n" + "".join(lines[-20:]))
+        lines.append(str(chunk.get("stream", "")))
+    _tag_latest(api, tag)
+    return BuiltImage(name=name, tag=tag, built=True, seconds=time.monotonic() - started)
+
+
+def build_images(
+    *,
+    names: list[str] | None = None,
+    force: bool = False,
+    data_dir: Path | None = None,
+    base_image: str | None = None,
+    images_dir: Path = IMAGES_DIR,
+) -> list[BuiltImage]:
+    """Build the base and the named environment images (all by default); unchanged ones are no-ops."""
+    if data_dir is None or base_image is None:
+        from core.settings import get_settings
+
+        settings = get_settings()
+        data_dir = data_dir or settings.data_dir
+        base_image = base_image if base_image is not None else settings.sandbox_base_image
+    api = docker_api()
+    base = build_base(api=api, cache_dir=data_dir / "images", base_image=base_image or None, force=force)
+    wanted = names if names is not None else sorted(p.parent.name for p in images_dir.glob("*/Dockerfile"))
+    built = [base]
+    for name in wanted:
+        built.append(build_environment(name, api=api, base_tag=base.tag, images_dir=images_dir, force=force))
+    return built
+
+
+def image_tag(name: str, *, base_image: str | None = None) -> str:
+    """The content-hash tag `build_images` gives `name` ("base" or an environment) right now."""
+    if name == "base":
+        return base_image or f"crucible/base:{base_hash()}"
+    base = base_image or f"crucible/base:{base_hash()}"
+    return f"crucible/{name}:{context_hash(IMAGES_DIR / name, base_tag=base)}"

@@ -1,0 +1,357 @@
+"""SandboxPool: warm sandboxes for one spec, refilled in the background.
+
+    with SandboxPool(spec=spec, backend=backend, min_size=2, max_size=8) as pool:
+        with pool.lease(run_id=1, episode_id=7) as sandbox:
+            sandbox.step("make test")
+
+`acquire` takes a warm sandbox when one is idle (no create on that path); only an empty pool with
+room creates inline. `release` hands the sandbox to a background worker that resets it, checks its
+health and puts it back — or retires it: after `max_uses` episodes, after an OOM, on a failed reset
+or health check, or when too little of its lifetime is left. Every method is thread-safe; `close()`
+destroys everything the pool owns, leased sandboxes included.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from task_workers.sandbox.backend import SandboxBackend
+from task_workers.sandbox.errors import AcquireTimeout, PoolClosed
+from task_workers.sandbox.events import EventKind, EventSink, NullEventSink
+from task_workers.sandbox.labels import Owner
+from task_workers.sandbox.sandbox import DEFAULT_LEASE_TTL_S, Sandbox, create_sandbox
+from task_workers.sandbox.spec import SandboxSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolStats:
+    idle: int
+    leased: int
+    creating: int
+    recycling: int
+    created: int
+    retired: int
+    warm_acquires: int
+    cold_acquires: int
+
+
+class SandboxPool:
+    """Warm sandboxes of one spec (min_size kept idle, at most max_size owned)."""
+
+    def __init__(
+        self,
+        *,
+        spec: SandboxSpec,
+        backend: SandboxBackend,
+        events: EventSink | None = None,
+        min_size: int = 1,
+        max_size: int = 8,
+        max_uses: int = 50,
+        workers: int = 2,
+        owner: Owner | None = None,
+        worker: str | None = None,
+        run_id: int | None = None,
+        env_name: str | None = None,
+        lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+        min_remaining_life_s: float | None = None,
+        start: bool = True,
+    ) -> None:
+        if not 0 <= min_size <= max_size or max_size < 1:
+            raise ValueError(f"pool size: expected 0 <= min_size <= max_size and max_size >= 1, got {min_size}..{max_size}")
+        self.spec = spec
+        self.min_size, self.max_size, self.max_uses = min_size, max_size, max_uses
+        self._events = events or NullEventSink()
+        self._create_one = functools.partial(
+            create_sandbox, backend=backend, spec=spec, events=self._events, owner=owner or Owner.current(),
+            worker=worker, run_id=run_id, env_name=env_name, lease_ttl_s=lease_ttl_s,
+        )
+        self._min_life = spec.max_lifetime_s * 0.25 if min_remaining_life_s is None else min_remaining_life_s
+        self._lease_ttl_s = lease_ttl_s
+        self._cond = threading.Condition()
+        self._idle: deque[Sandbox] = deque()
+        self._leased: dict[str, Sandbox] = {}
+        self._creating = self._recycling = 0
+        self._counts = {"created": 0, "retired": 0, "warm": 0, "cold": 0}
+        self._closed = False
+        self._failures = 0
+        self._backoff_until = 0.0
+        self._workers = max(1, workers)
+        self._executor = ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="sandbox-pool")
+        self._maintainer = threading.Thread(target=self._maintain, name="sandbox-pool-refill", daemon=True)
+        if start:
+            self._maintainer.start()
+
+    # -- public ---------------------------------------------------------------------------------
+    def acquire(self, *, run_id: int | None = None, episode_id: int | None = None, timeout: float | None = None) -> Sandbox:
+        """A ready sandbox leased to (run_id, episode_id). Raises AcquireTimeout or PoolClosed."""
+        started = time.perf_counter()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            sandbox = self._take_idle_or_reserve(deadline, timeout)
+            warm = sandbox is not None
+            if sandbox is None:
+                sandbox = self._create_reserved()
+            if sandbox.assign(run_id=run_id, episode_id=episode_id):
+                break
+            self._forget_leased(sandbox)  # died while idle (lifetime, reaped): replace it
+            self._retire(sandbox, "dead_on_acquire")
+        with self._cond:
+            self._counts["warm" if warm else "cold"] += 1
+        sandbox.events.emit(EventKind.ACQUIRE, duration_s=time.perf_counter() - started, warm=warm, uses=sandbox.uses)
+        return sandbox
+
+    def release(self, sandbox: Sandbox, *, discard: bool = False) -> None:
+        """Give a sandbox back; it is reset and re-pooled (or retired) in the background."""
+        if not self._forget_leased(sandbox):
+            log.warning("release of %s, which this pool does not hold as leased; ignoring", sandbox.id)
+            return
+        sandbox.events.emit(EventKind.RELEASE, uses=sandbox.uses, discard=discard or None)
+        sandbox.unassign()
+        with self._cond:
+            closed = self._closed
+            if not closed:
+                self._recycling += 1
+        if closed:
+            self._retire(sandbox, "pool_closed")
+            return
+        self._executor.submit(self._recycle, sandbox, discard)
+
+    @contextmanager
+    def lease(self, *, run_id: int | None = None, episode_id: int | None = None, timeout: float | None = None) -> Iterator[Sandbox]:
+        sandbox = self.acquire(run_id=run_id, episode_id=episode_id, timeout=timeout)
+        try:
+            yield sandbox
+        finally:
+            self.release(sandbox)
+
+    @contextmanager
+    def open_fresh(self) -> Iterator[Sandbox]:
+        """A brand-new sandbox outside the pool (e.g. to grade a diff untouched by the agent)."""
+        sandbox = self._create_one()
+        try:
+            yield sandbox
+        finally:
+            sandbox.destroy(reason="fresh_done")
+
+    def stats(self) -> PoolStats:
+        with self._cond:
+            return PoolStats(
+                idle=len(self._idle), leased=len(self._leased), creating=self._creating,
+                recycling=self._recycling, created=self._counts["created"], retired=self._counts["retired"],
+                warm_acquires=self._counts["warm"], cold_acquires=self._counts["cold"],
+            )
+
+    def wait_ready(self, *, idle: int | None = None, timeout: float = 60.0) -> bool:
+        """Block until at least `idle` (default min_size) sandboxes are idle; False on timeout."""
+        want = self.min_size if idle is None else idle
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while len(self._idle) < want:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._closed:
+                    return False
+                self._cond.wait(remaining)
+            return True
+
+    def close(self) -> None:
+        """Destroy every sandbox this pool owns (idle and leased) and stop its threads."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            owned = list(self._idle) + list(self._leased.values())
+            self._idle.clear()
+            self._leased.clear()
+            self._cond.notify_all()
+        if self._maintainer.is_alive():
+            self._maintainer.join()
+        self._executor.shutdown(wait=True)  # in-flight creates/recycles see `closed` and destroy
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(lambda sb: self._retire(sb, "pool_closed"), owned))
+
+    def __enter__(self) -> SandboxPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ------------------------------------------------------------------------------
+    def _total(self) -> int:
+        return len(self._idle) + len(self._leased) + self._creating + self._recycling
+
+    def _take_idle_or_reserve(self, deadline: float | None, timeout: float | None) -> Sandbox | None:
+        """Pop a usable idle sandbox (None = a create slot was reserved for the caller)."""
+        stale: list[Sandbox] = []
+        try:
+            with self._cond:
+                while True:
+                    if self._closed:
+                        raise PoolClosed(f"pool for {self.spec.image}: expected an open pool, got a closed one")
+                    while self._idle:
+                        sandbox = self._idle.popleft()
+                        if self.spec.max_lifetime_s - sandbox.age_s < self._min_life:
+                            stale.append(sandbox)
+                            continue
+                        self._leased[sandbox.id] = sandbox
+                        return sandbox
+                    if self._total() < self.max_size:
+                        self._creating += 1
+                        return None
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise AcquireTimeout(
+                            f"acquire: expected a free sandbox within {timeout}s, got none "
+                            f"({self.max_size} of max_size {self.max_size} in use)"
+                        )
+                    self._cond.wait(remaining)
+        finally:
+            for sandbox in stale:
+                try:
+                    self._executor.submit(self._retire, sandbox, "lifetime")
+                except RuntimeError:  # the pool closed meanwhile: retire here
+                    self._retire(sandbox, "lifetime")
+
+    def _create_reserved(self) -> Sandbox:
+        sandbox: Sandbox | None = None
+        try:
+            sandbox = self._create_one()
+            return sandbox
+        finally:
+            with self._cond:
+                self._creating -= 1
+                if sandbox is not None:
+                    self._counts["created"] += 1
+                    self._leased[sandbox.id] = sandbox
+                self._cond.notify_all()
+
+    def _forget_leased(self, sandbox: Sandbox) -> bool:
+        with self._cond:
+            found = self._leased.pop(sandbox.id, None) is not None
+            self._cond.notify_all()
+            return found
+
+    def _retire_reason(self, sandbox: Sandbox, discard: bool) -> str | None:
+        if discard:
+            return "discarded"
+        if sandbox.saw_oom:
+            return "oom"
+        if not sandbox.healthy or sandbox.destroyed:
+            return "unhealthy"
+        if sandbox.uses >= self.max_uses:
+            return "max_uses"
+        if self.spec.max_lifetime_s - sandbox.age_s < self._min_life:
+            return "lifetime"
+        return None
+
+    def _recycle(self, sandbox: Sandbox, discard: bool) -> None:
+        reason = self._retire_reason(sandbox, discard)
+        try:
+            if reason is None:
+                reason = self._reset_and_check(sandbox)
+        finally:
+            with self._cond:
+                self._recycling -= 1
+                keep = reason is None and not self._closed
+                if keep:
+                    self._idle.append(sandbox)
+                self._cond.notify_all()
+            if not keep:
+                self._retire(sandbox, reason or "pool_closed")
+
+    def _reset_and_check(self, sandbox: Sandbox) -> str | None:
+        try:
+            sandbox.reset()
+        except Exception as error:  # ResetFailed, or the engine failing under us: replace either way
+            log.info("reset of %s failed: %s", sandbox.id, error)
+            return "reset_failed"
+        if not sandbox.health_check():
+            return "health_fail"
+        return None if sandbox.write_lease(state="idle") else "health_fail"
+
+    def _retire(self, sandbox: Sandbox, reason: str) -> None:
+        with self._cond:
+            self._counts["retired"] += 1
+        sandbox.events.emit(EventKind.RETIRE, reason=reason, uses=sandbox.uses)
+        try:
+            sandbox.destroy(reason=reason)
+        except Exception:  # the reaper removes whatever survives
+            log.exception("could not destroy %s", sandbox.id)
+
+    def _maintain(self) -> None:
+        while True:
+            with self._cond:
+                if self._closed:
+                    return
+                deficit = self.min_size - (len(self._idle) + self._creating + self._recycling)
+                room = self.max_size - self._total()
+                wanted = 0 if time.monotonic() < self._backoff_until else min(deficit, room, self._workers - self._creating)
+                wanted = max(0, wanted)
+                self._creating += wanted
+            for _ in range(wanted):
+                self._executor.submit(self._refill_one)
+            self._renew_idle_leases()
+            with self._cond:
+                if not self._closed:
+                    self._cond.wait(timeout=1.0)
+
+    def _refill_one(self) -> None:
+        sandbox: Sandbox | None = None
+        try:
+            sandbox = self._create_one()
+            self._failures = 0
+        except Exception as error:
+            self._failures += 1
+            self._backoff_until = time.monotonic() + min(30.0, 0.5 * 2**self._failures)
+            log.warning("could not create a sandbox for %s (%d in a row): %s", self.spec.image, self._failures, error)
+        finally:
+            with self._cond:
+                self._creating -= 1
+                keep = sandbox is not None and not self._closed
+                if sandbox is not None:
+                    self._counts["created"] += 1
+                if keep and sandbox is not None:
+                    self._idle.append(sandbox)
+                self._cond.notify_all()
+        if sandbox is not None and not keep:
+            self._retire(sandbox, "pool_closed")
+
+    def _renew_idle_leases(self) -> None:
+        with self._cond:
+            idle = list(self._idle)
+        for sandbox in idle:
+            if sandbox.lease_due:
+                sandbox.write_lease(state="idle")
+
+
+class PoolSet:
+    """One pool per distinct spec (equal specs share a pool), created on first use."""
+
+    def __init__(self, *, backend: SandboxBackend, **pool_options: Any) -> None:
+        self._backend = backend
+        self._options = pool_options
+        self._lock = threading.Lock()
+        self._pools: dict[SandboxSpec, SandboxPool] = {}
+
+    def pool(self, spec: SandboxSpec) -> SandboxPool:
+        with self._lock:
+            pool = self._pools.get(spec)
+            if pool is None:
+                pool = self._pools[spec] = SandboxPool(spec=spec, backend=self._backend, **self._options)
+            return pool
+
+    def close(self) -> None:
+        with self._lock:
+            pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.close()

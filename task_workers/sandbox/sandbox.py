@@ -1,0 +1,361 @@
+"""Sandbox: one container and its persistent shell — create → ready → step → reset → recycle/destroy.
+
+    sandbox = create_sandbox(backend=make_backend(), spec=spec, events=sink)
+    result = sandbox.step("pytest -q", timeout_s=120)   # StepResult, never raises for the command's fault
+    sandbox.reset()                                     # ResetFailed -> destroy and replace
+    sandbox.destroy(reason="done")                      # idempotent
+
+Death policy: if the shell's driver dies mid-step (the agent ran `kill -9 -1`, the OOM killer chose
+it) and the container still runs, a new session starts at once from the last checkpoint (cwd and
+exported variables) and the step reports exit 137 with a note; only a container that is gone or
+cannot start a process gives `sandbox_dead` (and marks the sandbox unhealthy, so pools retire it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from task_workers.sandbox import files as files_
+from task_workers.sandbox import labels as L
+from task_workers.sandbox.backend import ExecResult, SandboxBackend
+from task_workers.sandbox.errors import ResetFailed, SandboxDead, SandboxError, SessionError
+from task_workers.sandbox.events import EventKind, EventRecorder, EventSink, NullEventSink
+from task_workers.sandbox.layout import KEEPER_USER, sandbox_env
+from task_workers.sandbox.reset import (
+    BASELINE_SCRIPT,
+    PRISTINE_GIT,
+    RESET_TIMEOUT_S,
+    reset_script,
+    seed_command,
+)
+from task_workers.sandbox.shell import (
+    SessionDied,
+    ShellSession,
+    StepResult,
+    StepStatus,
+    dead_result,
+    step_result,
+)
+from task_workers.sandbox.spec import SandboxSpec
+
+log = logging.getLogger(__name__)
+DEFAULT_LEASE_TTL_S = 600.0
+
+
+def new_sandbox_id() -> str:
+    return "sb-" + secrets.token_hex(5)
+
+
+class Sandbox:
+    """A live container with a persistent shell. Calls are serialised; destroy may come from any thread."""
+
+    def __init__(
+        self,
+        *,
+        backend: SandboxBackend,
+        container_id: str,
+        sandbox_id: str,
+        spec: SandboxSpec,
+        events: EventRecorder,
+        lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+        created_at: float | None = None,
+        renew_lease: bool = True,
+    ) -> None:
+        self.backend = backend
+        self.container_id = container_id
+        self.id = sandbox_id
+        self.spec = spec
+        self.events = events
+        self.lease_ttl_s = lease_ttl_s
+        self.created_at = created_at or time.time()
+        self.uses = 0
+        self.healthy = True
+        self.saw_oom = False
+        self.is_repo = False
+        self._session: ShellSession | None = None
+        self._lock = threading.RLock()
+        self._destroy_lock = threading.Lock()
+        self._destroyed = False
+        self._lease_due = 0.0 if renew_lease else float("inf")
+
+    def __repr__(self) -> str:
+        return f"Sandbox({self.id}, container={self.container_id[:12]}, image={self.spec.image})"
+
+    @property
+    def destroyed(self) -> bool:
+        return self._destroyed
+
+    @property
+    def age_s(self) -> float:
+        return time.time() - self.created_at
+
+    # -- commands -------------------------------------------------------------------------------
+    def step(self, command: str | bytes, *, timeout: float | None = None) -> StepResult:
+        """Run one command in the persistent shell (cwd and env persist); `timeout` in seconds."""
+        timeout = timeout or self.spec.command_timeout_s
+        started = time.perf_counter()
+        with self._lock:
+            if self._destroyed:
+                return dead_result(note="the sandbox was destroyed", duration_s=0.0)
+            try:
+                if time.monotonic() >= self._lease_due:
+                    self.write_lease()
+                reply = self._ensure_session().run(command, timeout_s=timeout)
+            except SessionDied:
+                return self._recover(started)
+            except SandboxError as error:  # SessionTimeout, SandboxDead (cannot start a process), …
+                return self._mark_dead(started, f"the sandbox stopped answering ({error})")
+        result = step_result(reply, timeout_s=timeout)
+        if result.status is StepStatus.OOM:
+            self.saw_oom = True
+            self.events.emit(EventKind.OOM, duration_s=result.duration_s, command=_excerpt(command))
+        elif result.status is StepStatus.TIMEOUT:
+            self.events.emit(EventKind.TIMEOUT, duration_s=result.duration_s, command=_excerpt(command))
+        return result
+
+    def exec(
+        self, argv: list[str], *, timeout_s: float = 60.0, stdin: bytes | None = None, as_keeper: bool = False
+    ) -> ExecResult:
+        """One-off process (its own docker exec): for control work and file transfer, not agent steps."""
+        user = KEEPER_USER if as_keeper else self.spec.user
+        return self.backend.exec(
+            self.container_id, argv=argv, user=user, timeout_s=timeout_s, stdin=stdin, workdir=self.spec.workdir
+        )
+
+    # -- files (tar streams; see files.py) ----------------------------------------------------------
+    def put_files(self, files: Mapping[str, bytes], *, dest: str | None = None) -> None:
+        """Write {path: bytes}; relative paths are under `dest` (default: the workspace)."""
+        files_.put_files(self, files, dest=dest or self.spec.workdir)
+
+    def put_archive(self, data: bytes, *, dest: str | None = None) -> None:
+        """Extract a tar into `dest` (default: the workspace)."""
+        files_.put_archive(self, data, dest=dest or self.spec.workdir)
+
+    def put_path(self, source: Path, *, dest: str | None = None) -> None:
+        """Copy a local file or directory into `dest` (default: the workspace), keeping its name."""
+        files_.put_archive(self, files_.pack_path(source), dest=dest or self.spec.workdir)
+
+    def get_file(self, path: str) -> bytes:
+        return files_.get_file(self, path)
+
+    def get_archive(self, path: str) -> bytes:
+        """A tar of a file or directory, stored under its base name."""
+        return files_.get_archive(self, path)
+
+    def _ensure_session(self, *, restore_from: str | None = None) -> ShellSession:
+        if self._session is None or not self._session.alive:
+            spec, backend, cid = self.spec, self.backend, self.container_id
+            session = ShellSession(
+                open_stream=lambda argv: backend.open_exec(
+                    cid, argv=argv, user=spec.user, env=sandbox_env(spec), workdir=spec.workdir
+                ),
+                output_head=spec.output_head,
+                output_tail=spec.output_tail,
+                restore_from=restore_from,
+            )
+            session.start()
+            self._session = session
+        return self._session
+
+    def _recover(self, started: float) -> StepResult:
+        old, self._session = self._session, None
+        if old is not None:
+            old.close()
+        if not self.is_running():
+            return self._mark_dead(started, "the sandbox's container is gone")
+        try:
+            self._ensure_session(restore_from=old.ctl_dir if old else None)
+        except SandboxError as error:
+            return self._mark_dead(started, f"could not start a new shell ({error})")
+        return StepResult(
+            stdout="[crucible: the shell was killed; a new shell started in the last working directory"
+            " with the exported variables]",
+            exit_code=137,
+            duration_s=time.perf_counter() - started,
+            status=StepStatus.OK,
+            shell_restarted=True,
+        )
+
+    def _mark_dead(self, started: float, note: str) -> StepResult:
+        self.healthy = False
+        self.close_session()
+        return dead_result(note=note, duration_s=time.perf_counter() - started)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Ready check after create: start the shell, seed the workspace, record the git baseline."""
+        with self._lock:
+            self._ensure_session()
+            if self.spec.workspace_seed:
+                done = self.exec(["bash", "-c", seed_command(self.spec)], timeout_s=300)
+                if done.exit_code != 0:
+                    raise SandboxError(
+                        f"workspace_seed: expected a directory {self.spec.workspace_seed} in {self.spec.image}, "
+                        f"got: {done.output.decode(errors='replace').strip()[-300:]}"
+                    )
+                if done.output.strip() == b"repo":
+                    self.capture_baseline()
+            self.write_lease(state="idle")
+
+    def capture_baseline(self) -> str:
+        """Record the workspace repo's HEAD, refs and .git metadata; later resets return to it."""
+        done = self.exec(
+            ["bash", "-c", BASELINE_SCRIPT, "baseline", self.spec.workdir, PRISTINE_GIT], as_keeper=True
+        )
+        if done.exit_code != 0:
+            raise SandboxError(
+                f"baseline: expected a git repository at {self.spec.workdir}, "
+                f"got: {(done.output + done.stderr).decode(errors='replace').strip()[-300:]}"
+            )
+        self.is_repo = True
+        return done.output.decode().strip()
+
+    def reset(self) -> None:
+        """Back to the baseline, verified; raises ResetFailed (the caller then destroys and replaces)."""
+        mode = "repo" if self.is_repo else "plain"
+        with self._lock, self.events.timed(EventKind.RESET, mode=mode) as detail:
+            if self._destroyed:
+                raise ResetFailed(f"reset: expected a live sandbox, got {self.id} destroyed")
+            script = reset_script(self.spec, repo=self.is_repo).encode()
+            for attempt in (1, 2):
+                try:
+                    session = self._ensure_session()
+                    reply = session.request("r", script, arg=int(RESET_TIMEOUT_S * 1000), wait_s=RESET_TIMEOUT_S)
+                    break
+                except SessionError as error:  # a dead driver: a fresh one kills the old and retries
+                    self.close_session()
+                    if attempt == 2 or not self.is_running():
+                        raise ResetFailed(f"reset: expected a working shell, got {error}") from None
+            output = (reply.head + reply.tail).decode(errors="replace").strip()
+            detail["rc"] = reply.rc
+            if reply.rc != 0 or not output.endswith("clean"):
+                raise ResetFailed(f"reset: expected a verified clean sandbox, got: {output[-500:] or reply.status}")
+            self.saw_oom = False
+
+    def health_check(self) -> bool:
+        """True if a trivial command runs in the shell; emits health_fail otherwise."""
+        result = self.step("true", timeout=10)
+        ok = result.status is StepStatus.OK and result.exit_code == 0 and not result.shell_restarted
+        if not ok:
+            self.healthy = False
+            self.events.emit(EventKind.HEALTH_FAIL, status=result.status.value, exit_code=result.exit_code)
+        return ok
+
+    def is_running(self) -> bool:
+        info = self.backend.get(self.container_id)
+        return info is not None and info.running
+
+    @property
+    def lease_due(self) -> bool:
+        return time.monotonic() >= self._lease_due
+
+    def write_lease(self, *, state: str = "leased") -> bool:
+        """Renew the lease the reaper reads (`expires run episode state` in /run/crucible/lease)."""
+        expires = time.time() + self.lease_ttl_s
+        ev = self.events
+        line = f"{int(expires)} {ev.run_id or '-'} {ev.episode_id or '-'} {state}"
+        with self._lock:
+            self._lease_due = time.monotonic() + self.lease_ttl_s / 3
+            try:
+                reply = self._ensure_session().request("l", line.encode())
+            except SandboxError:
+                self._lease_due = 0.0  # retried on the next step; the reaper may act on the label first
+                return False
+            return reply.rc == 0
+
+    def assign(self, *, run_id: int | None, episode_id: int | None) -> bool:
+        """Lease to an episode; False if the sandbox cannot even renew its lease (it is dead)."""
+        self.events.run_id, self.events.episode_id = run_id, episode_id
+        self.uses += 1
+        return not self._destroyed and self.write_lease(state="leased")
+
+    def unassign(self) -> None:
+        self.events.run_id = self.events.episode_id = None
+
+    def close_session(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            session.close()
+
+    def destroy(self, *, reason: str = "destroy") -> None:
+        """Remove the container. Idempotent, and safe while another thread is mid-step."""
+        with self._destroy_lock:  # not self._lock: never wait for a running step, removal unblocks it
+            if self._destroyed:
+                return
+            self._destroyed = True
+        with self.events.timed(EventKind.DESTROY, reason=reason):
+            try:
+                self.backend.remove(self.container_id)
+            finally:
+                session, self._session = self._session, None
+                if session is not None:
+                    session.close()
+
+
+def _excerpt(command: str | bytes) -> str:
+    text = command if isinstance(command, str) else command.decode(errors="replace")
+    return text[:200]
+
+
+def sandbox_labels(
+    *, sandbox_id: str, spec: SandboxSpec, owner: L.Owner, worker: str | None, lease_ttl_s: float,
+    run_id: int | None, episode_id: int | None, env_name: str | None,
+) -> dict[str, str]:
+    """Every label a sandbox container carries (immutable for its life; the lease file renews)."""
+    now = time.time()
+    values = {
+        L.OWNER: str(owner),
+        L.WORKER: worker or "",
+        L.LEASE_EXPIRES: str(int(now + lease_ttl_s)),
+        L.RUN: "" if run_id is None else str(run_id),
+        L.EPISODE: "" if episode_id is None else str(episode_id),
+        L.ENV: env_name or "",
+        L.SPEC: spec.spec_hash,
+        L.SPEC_JSON: json.dumps(spec.model_dump(mode="json"), separators=(",", ":")),
+        L.SANDBOX_ID: sandbox_id,
+        L.CREATED: str(int(now)),
+    }
+    return values
+
+
+def create_sandbox(
+    *,
+    backend: SandboxBackend,
+    spec: SandboxSpec,
+    events: EventSink | None = None,
+    owner: L.Owner | None = None,
+    worker: str | None = None,
+    run_id: int | None = None,
+    episode_id: int | None = None,
+    env_name: str | None = None,
+    lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+) -> Sandbox:
+    """Create, start and ready-check a sandbox; nothing is left behind if any of it fails."""
+    sandbox_id = new_sandbox_id()
+    recorder = EventRecorder(sink=events or NullEventSink(), sandbox_id=sandbox_id, worker=worker)
+    recorder.run_id, recorder.episode_id = run_id, episode_id
+    labels = sandbox_labels(
+        sandbox_id=sandbox_id, spec=spec, owner=owner or L.Owner.current(), worker=worker,
+        lease_ttl_s=lease_ttl_s, run_id=run_id, episode_id=episode_id, env_name=env_name,
+    )
+    with recorder.timed(EventKind.CREATE, image=spec.image, spec=spec.spec_hash):
+        container_id = backend.create_container(spec=spec, labels=labels, name=f"crucible-{sandbox_id}")
+        recorder.container_id = container_id
+        sandbox = Sandbox(
+            backend=backend, container_id=container_id, sandbox_id=sandbox_id, spec=spec,
+            events=recorder, lease_ttl_s=lease_ttl_s,
+        )
+        try:
+            sandbox.prepare()
+        except BaseException as error:
+            sandbox.destroy(reason=f"create_failed: {type(error).__name__}")
+            if isinstance(error, SessionError | SandboxDead):
+                raise SandboxDead(f"sandbox {sandbox_id}: expected a ready shell, got {error}") from None
+            raise
+    return sandbox

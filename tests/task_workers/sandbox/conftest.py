@@ -1,0 +1,76 @@
+"""Fixtures for the sandbox tests: the real dockerd, images built once, and a no-leak guarantee.
+
+Images are built by content hash (a no-op when the tags exist); the debootstrap rootfs is cached in
+CRUCIBLE_TEST_IMAGE_CACHE (default ~/.cache/crucible) so a machine pays for debootstrap only once.
+After the session, every container this test session made must be gone: the finalizer removes
+leftovers by label (owner = this process, or the CLI test's env label) and then fails the session
+if there were any. Containers of other processes on the machine are never touched.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from task_workers.sandbox import ContainerInfo, InMemoryEventSink, SandboxSpec, make_backend
+from task_workers.sandbox.errors import BackendUnavailable
+from task_workers.sandbox.labels import ENV
+
+SESSION_START = time.time()
+
+
+def wait_for(predicate: Callable[[], bool], *, timeout: float = 60.0, what: str = "condition") -> None:
+    """Poll until `predicate()`; generous deadlines only, never a timing assertion."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def base_spec(sandbox_images: dict[str, str]) -> SandboxSpec:
+    """Small limits so faults hit them quickly."""
+    return SandboxSpec(
+        image=sandbox_images["base"], memory="384m", pids=128, workspace_size="64m", tmp_size="64m",
+        home_size="16m", capture_size="16m", output_head="8k", output_tail="8k", command_timeout_s=20,
+        max_lifetime_s=900,
+    )
+
+
+@pytest.fixture(scope="session")
+def repo_spec(base_spec: SandboxSpec, sandbox_images: dict[str, str]) -> SandboxSpec:
+    return base_spec.model_copy(update={"image": sandbox_images["code-repo"], "workspace_seed": "/opt/seed"})
+
+
+@pytest.fixture
+def events() -> InMemoryEventSink:
+    return InMemoryEventSink()
+
+
+CLI_ENV_LABEL = "cli-test"  # test_sandbox_cli.py creates its detached sandboxes with this env label
+
+
+def _made_by_this_session(info: ContainerInfo) -> bool:
+    """Owned by this pytest process, or a detached sandbox our CLI test made (never anyone else's)."""
+    owner = info.owner
+    if owner.host != socket.gethostname() or info.created_at < SESSION_START - 2:
+        return False
+    return owner.pid == os.getpid() or (owner.pid is None and info.labels.get(ENV) == CLI_ENV_LABEL)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leaked_containers(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    try:
+        docker_backend = make_backend("docker")
+        mine = [info for info in docker_backend.list() if _made_by_this_session(info)]
+    except BackendUnavailable:
+        return
+    for info in mine:
+        docker_backend.remove(info.id)
+    assert not mine, f"sandbox containers leaked by the test session: {[i.sandbox_id for i in mine]}"
