@@ -1,4 +1,4 @@
-.PHONY: test demo setup lint bench
+.PHONY: test demo setup lint bench bench-api
 
 setup:
 	scripts/setup.sh
@@ -15,3 +15,8 @@ lint:
 
 bench:
 	.venv/bin/python bench/sandbox.py
+	.venv/bin/python bench/episodes.py
+	.venv/bin/python bench/weight_sync.py --json
+
+bench-api:
+	.venv/bin/python bench/api.py

@@ -6,10 +6,12 @@ import logging
 
 import typer
 
-from cli import db, environments, services
+from cli import db, environments, episodes, services, tokens
+from cli import open as open_
 from cli.console import readable_errors
 from cli.controller import controller, runs_app
 from cli.doctor import doctor
+from cli.follow import follow
 from cli.images import app as images_app
 from cli.model import app as model_app
 from cli.model import serve
@@ -29,6 +31,10 @@ app.command()(controller)
 app.add_typer(runs_app, name="run")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(images_app, name="images")
+app.add_typer(episodes.app, name="episodes")
+app.add_typer(tokens.app, name="token")
+app.command("open")(open_.open_)
+runs_app.command("follow")(follow)
 app.command()(doctor)
 app.command()(services.api)
 app.command()(services.worker)

@@ -46,6 +46,8 @@ if ! docker info >/dev/null 2>&1; then
   docker info >/dev/null 2>&1 || { echo "dockerd did not start; see /var/log/crucible-dockerd.log" >&2; exit 1; }
 fi
 command -v debootstrap >/dev/null || { log "installing debootstrap"; apt_install debootstrap; }
+# Debian's Chromium drives the dashboard tests (Playwright uses it; no browser is downloaded).
+command -v chromium >/dev/null || { log "installing chromium"; apt_install chromium; }
 
 # 3. Redis on loopback.
 if ! (exec 3<>/dev/tcp/127.0.0.1/6379) 2>/dev/null; then

@@ -63,6 +63,7 @@ class Episode(Base):
         Index(None, "run_id", "reward"),
         Index(None, "run_id", "policy_version"),
         Index(None, "run_id", "environment_id", "id"),
+        Index(None, "run_id", "id"),
         Index(None, "group_id"),
         Index("ix_episodes_reward_components", "reward_components", postgresql_using="gin"),
     )

@@ -1,0 +1,121 @@
+"""Dashboard pages: runs → run → group → episode (→ a turn's tokens), and an episode search page.
+
+Pages render summaries server-side; charts and the token view are drawn in the browser from the
+same `/v1` JSON the CLI uses, and a running run's page polls it every few seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import FileResponse, Response
+from fastapi.routing import APIRoute
+
+from api.dashboard.rendering import STATIC_DIR, render
+from api.deps import CurrentToken, PageToken, SessionDep
+from api.errors import crucible_status
+from api.pagination import DEFAULT_LIMIT, Cursor
+from api.params import EpisodeId, GroupId, RunId
+from api.routes.episodes import episode_filters
+from api.schemas.runs import RunDetail, RunMetrics, RunStats
+from api.services import episodes, groups, run_charts, run_stats, runs, sandboxes
+from api.services.episodes import EpisodeFilters
+from core.errors import CrucibleError
+from core.termination import EpisodeStatus, TerminationReason
+
+STATIC_FILES = {"app.css": "text/css", "charts.js": "text/javascript", "run.js": "text/javascript",
+                "episode.js": "text/javascript", "live.js": "text/javascript"}
+
+
+class PageRoute(APIRoute):
+    """A Crucible error on a page (an unknown id…) is an HTML page with its status, not JSON."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def handle(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except CrucibleError as error:
+                status, code = crucible_status(error)
+                return render(request, "error.html", {"status": status, "code": code, "message": str(error)},
+                              status_code=status)
+
+        return handle
+
+
+router = APIRouter(route_class=PageRoute, include_in_schema=False)
+
+
+class PageRedirect(Exception):
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.url = url
+
+
+def drop_empty_params(request: Request) -> None:
+    """A filter form submits empty fields; redirect to the URL without them instead of a 422."""
+    items = request.query_params.multi_items()
+    if any(value == "" for _, value in items):
+        kept = urlencode([(key, value) for key, value in items if value != ""])
+        raise PageRedirect(request.url.path + (f"?{kept}" if kept else ""))
+
+
+@router.get("/")
+def runs_page(request: Request, session: SessionDep, _: PageToken, cursor: Cursor = None) -> Response:
+    data, next_cursor = runs.list_runs(session, status=None, purpose=None, cursor=cursor, limit=DEFAULT_LIMIT)
+    counts = runs.episode_counts(session, run_ids=[run.id for run in data])
+    return render(request, "runs.html", {"runs": data, "counts": counts, "next_cursor": next_cursor})
+
+
+@router.get("/runs/{run_id}")
+def run_page(request: Request, run_id: RunId, session: SessionDep, _: PageToken) -> Response:
+    run = runs.show(session, run_id=run_id)
+    recent_groups, _cursor = groups.list_groups(session, run_id=run_id, status=None, cursor=None, limit=12)
+    recent, _cursor = episodes.list_episodes(session, filters=EpisodeFilters(run_id=run_id), cursor=None, limit=12)
+    charts = {  # the same JSON the page polls for, serialised by the API's own schemas
+        "run": RunDetail.model_validate(run).model_dump(mode="json"),
+        "metrics": RunMetrics.model_validate(run_charts.metrics(session, run_id=run_id), from_attributes=True)
+        .model_dump(mode="json"),
+        "stats": RunStats.model_validate(run_stats.stats(session, run_id=run_id)).model_dump(mode="json"),
+    }
+    return render(request, "run.html", {"run": run, "groups": recent_groups, "episodes": recent, "charts": charts,
+                                        "reasons": list(TerminationReason)})
+
+
+@router.get("/groups/{group_id}")
+def group_page(request: Request, group_id: GroupId, session: SessionDep, _: PageToken) -> Response:
+    group = groups.show_group(session, group_id=group_id)
+    return render(request, "group.html", {"group": group})
+
+
+@router.get("/episodes")
+def episodes_page(
+    request: Request, session: SessionDep, _: PageToken, _clean: Annotated[None, Depends(drop_empty_params)],
+    filters: Annotated[EpisodeFilters, Depends(episode_filters)], cursor: Cursor = None,
+) -> Response:
+    data, next_cursor = episodes.list_episodes(session, filters=filters, cursor=cursor, limit=DEFAULT_LIMIT)
+    return render(request, "episodes.html", {
+        "episodes": data, "next_cursor": next_cursor, "filters": vars(filters),
+        "statuses": list(EpisodeStatus), "reasons": list(TerminationReason),
+    })
+
+
+@router.get("/episodes/{episode_id}")
+def episode_page(request: Request, episode_id: EpisodeId, session: SessionDep, _: PageToken) -> Response:
+    episode = episodes.show_episode(session, episode_id=episode_id)
+    events, more_events = sandboxes.episode_events(session, episode_id=episode_id, kind=None, cursor=None, limit=500)
+    commands = [event for event in events if event.kind in sandboxes.COMMAND_KINDS]
+    return render(request, "episode.html", {"episode": episode, "events": events, "more_events": more_events,
+                                            "commands": commands})
+
+
+@router.get("/static/{name}")
+def static_file(name: str, _: CurrentToken) -> Response:
+    media_type = STATIC_FILES.get(name)
+    if media_type is None:
+        return Response(status_code=404)
+    return FileResponse(STATIC_DIR / name, media_type=media_type, headers={"Cache-Control": "private, max-age=300"})

@@ -1,0 +1,103 @@
+"""Injected dependencies: a database session per request and the caller's API token.
+
+    SessionDep    a Session that commits when the request succeeds and rolls back if it raises
+    CurrentToken  the live ApiToken the request presented (401 otherwise)
+    PageToken     the same for dashboard pages: a 401 login form instead of JSON, and `?token=` once
+
+A token comes from `Authorization: Bearer <token>`, or, for GET and HEAD only, from the dashboard's
+cookie (mutating requests need the header, so a cookie alone cannot be used for cross-site writes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+from urllib.parse import urlencode
+
+from fastapi import Depends, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from api.errors import ApiError
+from api.services.tokens import Unauthorized, authenticate
+from core.db import session_scope
+from core.models import ApiToken
+
+COOKIE_NAME = "crucible_token"
+SAFE_METHODS = ("GET", "HEAD")
+
+_bearer = HTTPBearer(auto_error=False, description="An API token from `crucible token create NAME`.")
+
+
+def get_db() -> Iterator[Session]:
+    with session_scope() as session:
+        yield session
+
+
+SessionDep = Annotated[Session, Depends(get_db)]
+
+
+class LoginRequired(Exception):
+    """A dashboard page was asked for without a live token: answer 401 with the login form."""
+
+    def __init__(self, *, next_url: str, reason: str) -> None:
+        super().__init__(reason)
+        self.next_url = next_url
+        self.reason = reason
+
+
+class TokenFromQuery(Exception):
+    """`?token=` on a page: set the cookie and redirect to the same page without it."""
+
+    def __init__(self, *, token: str, url: str) -> None:
+        super().__init__(url)
+        self.token = token
+        self.url = url
+
+
+def presented_token(request: Request, credentials: HTTPAuthorizationCredentials | None) -> str | None:
+    header = request.headers.get("authorization")
+    if header and credentials is None:
+        scheme = header.split(" ", 1)[0]
+        raise ApiError(401, "unauthorized", f"expected `Authorization: Bearer <token>`, got a {scheme[:20]!r} header",
+                       headers={"WWW-Authenticate": "Bearer"})
+    if credentials is not None:
+        return credentials.credentials
+    if request.method in SAFE_METHODS:
+        return request.cookies.get(COOKIE_NAME)
+    return None
+
+
+def current_token(
+    request: Request, session: SessionDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
+) -> ApiToken:
+    try:
+        return authenticate(session, token=presented_token(request, credentials))
+    except Unauthorized as error:
+        raise ApiError(401, "unauthorized", str(error), headers={"WWW-Authenticate": "Bearer"}) from None
+
+
+CurrentToken = Annotated[ApiToken, Depends(current_token)]
+
+
+def _path_with_query(request: Request, *, without: str | None = None) -> str:
+    query = urlencode([(key, value) for key, value in request.query_params.multi_items() if key != without])
+    return request.url.path + (f"?{query}" if query else "")
+
+
+def page_token(
+    request: Request, session: SessionDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
+) -> ApiToken:
+    from_query = request.query_params.get("token")
+    try:
+        token = authenticate(session, token=from_query or presented_token(request, credentials))
+    except (Unauthorized, ApiError) as error:
+        raise LoginRequired(next_url=_path_with_query(request, without="token"), reason=str(error)) from None
+    if from_query:
+        raise TokenFromQuery(token=from_query, url=_path_with_query(request, without="token"))
+    return token
+
+
+PageToken = Annotated[ApiToken, Depends(page_token)]

@@ -1,0 +1,71 @@
+"""`/v1/runs`: launch from a RunConfig, list, show with summary counts, stop, resume, metrics, stats."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends
+
+from api.deps import SessionDep, current_token
+from api.pagination import DEFAULT_LIMIT, Cursor, Limit
+from api.params import RunId
+from api.schemas.common import ERROR_RESPONSES, MUTATION_RESPONSES
+from api.schemas.runs import RunDetail, RunMetrics, RunPublic, RunsPublic, RunStats
+from api.services import run_charts, run_stats, runs
+from core.models import Run
+from core.schemas import RunConfig
+from core.termination import RunStatus
+
+router = APIRouter(prefix="/v1/runs", tags=["runs"], dependencies=[Depends(current_token)], responses=ERROR_RESPONSES)
+
+
+@router.post("", status_code=201, response_model=RunPublic, responses=MUTATION_RESPONSES)
+def launch_run(config: RunConfig, session: SessionDep) -> Run:
+    """Launch a run: environment versions are pinned and the resolved config stored; it starts pending."""
+    run = runs.launch(session, config=config)
+    session.commit()
+    return run
+
+
+@router.get("", response_model=RunsPublic)
+def list_runs(
+    session: SessionDep, status: RunStatus | None = None, purpose: Literal["train", "pass_rate", "eval"] | None = None,
+    cursor: Cursor = None, limit: Limit = DEFAULT_LIMIT,
+) -> dict[str, Any]:
+    """Runs, newest first."""
+    data, next_cursor = runs.list_runs(session, status=status, purpose=purpose, cursor=cursor, limit=limit)
+    return {"data": data, "next_cursor": next_cursor}
+
+
+@router.get("/{run_id}", response_model=RunDetail)
+def show_run(run_id: RunId, session: SessionDep) -> dict[str, Any]:
+    """One run with its resolved config, pinned environments and summary counts."""
+    return runs.show(session, run_id=run_id)
+
+
+@router.post("/{run_id}/stop", response_model=RunPublic, responses=MUTATION_RESPONSES)
+def stop_run(run_id: RunId, session: SessionDep) -> Run:
+    """Stop dispatching (episodes in flight finish). Idempotent."""
+    run = runs.stop(session, run_id=run_id)
+    session.commit()
+    return run
+
+
+@router.post("/{run_id}/resume", response_model=RunPublic, responses=MUTATION_RESPONSES)
+def resume_run(run_id: RunId, session: SessionDep) -> Run:
+    """Make a stopped run active again. Idempotent."""
+    run = runs.resume(session, run_id=run_id)
+    session.commit()
+    return run
+
+
+@router.get("/{run_id}/metrics", response_model=RunMetrics)
+def show_run_metrics(run_id: RunId, session: SessionDep) -> dict[str, Any]:
+    """Training-step metrics and per-step (or per-version) aggregates of the ended episodes."""
+    return run_charts.metrics(session, run_id=run_id)
+
+
+@router.get("/{run_id}/stats", response_model=RunStats)
+def show_run_stats(run_id: RunId, session: SessionDep) -> dict[str, Any]:
+    """Staleness histogram, throughput per minute and where the time goes."""
+    return run_stats.stats(session, run_id=run_id)

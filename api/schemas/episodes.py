@@ -1,0 +1,81 @@
+"""Episodes: summaries in lists (never token arrays), turns and optionally tokens on one."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+class EpisodeSummary(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    run_id: int
+    group_id: int
+    sample_index: int
+    task_id: int
+    environment_id: int
+    environment: str
+    status: str
+    termination_reason: str | None
+    reward: float | None
+    reward_components: dict[str, Any]
+    policy_version: int | None
+    policy_version_last: int | None
+    num_turns: int
+    num_tokens: int
+    attempts: int
+    timings: dict[str, Any]
+    sandbox_id: str | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class EpisodesPublic(BaseModel):
+    data: list[EpisodeSummary]
+    next_cursor: str | None
+
+
+class TurnTokens(BaseModel):
+    token_ids: list[int]
+    logprobs: list[float]
+    loss_mask: list[int]
+    """1 = sampled by the policy (trained on), 0 = environment text."""
+    pieces: list[str] | None
+    """Each token decoded alone, when the run's model directory has a tokenizer."""
+
+
+class TurnPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    index: int
+    prompt_length: int
+    num_tokens: int
+    completion_text: str
+    tool_call: dict[str, Any] | None
+    observation: str | None
+    tool_output_full: str | None
+    exit_code: int | None
+    tool_status: str | None
+    duration_s: float | None
+    generation_s: float | None
+    truncated: bool
+    truncated_bytes: int
+    weight_version: int | None
+    finish_reason: str | None
+    created_at: datetime
+    tokens: TurnTokens | None = None
+    """Present when asked for with `?tokens=true`."""
+
+
+class EpisodeDetail(EpisodeSummary):
+    task_external_id: str
+    instruction: str
+    worker: str | None
+    started_at: datetime | None
+    failures: list[Any]
+    verifier_layers: list[Any]
+    final_diff: str | None
+    turns: list[TurnPublic]

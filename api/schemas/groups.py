@@ -1,0 +1,56 @@
+"""GRPO groups: the G rollouts of one task under one policy version, with advantages."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel
+
+from api.schemas.episodes import EpisodeSummary
+
+
+class TurnPreview(BaseModel):
+    index: int
+    text: str
+    """The start of the completion."""
+    tool: str | None
+    exit_code: int | None
+    truncated: bool
+
+
+class Rollout(EpisodeSummary):
+    advantage: float | None
+    """(reward − group mean) / (group std + 1e-6) over the group's rewarded episodes."""
+    turns: list[TurnPreview]
+
+
+class GroupSummary(BaseModel):
+    id: int
+    run_id: int
+    group_index: int
+    task_id: int
+    environment_id: int
+    environment: str
+    size: int
+    policy_version: int
+    status: str
+    consumed_step: int | None
+    created_at: datetime
+    rewarded: int
+    """Episodes with a reward so far."""
+    reward_mean: float | None
+    reward_std: float | None
+    degenerate: bool
+    """Every rewarded episode got the same reward (zero variance: no learning signal)."""
+
+
+class GroupsPublic(BaseModel):
+    data: list[GroupSummary]
+    next_cursor: str | None
+
+
+class GroupPublic(GroupSummary):
+    task_external_id: str
+    divergence_turn: int | None
+    """First turn index where the rollouts' completions differ (None: identical or no turns)."""
+    rollouts: list[Rollout]

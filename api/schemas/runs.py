@@ -1,0 +1,115 @@
+"""Runs, their summary counts, training-step metrics and the per-step aggregates of their episodes."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class RunPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    status: str
+    purpose: str
+    model: str
+    mode: str
+    group_size: int
+    batch_size: int
+    max_staleness: int
+    policy_version: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class RunsPublic(BaseModel):
+    data: list[RunPublic]
+    next_cursor: str | None
+
+
+class RunEnvironmentPublic(BaseModel):
+    environment_id: int
+    name: str
+    version: int
+    weight: float
+
+
+class RunSummary(BaseModel):
+    episodes: dict[str, int]
+    """Episodes by status."""
+    groups: dict[str, int]
+    """Groups by status: running, complete, consumed, dropped."""
+    termination: dict[str, int]
+    """Ended episodes by termination reason."""
+    reward_mean: float | None
+    reward_std: float | None
+    tokens: int
+    turns: int
+    training_steps: int
+    latest_step: int | None
+
+
+class RunDetail(RunPublic):
+    config: dict[str, Any]
+    environments: list[RunEnvironmentPublic]
+    summary: RunSummary
+
+
+class TrainingStepPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    step: int
+    policy_version: int
+    metrics: dict[str, Any]
+    created_at: datetime
+
+
+class EpisodePoint(BaseModel):
+    """Aggregates of the ended episodes at one x (training step or policy version)."""
+
+    x: int
+    episodes: int
+    reward_mean: float | None
+    reward_std: float | None
+    reward_min: float | None
+    reward_max: float | None
+    by_environment: dict[str, float | None]
+    """Mean reward per environment name."""
+    components: dict[str, float | None]
+    """Mean of each reward component."""
+    termination: dict[str, int]
+
+
+class RunMetrics(BaseModel):
+    axis: Literal["step", "version"]
+    """`step` when groups have been trained on (x = the step that consumed them), else `version`."""
+    steps: list[TrainingStepPublic]
+    points: list[EpisodePoint]
+
+
+class StalenessBin(BaseModel):
+    staleness: int
+    """Policy versions between the one that generated an episode and the one that trained on it
+    (or the run's current version for episodes not trained on yet)."""
+    episodes: int
+
+
+class ThroughputPoint(BaseModel):
+    minute: datetime
+    episodes: int
+    tokens: int
+
+
+class RunStats(BaseModel):
+    """Over the ended episodes of the run's latest 2048 groups: how the run is doing now."""
+
+    staleness: list[StalenessBin]
+    throughput: list[ThroughputPoint]
+    """Episodes and tokens finished per minute (at most the last 3 hours)."""
+    time_split: dict[str, float]
+    """Seconds summed over those episodes (generation, sandbox, verify…) and over every training step
+    (`training/<stage>` from the `timing_s/<stage>` metrics)."""

@@ -1,0 +1,130 @@
+"""Episodes for the API: filtered lists of summaries (paged by id, never token arrays), one episode
+with its turns, and one turn's tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import exists, func, select
+from sqlalchemy.orm import Session
+
+from api.pagination import decode_cursor, page
+from api.services.tokenizer import decode_pieces
+from core.errors import NotFound
+from core.models import Environment, Episode, Run, Task, Turn
+
+SUMMARY_COLUMNS = (
+    Episode.id, Episode.run_id, Episode.group_id, Episode.sample_index, Episode.task_id, Episode.environment_id,
+    Episode.status, Episode.termination_reason, Episode.reward, Episode.reward_components, Episode.policy_version,
+    Episode.policy_version_last, Episode.num_turns, Episode.num_tokens, Episode.attempts, Episode.timings,
+    Episode.sandbox_id, Episode.created_at, Episode.finished_at,
+)
+TURN_COLUMNS = (
+    Turn.index, Turn.prompt_length, Turn.completion_text, Turn.tool_call, Turn.observation, Turn.tool_output_full,
+    Turn.exit_code, Turn.tool_status, Turn.duration_s, Turn.generation_s, Turn.truncated, Turn.truncated_bytes,
+    Turn.weight_version, Turn.finish_reason, Turn.created_at,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EpisodeFilters:
+    run_id: int | None = None
+    environment: str | None = None
+    """Environment name (every version)."""
+    status: str | None = None
+    termination_reason: str | None = None
+    min_reward: float | None = None
+    max_reward: float | None = None
+    policy_version: int | None = None
+    group_id: int | None = None
+    task_id: int | None = None
+    q: str | None = None
+    """Full-text search in the turns (completions and tool outputs), web-search syntax."""
+
+
+def _summaries() -> Any:
+    return select(*SUMMARY_COLUMNS, Environment.name.label("environment")).join(
+        Environment, Environment.id == Episode.environment_id)
+
+
+def _filtered(query: Any, filters: EpisodeFilters) -> Any:
+    equal = ((Episode.run_id, filters.run_id), (Episode.status, filters.status),
+             (Episode.termination_reason, filters.termination_reason), (Episode.policy_version, filters.policy_version),
+             (Episode.group_id, filters.group_id), (Episode.task_id, filters.task_id))
+    for column, value in equal:
+        if value is not None:
+            query = query.where(column == value)
+    if filters.environment is not None:
+        query = query.where(Episode.environment_id.in_(
+            select(Environment.id).where(Environment.name == filters.environment)))
+    if filters.min_reward is not None:
+        query = query.where(Episode.reward >= filters.min_reward)
+    if filters.max_reward is not None:
+        query = query.where(Episode.reward <= filters.max_reward)
+    if filters.q:
+        matches = Turn.search.op("@@")(func.websearch_to_tsquery("simple", filters.q))
+        query = query.where(exists().where(Turn.run_id == Episode.run_id, Turn.episode_id == Episode.id, matches))
+    return query
+
+
+def list_episodes(
+    session: Session, *, filters: EpisodeFilters, cursor: str | None, limit: int
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Newest first."""
+    after = decode_cursor(cursor, types=[int])
+    query = _filtered(_summaries(), filters).order_by(Episode.id.desc())
+    if after is not None:
+        query = query.where(Episode.id < after[0])
+    rows = [dict(row._mapping) for row in session.execute(query.limit(limit + 1))]
+    return page(rows, limit=limit, key=lambda row: [row["id"]])
+
+
+def _episode_row(session: Session, episode_id: int) -> dict[str, Any]:
+    query = _summaries().add_columns(
+        Episode.worker, Episode.started_at, Episode.failures, Episode.verifier_layers, Episode.final_diff,
+        Task.external_id.label("task_external_id"), Task.instruction,
+    ).join(Task, Task.id == Episode.task_id).where(Episode.id == episode_id)
+    row = session.execute(query).one_or_none()
+    if row is None:
+        raise NotFound(f"no episode with id {episode_id}; GET /v1/episodes lists them")
+    return dict(row._mapping)
+
+
+def list_turns(session: Session, *, run_id: int, episode_id: int, tokens: bool, model: str) -> list[dict[str, Any]]:
+    extra = (Turn.token_ids, Turn.logprobs, Turn.loss_mask) if tokens else ()
+    query = (
+        select(*TURN_COLUMNS, func.coalesce(func.cardinality(Turn.token_ids), 0).label("num_tokens"), *extra)
+        .where(Turn.run_id == run_id, Turn.episode_id == episode_id).order_by(Turn.index)
+    )
+    turns = []
+    for row in session.execute(query):
+        turn = dict(row._mapping)
+        if tokens:
+            ids = turn.pop("token_ids")
+            turn["tokens"] = {"token_ids": ids, "logprobs": turn.pop("logprobs"), "loss_mask": turn.pop("loss_mask"),
+                              "pieces": decode_pieces(model=model, token_ids=ids)}
+        turns.append(turn)
+    return turns
+
+
+def show_episode(session: Session, *, episode_id: int, tokens: bool = False) -> dict[str, Any]:
+    episode = _episode_row(session, episode_id)
+    model = session.execute(select(Run.model).where(Run.id == episode["run_id"])).scalar_one()
+    turns = list_turns(session, run_id=episode["run_id"], episode_id=episode_id, tokens=tokens, model=model)
+    return {**episode, "turns": turns}
+
+
+def turn_tokens(session: Session, *, episode_id: int, index: int) -> dict[str, Any]:
+    """One turn's token ids, logprobs and loss mask, decoded when the run's model has a tokenizer."""
+    run_id = select(Episode.run_id).where(Episode.id == episode_id).scalar_subquery()
+    query = (  # the turns' primary key leads with run_id: give it, or the lookup scans every turn
+        select(Turn.token_ids, Turn.logprobs, Turn.loss_mask, Run.model)
+        .join(Run, Run.id == Turn.run_id)
+        .where(Turn.run_id == run_id, Turn.episode_id == episode_id, Turn.index == index)
+    )
+    row = session.execute(query).one_or_none()
+    if row is None:
+        raise NotFound(f"episode {episode_id} has no turn {index}; GET /v1/episodes/{episode_id} lists its turns")
+    ids, logprobs, mask, model = row
+    return {"token_ids": ids, "logprobs": logprobs, "loss_mask": mask, "pieces": decode_pieces(model=model, token_ids=ids)}

@@ -1,0 +1,118 @@
+"""GRPO groups for the API: a run's groups with reward statistics (paged by group index), and one
+group's rollouts side by side with group-relative advantages and the turn where they diverge."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from api.pagination import decode_cursor, page
+from api.services.episodes import EpisodeFilters, list_episodes
+from api.services.runs import get as get_run
+from core.errors import NotFound
+from core.models import Environment, Episode, EpisodeGroup, Task, Turn
+
+ADVANTAGE_EPS = 1e-6
+PREVIEW_CHARS = 240
+GROUP_COLUMNS = (
+    EpisodeGroup.id, EpisodeGroup.run_id, EpisodeGroup.group_index, EpisodeGroup.task_id,
+    EpisodeGroup.environment_id, EpisodeGroup.size, EpisodeGroup.policy_version, EpisodeGroup.status,
+    EpisodeGroup.consumed_step, EpisodeGroup.created_at, Environment.name.label("environment"),
+)
+
+
+def _reward_stats(session: Session, group_ids: list[int]) -> dict[int, tuple[int, float | None, float | None, bool]]:
+    """group id → (rewarded episodes, mean, population std, all rewards equal)."""
+    if not group_ids:
+        return {}
+    query = (
+        select(Episode.group_id, func.count(Episode.reward), func.avg(Episode.reward), func.stddev_pop(Episode.reward),
+               func.max(Episode.reward) - func.min(Episode.reward))
+        .where(Episode.group_id.in_(group_ids)).group_by(Episode.group_id)
+    )
+    return {gid: (n, mean, std, spread is not None and spread <= 1e-12) for gid, n, mean, std, spread in session.execute(query)}
+
+
+def _with_stats(row: dict[str, Any], stats: tuple[int, float | None, float | None, bool] | None) -> dict[str, Any]:
+    rewarded, mean, std, equal = stats or (0, None, None, False)
+    degenerate = row["status"] != "running" and rewarded >= 2 and equal
+    return {**row, "rewarded": rewarded, "reward_mean": mean, "reward_std": std, "degenerate": degenerate}
+
+
+def list_groups(
+    session: Session, *, run_id: int, status: str | None, cursor: str | None, limit: int
+) -> tuple[list[dict[str, Any]], str | None]:
+    """A run's groups, the latest dispatched first."""
+    get_run(session, run_id=run_id)
+    after = decode_cursor(cursor, types=[int])
+    query = (
+        select(*GROUP_COLUMNS).join(Environment, Environment.id == EpisodeGroup.environment_id)
+        .where(EpisodeGroup.run_id == run_id).order_by(EpisodeGroup.group_index.desc())
+    )
+    if status is not None:
+        query = query.where(EpisodeGroup.status == status)
+    if after is not None:
+        query = query.where(EpisodeGroup.group_index < after[0])
+    rows = [dict(row._mapping) for row in session.execute(query.limit(limit + 1))]
+    kept, next_cursor = page(rows, limit=limit, key=lambda row: [row["group_index"]])
+    stats = _reward_stats(session, [row["id"] for row in kept])
+    return [_with_stats(row, stats.get(row["id"])) for row in kept], next_cursor
+
+
+def advantages(rewards: list[float | None]) -> list[float | None]:
+    """Group-relative advantages: (r − mean) / (std + eps) over the rewarded rollouts; None where unrewarded."""
+    scored = [r for r in rewards if r is not None]
+    if not scored:
+        return [None for _ in rewards]
+    mean = sum(scored) / len(scored)
+    std = math.sqrt(sum((r - mean) ** 2 for r in scored) / len(scored))
+    return [None if r is None else (r - mean) / (std + ADVANTAGE_EPS) for r in rewards]
+
+
+def _previews(session: Session, *, run_id: int, episode_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
+    query = (
+        select(Turn.episode_id, Turn.index, func.left(Turn.completion_text, PREVIEW_CHARS).label("text"),
+               Turn.tool_call["name"].astext.label("tool"), Turn.exit_code, Turn.truncated,
+               func.md5(Turn.completion_text).label("digest"))
+        .where(Turn.run_id == run_id, Turn.episode_id.in_(episode_ids)).order_by(Turn.episode_id, Turn.index)
+    )
+    previews: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for row in session.execute(query):
+        previews[row.episode_id].append(dict(row._mapping))
+    return previews
+
+
+def divergence_turn(turns_by_episode: list[list[dict[str, Any]]]) -> int | None:
+    """The first turn index where the completions differ or a rollout has ended; None if all agree."""
+    if len(turns_by_episode) < 2:
+        return None
+    longest = max(len(turns) for turns in turns_by_episode)
+    for index in range(longest):
+        digests = {turns[index]["digest"] if index < len(turns) else None for turns in turns_by_episode}
+        if len(digests) > 1:
+            return index
+    return None
+
+
+def show_group(session: Session, *, group_id: int) -> dict[str, Any]:
+    query = (
+        select(*GROUP_COLUMNS, Task.external_id.label("task_external_id"))
+        .join(Environment, Environment.id == EpisodeGroup.environment_id).join(Task, Task.id == EpisodeGroup.task_id)
+        .where(EpisodeGroup.id == group_id)
+    )
+    found = session.execute(query).one_or_none()
+    if found is None:
+        raise NotFound(f"no group with id {group_id}; GET /v1/runs/{{run_id}}/groups lists a run's groups")
+    group = dict(found._mapping)
+    episodes, _ = list_episodes(session, filters=EpisodeFilters(group_id=group_id), cursor=None, limit=1024)
+    episodes.sort(key=lambda episode: episode["sample_index"])
+    previews = _previews(session, run_id=group["run_id"], episode_ids=[e["id"] for e in episodes])
+    turns = [previews.get(e["id"], []) for e in episodes]
+    rollouts = [{**episode, "advantage": advantage, "turns": turn_list} for episode, advantage, turn_list in
+                zip(episodes, advantages([e["reward"] for e in episodes]), turns, strict=True)]
+    stats = _reward_stats(session, [group_id]).get(group_id)
+    return {**_with_stats(group, stats), "divergence_turn": divergence_turn(turns), "rollouts": rollouts}

@@ -1,0 +1,80 @@
+"""The run page's operational charts in ONE pass (GROUPING SETS) over the ended episodes of the run's
+latest WINDOW_GROUPS groups: the staleness histogram, episodes and tokens finished per minute, and
+where the time goes. A window, not the whole run: these describe how the run is doing now, and the
+cost stays flat however long the run gets (the groups come from the (run_id, group_index) index, their
+episodes from the group_id index)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import BigInteger, and_, any_, cast, func, select, tuple_
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.orm import Session
+
+from api.services.run_charts import THROUGHPUT_WINDOW, analytics_memory, json_keys, number
+from api.services.runs import get
+from core.models import Episode, EpisodeGroup, TrainingStep
+
+WINDOW_GROUPS = 2048
+SKIPPED_TIMINGS = ("total",)
+"""Episode timing keys that are sums of the others."""
+
+
+def _training_time(session: Session, *, run_id: int) -> dict[str, float]:
+    """Seconds per `timing_s/<stage>` metric summed over the run's training steps (one row per step)."""
+    totals: dict[str, float] = {}
+    for metrics in session.execute(select(TrainingStep.metrics).where(TrainingStep.run_id == run_id)).scalars():
+        for key, value in metrics.items():
+            if key.startswith("timing_s/") and isinstance(value, int | float) and not isinstance(value, bool):
+                name = f"training/{key.removeprefix('timing_s/')}"
+                totals[name] = totals.get(name, 0.0) + float(value)
+    return totals
+
+
+def window(session: Session, *, run_id: int) -> list[int]:
+    """Ids of the run's latest WINDOW_GROUPS groups."""
+    query = (select(EpisodeGroup.id).where(EpisodeGroup.run_id == run_id)
+             .order_by(EpisodeGroup.group_index.desc()).limit(WINDOW_GROUPS))
+    return list(session.execute(query).scalars())
+
+
+def _ended_rows(run_id: int, *, group_ids: list[int], current_version: int, keys: list[str]) -> Any:
+    """Each ended episode of the window reduced to its staleness, finish minute, tokens and timing seconds."""
+    trainer_version = func.coalesce(TrainingStep.policy_version, current_version)
+    return (
+        select(func.greatest(trainer_version - Episode.policy_version, 0).label("lag"),
+               func.date_trunc("minute", Episode.finished_at).label("minute"), Episode.num_tokens.label("tokens"),
+               *[number(Episode.timings, key).label(f"t{i}") for i, key in enumerate(keys)])
+        .select_from(Episode).join(EpisodeGroup, EpisodeGroup.id == Episode.group_id)
+        .outerjoin(TrainingStep, and_(TrainingStep.run_id == run_id, TrainingStep.step == EpisodeGroup.consumed_step))
+        .where(Episode.run_id == run_id, Episode.group_id == any_(cast(group_ids, ARRAY(BigInteger))),
+               Episode.termination_reason.is_not(None))
+        .subquery("ended")
+    )
+
+
+def stats(session: Session, *, run_id: int) -> dict[str, Any]:
+    run = get(session, run_id=run_id)
+    keys = [key for key in json_keys(session, run_id=run_id, column="timings") if key not in SKIPPED_TIMINGS]
+    rows = _ended_rows(run_id, group_ids=window(session, run_id=run_id), current_version=run.policy_version, keys=keys)
+    lag, minute = rows.c.lag, rows.c.minute
+    query = select(
+        lag, minute, func.grouping(lag, minute), func.count(), func.coalesce(func.sum(rows.c.tokens), 0),
+        *[func.sum(rows.c[f"t{i}"]) for i in range(len(keys))],
+    ).group_by(func.grouping_sets(tuple_(lag), tuple_(minute), tuple_()))
+    analytics_memory(session)
+    staleness, throughput, time_split = [], [], {}
+    for lag_value, at, level, count, tokens, *seconds in session.execute(query):
+        if level == 1 and lag_value is not None:  # grouped by lag
+            staleness.append({"staleness": int(lag_value), "episodes": count})
+        elif level == 2 and at is not None:  # grouped by minute
+            throughput.append({"minute": at, "episodes": count, "tokens": int(tokens)})
+        elif level == 3:  # every ended episode
+            time_split = {key: float(value) for key, value in zip(keys, seconds, strict=True) if value is not None}
+    throughput.sort(key=lambda point: point["minute"])
+    if throughput:
+        start = throughput[-1]["minute"] - THROUGHPUT_WINDOW
+        throughput = [point for point in throughput if point["minute"] >= start]
+    return {"staleness": sorted(staleness, key=lambda b: b["staleness"]), "throughput": throughput,
+            "time_split": {**time_split, **_training_time(session, run_id=run_id)}}

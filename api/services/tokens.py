@@ -1,0 +1,83 @@
+"""API tokens: create (shown once), list, revoke, authenticate. Only a SHA-256 hash is stored."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from core.errors import ConfigError, CrucibleError, NotFound
+from core.models import ApiToken
+
+TOKEN_PREFIX = "cru_"
+SHOWN_PREFIX_LENGTH = 10
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+"""`last_used_at` is written at most once a minute per token, so reads stay reads."""
+
+
+class Unauthorized(CrucibleError):
+    """No token, an unknown token or a revoked one."""
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def create_token(session: Session, *, name: str) -> tuple[ApiToken, str]:
+    """A new token named `name`; returns the row and the token itself (never stored)."""
+    name = name.strip()
+    if not name or len(name) > 128:
+        raise ConfigError(f"name: expected 1 to 128 characters, got {name!r}")
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    row = ApiToken(name=name, token_hash=hash_token(token), prefix=token[:SHOWN_PREFIX_LENGTH])
+    session.add(row)
+    session.flush()
+    return row, token
+
+
+def list_tokens(session: Session, *, include_revoked: bool = True) -> list[ApiToken]:
+    query = select(ApiToken).order_by(ApiToken.id)
+    if not include_revoked:
+        query = query.where(ApiToken.revoked_at.is_(None))
+    return list(session.execute(query).scalars())
+
+
+def revoke_token(session: Session, *, ref: str) -> ApiToken:
+    """Revoke by id, name or shown prefix. Idempotent; a name shared by live tokens is ambiguous."""
+    query = select(ApiToken)
+    if ref.isdigit():
+        query = query.where(ApiToken.id == int(ref))
+    else:
+        query = query.where((ApiToken.name == ref) | (ApiToken.prefix == ref))
+    rows = list(session.execute(query.order_by(ApiToken.id)).scalars())
+    live = [row for row in rows if row.revoked_at is None]
+    if not rows:
+        raise NotFound(f"no token with id, name or prefix {ref!r}; `crucible token ls` lists them")
+    if len(live) > 1:
+        ids = ", ".join(str(row.id) for row in live)
+        raise ConfigError(f"{ref!r} names {len(live)} live tokens (ids {ids}); expected one, revoke by id")
+    row = live[0] if live else rows[0]
+    if row.revoked_at is None:
+        row.revoked_at = datetime.now(UTC)
+        session.flush()
+    return row
+
+
+def authenticate(session: Session, *, token: str | None) -> ApiToken:
+    """The live token row for `token`; Unauthorized with the reason otherwise."""
+    if not token:
+        raise Unauthorized("expected an `Authorization: Bearer <token>` header, got none; "
+                           "create a token with `crucible token create NAME`")
+    row = session.execute(select(ApiToken).where(ApiToken.token_hash == hash_token(token))).scalar_one_or_none()
+    if row is None:
+        raise Unauthorized(f"expected a valid API token, got an unknown one ({token[:SHOWN_PREFIX_LENGTH]!r}…)")
+    if row.revoked_at is not None:
+        raise Unauthorized(f"token {row.prefix!r}… ({row.name}) was revoked at {row.revoked_at:%Y-%m-%d %H:%M} UTC")
+    now = datetime.now(UTC)
+    if row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION:
+        session.execute(update(ApiToken).where(ApiToken.id == row.id).values(last_used_at=now))
+        row.last_used_at = now
+    return row

@@ -1,0 +1,159 @@
+"""Benchmark the API on a store of a million turns: the run page's data endpoints and filtered episode
+lists, p50/p95 over repeated requests through a uvicorn server on loopback. Target: < 300 ms each.
+
+    .venv/bin/python bench/api.py                       # seeds its own database once, then measures
+    .venv/bin/python bench/api.py --turns 100000 --repeat 10
+
+The database `crucible_bench_api_<turns>` is created on CRUCIBLE_BENCH_DATABASE_URL (else
+CRUCIBLE_TEST_DATABASE_URL, else postgresql://postgres@127.0.0.1:5432/postgres) and seeded with
+scripts/seed_store.py unless it already holds that store; it is kept for the next run. Prints ONE
+JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+from sqlalchemy.engine import make_url
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scripts.seed_store import StoreShape, seed
+
+TARGET_MS = 300.0
+DEFAULT_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def _dsn(url: str, database: str | None = None) -> str:
+    parsed = make_url(url).set(drivername="postgresql")
+    return (parsed.set(database=database) if database else parsed).render_as_string(hide_password=False)
+
+
+def prepare_store(turns: int) -> tuple[str, dict[str, Any]]:
+    """The bench database URL, seeded with `turns` turns (reused when it already is)."""
+    admin = os.environ.get("CRUCIBLE_BENCH_DATABASE_URL") or os.environ.get("CRUCIBLE_TEST_DATABASE_URL") or DEFAULT_ADMIN
+    name = f"crucible_bench_api_{turns}"
+    url = _dsn(admin, name)
+    with psycopg.connect(_dsn(admin), autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is not None
+    if exists:
+        with psycopg.connect(url) as conn:
+            held = conn.execute("SELECT count(*) FROM turns").fetchone()[0]
+        if held == turns:
+            return url, {"seeded_now": False, "turns": held}
+        with psycopg.connect(_dsn(admin), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    from core import migrate
+
+    with psycopg.connect(_dsn(admin), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    migrate.upgrade("head", url=make_url(url).set(drivername="postgresql+psycopg").render_as_string(hide_password=False))
+    return url, {"seeded_now": True, **seed(url, StoreShape(turns=turns), log=False)}
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def serve(url: str) -> tuple[str, Any]:
+    """The API on a loopback port in this process, pointed at `url`; returns its base URL and server."""
+    import uvicorn
+
+    os.environ["CRUCIBLE_DATABASE_URL"] = url
+    from core.settings import get_settings
+
+    get_settings.cache_clear()
+    from api.main import create_app
+
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning",
+                                           lifespan="off"))
+    threading.Thread(target=server.run, daemon=True).start()
+    while not server.started:
+        time.sleep(0.05)
+    return f"http://127.0.0.1:{port}", server
+
+
+def _token() -> str:
+    from api.services.tokens import create_token
+    from core.db import session_scope
+
+    with session_scope() as session:
+        return create_token(session, name="bench")[1]
+
+
+def _targets(http: httpx.Client) -> dict[str, str]:
+    """The requests to time: the latest running run's page data and episode lists over it."""
+    run = http.get("/v1/runs", params={"status": "running", "limit": 1}).json()["data"][0]["id"]
+    episodes = http.get("/v1/episodes", params={"run_id": run, "status": "completed", "limit": 1}).json()["data"]
+    episode, group = episodes[0]["id"], episodes[0]["group_id"]
+    second_page = http.get("/v1/episodes", params={"run_id": run, "limit": 50}).json()["next_cursor"]
+    environment = http.get(f"/v1/runs/{run}").json()["environments"][-1]["name"]
+    return {
+        "run show (summary counts)": f"/v1/runs/{run}",
+        "run metrics (steps + per-step aggregates)": f"/v1/runs/{run}/metrics",
+        "run stats (staleness, throughput, time split)": f"/v1/runs/{run}/stats",
+        "run groups (latest 12)": f"/v1/runs/{run}/groups?limit=12",
+        "run episodes (latest 12)": f"/v1/episodes?run_id={run}&limit=12",
+        "episodes: run + termination + reward range": f"/v1/episodes?run_id={run}&termination_reason=max_turns"
+                                                      "&min_reward=0&max_reward=0.5&limit=50",
+        "episodes: environment + status + version": f"/v1/episodes?environment={environment}&status=completed&policy_version=3",
+        "episodes: second page by cursor": f"/v1/episodes?run_id={run}&limit=50&cursor={second_page}",
+        "episodes: search rare word in turns": f"/v1/episodes?run_id={run}&q=segfault&limit=50",
+        "episodes: search common phrase in turns": f'/v1/episodes?run_id={run}&q="edit calc.py"&limit=50',
+        "episodes: search, no run filter": "/v1/episodes?q=traceback%20-timed&limit=50",
+        "group show (G rollouts + advantages)": f"/v1/groups/{group}",
+        "episode show (turns, no tokens)": f"/v1/episodes/{episode}",
+        "turn tokens": f"/v1/episodes/{episode}/turns/0/tokens",
+        "dashboard page /runs/{id} (HTML, all of the run data)": f"/runs/{run}",
+    }
+
+
+def measure(http: httpx.Client, path: str, *, repeat: int) -> dict[str, float]:
+    """p50/p95 of `repeat` requests after two warm-ups; `first_ms` is the very first (cold) request."""
+    started = time.perf_counter()
+    http.get(path).raise_for_status()
+    first = (time.perf_counter() - started) * 1000
+    http.get(path).raise_for_status()
+    samples = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        http.get(path).raise_for_status()
+        samples.append((time.perf_counter() - started) * 1000)
+    samples.sort()
+    p95 = samples[min(len(samples) - 1, round(0.95 * (len(samples) - 1)))]
+    return {"p50_ms": round(statistics.median(samples), 1), "p95_ms": round(p95, 1), "first_ms": round(first, 1),
+            "n": repeat}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--turns", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=30)
+    args = parser.parse_args()
+    url, store = prepare_store(args.turns)
+    base, server = serve(url)
+    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {_token()}"}, timeout=60) as http:
+        results = {name: measure(http, path, repeat=args.repeat) for name, path in _targets(http).items()}
+    server.should_exit = True
+    json_requests = {name: r for name, r in results.items() if not name.startswith("dashboard")}
+    report = {"store": {"database": make_url(url).database, **store}, "target_ms": TARGET_MS, "requests": results,
+              "all_json_p95_under_target": all(r["p95_ms"] < TARGET_MS for r in json_requests.values())}
+    sys.stdout.write(json.dumps(report) + "\n")
+
+
+if __name__ == "__main__":
+    main()

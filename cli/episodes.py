@@ -1,0 +1,89 @@
+"""`crucible episodes ls|show`: episodes over the REST API (filters and full-text search run on the server)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from cli.api_client import api_client
+from cli.console import OutputFormat, OutputOption, console, print_json, readable_errors
+
+app = typer.Typer(help="Episodes: list with filters and search, show one with its turns.", no_args_is_help=True)
+
+
+def _reward(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
+@app.command("ls")
+def ls(
+    run: int | None = typer.Option(None, "--run", "-r", help="Run id."),
+    environment: str | None = typer.Option(None, "--env", "-e", help="Environment name."),
+    status: str | None = typer.Option(None, help="pending, running, completed, failed or cancelled."),
+    reason: str | None = typer.Option(None, "--reason", help="Termination reason (submitted, max_turns…)."),
+    min_reward: float | None = typer.Option(None, help="Only rewards ≥ this."),
+    max_reward: float | None = typer.Option(None, help="Only rewards ≤ this."),
+    version: int | None = typer.Option(None, "--version", help="Policy version that generated the episode."),
+    group: int | None = typer.Option(None, "--group", "-g", help="Episode group id."),
+    search: str | None = typer.Option(None, "--search", "-q", help='Full-text search in turns: words, "a phrase", -not.'),
+    limit: int = typer.Option(20, min=1, max=500, help="Rows per page."),
+    cursor: str | None = typer.Option(None, help="Continue after a previous page (its next cursor)."),
+    output: OutputFormat = OutputOption,
+) -> None:
+    """Episode summaries, newest first."""
+    params = {"run_id": run, "environment": environment, "status": status, "termination_reason": reason,
+              "min_reward": min_reward, "max_reward": max_reward, "policy_version": version, "group_id": group,
+              "q": search, "limit": limit, "cursor": cursor}
+    with readable_errors():
+        page = api_client().get("/v1/episodes", params=params)
+    if output is OutputFormat.json:
+        print_json(page)
+        return
+    table = Table("id", "run", "group·sample", "env", "status", "termination", "reward", "version", "turns", "tokens")
+    for e in page["data"]:
+        table.add_row(str(e["id"]), str(e["run_id"]), f"{e['group_id']}·{e['sample_index']}", e["environment"],
+                      e["status"], e["termination_reason"] or "–", _reward(e["reward"]),
+                      "–" if e["policy_version"] is None else str(e["policy_version"]), str(e["num_turns"]),
+                      str(e["num_tokens"]))
+    console.print(table)
+    if page["next_cursor"]:
+        console.print(f"more: --cursor {page['next_cursor']}", style="dim", highlight=False)
+
+
+def _print_turn(turn: dict[str, Any]) -> None:
+    console.print(f"[bold]turn {turn['index']}[/] · {turn['num_tokens']} tokens · {turn['finish_reason'] or '–'}")
+    console.print(Text(turn["completion_text"]))
+    call = turn["tool_call"]
+    if call:
+        exit_code = turn["exit_code"]
+        style = "red" if exit_code not in (None, 0) else "green"
+        truncated = f" · truncated {turn['truncated_bytes']} bytes" if turn["truncated"] else ""
+        console.print(Text(f"  → {call.get('name')} {call.get('arguments')}", style="cyan"))
+        console.print(Text(f"  exit {exit_code} · {turn['duration_s']} s{truncated}", style=style))
+    if turn["observation"]:
+        console.print(Text("  " + turn["observation"].replace("\n", "\n  "), style="dim"))
+
+
+@app.command("show")
+def show(
+    episode_id: int = typer.Argument(..., help="Episode id."),
+    tokens: bool = typer.Option(False, "--tokens", help="Include token ids, logprobs and loss masks (json)."),
+    output: OutputFormat = OutputOption,
+) -> None:
+    """One episode: outcome, reward components, verifier layers and every turn."""
+    with readable_errors():
+        episode = api_client().get(f"/v1/episodes/{episode_id}", params={"tokens": str(tokens).lower()})
+    if output is OutputFormat.json:
+        print_json(episode)
+        return
+    console.print(f"[bold]episode {episode['id']}[/] · run {episode['run_id']} · group {episode['group_id']} "
+                  f"sample {episode['sample_index']} · {episode['environment']} · task {episode['task_external_id']}")
+    console.print(f"{episode['status']} · {episode['termination_reason'] or '–'} · reward {_reward(episode['reward'])} "
+                  f"{episode['reward_components']}")
+    for layer in episode["verifier_layers"]:
+        console.print(f"  verifier {layer.get('name')}: {layer.get('score')} passed={layer.get('passed')}")
+    for turn in episode["turns"]:
+        _print_turn(turn)

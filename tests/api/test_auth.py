@@ -1,0 +1,137 @@
+"""Without a live token nothing but /healthz answers: every route in app.routes is walked."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from api.deps import COOKIE_NAME
+from api.services.tokens import create_token, revoke_token
+from core.models import ApiToken
+from tests.api.trajectories import SeededRun
+
+PUBLIC = {("GET", "/healthz")}
+SAMPLE_PARAMS = {"name": "code-fix", "sandbox_id": "sb-00010"}
+
+
+def _requests(app: FastAPI) -> list[tuple[str, str]]:
+    """(method, concrete path) for every route and method the app serves."""
+    found = []
+    for route in app.routes:
+        assert isinstance(route, APIRoute), f"unexpected route type {type(route).__name__} at {route.path}"
+        path = re.sub(r"\{(\w+)\}", lambda m: SAMPLE_PARAMS.get(m.group(1), "1"), route.path)
+        found.extend((method, path) for method in sorted(route.methods) if method != "HEAD")
+    return found
+
+
+def _assert_all_refused(client: TestClient, app: FastAPI) -> int:
+    refused = 0
+    for method, path in _requests(app):
+        response = client.request(method, path)
+        if (method, path) in PUBLIC:
+            assert response.status_code == 200, path
+            continue
+        assert response.status_code == 401, f"{method} {path} answered {response.status_code}"
+        if response.headers["content-type"].startswith("application/json"):
+            assert response.json()["error"]["code"] == "unauthorized"
+        else:
+            assert 'name="token"' in response.text  # a page: the login form, with its 401
+        refused += 1
+    return refused
+
+
+def test_every_route_but_healthz_refuses_a_request_without_a_token(
+    anonymous: TestClient, app: FastAPI, seeded: SeededRun
+) -> None:
+    assert _assert_all_refused(anonymous, app) >= 30
+
+
+def test_every_route_refuses_a_revoked_token_by_header_and_by_cookie(
+    app: FastAPI, db_session: Session, seeded: SeededRun
+) -> None:
+    row, token = create_token(db_session, name="soon revoked")
+    revoke_token(db_session, ref=str(row.id))
+    db_session.commit()
+    with TestClient(app, headers={"Authorization": f"Bearer {token}"}) as by_header:
+        _assert_all_refused(by_header, app)
+    with TestClient(app, cookies={COOKIE_NAME: token}) as by_cookie:
+        _assert_all_refused(by_cookie, app)
+    with TestClient(app) as with_query:
+        response = with_query.get(f"/runs/{seeded.run_id}?token={token}", follow_redirects=False)
+        assert response.status_code == 401
+
+
+def test_revocation_takes_effect_on_the_next_request(client: TestClient, db_session: Session, token: str) -> None:
+    assert client.get("/v1/runs").status_code == 200
+    revoke_token(db_session, ref="tests")
+    db_session.commit()
+    response = client.get("/v1/runs")
+    assert response.status_code == 401
+    assert "was revoked" in response.json()["error"]["message"]
+
+
+def test_healthz_needs_no_token(anonymous: TestClient) -> None:
+    response = anonymous.get("/healthz")
+    assert response.status_code == 200 and response.json()["status"] == "ok"
+
+
+def test_only_a_sha256_hash_is_stored(db_session: Session, token: str) -> None:
+    stored = db_session.execute(select(ApiToken.token_hash, ApiToken.prefix)).one()
+    assert token not in stored.token_hash and len(stored.token_hash) == 64
+    assert token.startswith(stored.prefix) and len(stored.prefix) < len(token)
+
+
+def test_a_malformed_authorization_header_says_what_was_expected(anonymous: TestClient) -> None:
+    response = anonymous.get("/v1/runs", headers={"Authorization": "Basic dXNlcjpwdw=="})
+    assert response.status_code == 401
+    assert response.json()["error"]["message"] == "expected `Authorization: Bearer <token>`, got a 'Basic' header"
+    assert response.headers["www-authenticate"] == "Bearer"
+
+
+def test_the_cookie_authorizes_reads_but_not_writes(app: FastAPI, token: str, seeded: SeededRun) -> None:
+    with TestClient(app, cookies={COOKIE_NAME: token}) as browser:
+        assert browser.get(f"/v1/runs/{seeded.run_id}").status_code == 200
+        assert browser.post(f"/v1/runs/{seeded.run_id}/stop").status_code == 401  # no cross-site writes
+
+
+def test_login_sets_an_http_only_strict_cookie_and_redirects_to_next(anonymous: TestClient, token: str) -> None:
+    form = anonymous.get("/login?next=/episodes")
+    assert form.status_code == 401 and 'value="/episodes"' in form.text
+    response = anonymous.post("/login", data={"token": token, "next": "/episodes"}, follow_redirects=False)
+    assert response.status_code == 303 and response.headers["location"] == "/episodes"
+    cookie = response.headers["set-cookie"]
+    assert f"{COOKIE_NAME}={token}" in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie
+    assert anonymous.get("/episodes").status_code == 200  # the client kept the cookie
+
+
+@pytest.mark.parametrize("next_url", ["//evil.example/x", "https://evil.example/", "\\\\evil", "runs"])
+def test_login_never_redirects_off_the_server(anonymous: TestClient, token: str, next_url: str) -> None:
+    response = anonymous.post("/login", data={"token": token, "next": next_url}, follow_redirects=False)
+    assert response.headers["location"] == "/"
+
+
+def test_a_wrong_token_in_the_login_form_is_a_401_with_the_reason(anonymous: TestClient, db_session: Session) -> None:
+    response = anonymous.post("/login", data={"token": "cru_nope", "next": "/"})
+    assert response.status_code == 401
+    assert "expected a valid API token, got an unknown one" in response.text
+
+
+def test_a_token_in_the_query_moves_into_the_cookie_and_out_of_the_url(
+    anonymous: TestClient, token: str, seeded: SeededRun
+) -> None:
+    response = anonymous.get(f"/runs/{seeded.run_id}?token={token}&x=1", follow_redirects=False)
+    assert response.status_code == 303 and response.headers["location"] == f"/runs/{seeded.run_id}?x=1"
+    assert f"{COOKIE_NAME}={token}" in response.headers["set-cookie"]
+
+
+def test_logout_clears_the_cookie(app: FastAPI, token: str) -> None:
+    with TestClient(app, cookies={COOKIE_NAME: token}) as browser:
+        response = browser.get("/logout", follow_redirects=False)
+        assert response.status_code == 303 and response.headers["location"] == "/login"
+        assert f'{COOKIE_NAME}=""' in response.headers["set-cookie"]

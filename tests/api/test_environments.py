@@ -1,0 +1,49 @@
+"""`/v1/environments`: register specs (versioned by content), list the latest, show, versions."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
+SPEC = {"name": "calc", "kind": "code_repo", "description": "fix calc.py", "limits": {"max_turns": 8}}
+
+
+def test_register_is_idempotent_and_a_change_is_a_new_version(client: TestClient) -> None:
+    first = client.post("/v1/environments", json=SPEC)
+    assert first.status_code == 201 and first.json()["created"] is True and first.json()["version"] == 1
+    again = client.post("/v1/environments", json=SPEC)
+    assert again.status_code == 200 and again.json()["created"] is False and again.json()["version"] == 1
+    changed = client.post("/v1/environments", json={**SPEC, "limits": {"max_turns": 9}})
+    assert changed.status_code == 201 and changed.json()["version"] == 2
+    assert changed.json()["spec"]["limits"]["max_turns"] == 9
+
+    assert client.get("/v1/environments/calc").json()["version"] == 2
+    assert client.get("/v1/environments/calc?version=1").json()["spec"]["limits"]["max_turns"] == 8
+    versions = client.get("/v1/environments/calc/versions").json()
+    assert [row["version"] for row in versions["data"]] == [2, 1] and versions["next_cursor"] is None
+
+
+def test_an_invalid_spec_says_which_field(client: TestClient) -> None:
+    response = client.post("/v1/environments", json={"name": "calc", "kind": "nope"})
+    assert response.status_code == 422
+    assert "kind: expected one of code_repo" in response.json()["error"]["message"]
+    response = client.post("/v1/environments", json={"name": "calc", "kind": "code_repo", "limits": {"max_turns": 0}})
+    assert "limits.max_turns: Input should be greater than or equal to 1, got 0" in response.json()["error"]["message"]
+
+
+def test_list_shows_the_latest_of_each_name_paged_by_name(client: TestClient) -> None:
+    for name in ("alpha", "beta", "gamma"):
+        client.post("/v1/environments", json={**SPEC, "name": name})
+    client.post("/v1/environments", json={**SPEC, "name": "beta", "description": "v2"})
+    first = client.get("/v1/environments?limit=2").json()
+    assert [(row["name"], row["version"]) for row in first["data"]] == [("alpha", 1), ("beta", 2)]
+    second = client.get(f"/v1/environments?limit=2&cursor={first['next_cursor']}").json()
+    assert [row["name"] for row in second["data"]] == ["gamma"] and second["next_cursor"] is None
+    assert "spec" not in first["data"][0]  # summaries in lists
+
+
+def test_unknown_names_and_versions_are_404(client: TestClient) -> None:
+    assert client.get("/v1/environments/ghost").status_code == 404
+    client.post("/v1/environments", json=SPEC)
+    response = client.get("/v1/environments/calc?version=7")
+    assert response.status_code == 404 and "no version 7 of environment named 'calc'" in response.json()["error"]["message"]
+    assert client.get("/v1/environments/ghost/versions").status_code == 404

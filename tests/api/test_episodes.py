@@ -1,0 +1,88 @@
+"""`/v1/episodes`: filtered summaries (never token arrays), full-text search, keyset pages, one episode."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import update
+from sqlalchemy.orm import Session
+
+from core.models import Run
+from tests.api.trajectories import SeededRun
+
+
+def _ids(client: TestClient, **params: object) -> list[int]:
+    response = client.get("/v1/episodes", params={"limit": 500, **params})
+    assert response.status_code == 200, response.text
+    return [row["id"] for row in response.json()["data"]]
+
+
+def test_summaries_carry_no_turns_or_tokens(client: TestClient, seeded: SeededRun) -> None:
+    row = client.get("/v1/episodes?limit=1").json()["data"][0]
+    assert not {"turns", "token_ids", "logprobs", "final_diff", "verifier_layers"} & set(row)
+    assert row["environment"] in ("code-fix", "web-nav")
+
+
+@pytest.mark.parametrize(("params", "expected"), [
+    ({"status": "running"}, 2),
+    ({"termination_reason": "submitted"}, 3),
+    ({"environment": "web-nav"}, 4),
+    ({"min_reward": 0.5}, 3),
+    ({"min_reward": 0.1, "max_reward": 0.9}, 1),
+    ({"policy_version": 1}, 4),
+    ({"q": "segfault"}, 1),
+    ({"q": "pytest"}, 10),
+    ({"q": '"edit file"'}, 3),
+    ({"q": "tests"}, 6),
+    ({"q": "tests -error"}, 0),  # per turn: every "run tests" turn saw "error in parser"
+    ({"q": "nowhere"}, 0),
+    ({"termination_reason": "max_turns", "environment": "code-fix"}, 2),
+])
+def test_filters(client: TestClient, seeded: SeededRun, params: dict[str, object], expected: int) -> None:
+    assert len(_ids(client, run_id=seeded.run_id, **params)) == expected
+
+
+def test_group_filter_and_newest_first(client: TestClient, seeded: SeededRun) -> None:
+    assert _ids(client, group_id=seeded.group_ids[0]) == sorted(seeded.episode_ids[0], reverse=True)
+
+
+def test_keyset_pages_cover_every_episode_once(client: TestClient, seeded: SeededRun) -> None:
+    seen, cursor = [], None
+    while True:
+        page = client.get("/v1/episodes", params={"limit": 5, **({"cursor": cursor} if cursor else {})}).json()
+        seen += [row["id"] for row in page["data"]]
+        if not (cursor := page["next_cursor"]):
+            break
+    assert seen == sorted({i for group in seeded.episode_ids for i in group}, reverse=True)
+
+
+def test_show_has_turns_and_tokens_only_on_request(client: TestClient, seeded: SeededRun) -> None:
+    episode_id = seeded.episode_ids[0][1]
+    episode = client.get(f"/v1/episodes/{episode_id}").json()
+    assert (episode["task_external_id"], episode["termination_reason"]) == ("code-fix-task", "max_turns")
+    assert [layer["name"] for layer in episode["verifier_layers"]] == ["format", "hidden_tests"]
+    assert episode["final_diff"].startswith("--- a/calc.py")
+    turns = episode["turns"]
+    assert [t["completion_text"] for t in turns] == ["run pytest", "run tests", "run tests"]
+    assert turns[1]["exit_code"] == 1 and turns[1]["truncated"] and turns[1]["truncated_bytes"] == 512
+    assert turns[1]["tool_call"] == {"name": "run", "arguments": {"command": "run 1"}}
+    assert [t["num_tokens"] for t in turns] == [5, 3, 3] and all(t["tokens"] is None for t in turns)
+
+    with_tokens = client.get(f"/v1/episodes/{episode_id}?tokens=true").json()["turns"][0]["tokens"]
+    assert with_tokens == {"token_ids": [2, 3, 4, 5, 6], "logprobs": [0.0, 0.0, 0.0, -0.1, -0.2],
+                           "loss_mask": [0, 0, 0, 1, 1], "pieces": ["fix", "the", "bug", "run", "pytest"]}
+    assert client.get(f"/v1/episodes/{episode_id}/turns/0/tokens").json() == with_tokens
+
+
+def test_tokens_are_ids_only_when_the_model_has_no_tokenizer(
+    client: TestClient, db_session: Session, seeded: SeededRun
+) -> None:
+    db_session.execute(update(Run).values(model="served-name-without-a-directory"))
+    db_session.commit()
+    tokens = client.get(f"/v1/episodes/{seeded.episode_ids[0][0]}/turns/0/tokens").json()
+    assert tokens["pieces"] is None and tokens["token_ids"] == [2, 3, 4, 5, 6]
+
+
+def test_a_running_episode_has_no_turns_yet(client: TestClient, seeded: SeededRun) -> None:
+    episode = client.get(f"/v1/episodes/{seeded.episode_ids[2][3]}").json()
+    assert episode["status"] == "running" and episode["turns"] == [] and episode["reward"] is None

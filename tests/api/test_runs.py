@@ -1,0 +1,143 @@
+"""`/v1/runs`: launch from a RunConfig, list, show with summary counts, stop/resume, metrics, stats."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import update
+from sqlalchemy.orm import Session
+
+from api.services import run_stats
+from core.models import Episode, EpisodeGroup, Run
+from tests import factories
+from tests.api.trajectories import SeededRun
+
+
+def _environment_with_tasks(db_session: Session, name: str = "calc") -> None:
+    env = factories.environment(db_session, name=name)
+    factories.task(db_session, env)
+    db_session.commit()
+
+
+def test_launch_pins_versions_and_starts_pending(client: TestClient, db_session: Session) -> None:
+    _environment_with_tasks(db_session)
+    response = client.post("/v1/runs", json={"name": "r1", "model": "tiny", "environments": [{"name": "calc"}],
+                                              "group_size": 4, "mode": "sync"})
+    assert response.status_code == 201, response.text
+    run = response.json()
+    assert (run["status"], run["group_size"], run["max_staleness"]) == ("pending", 4, 0)
+    shown = client.get(f"/v1/runs/{run['id']}").json()
+    assert shown["environments"] == [{"environment_id": 1, "name": "calc", "version": 1, "weight": 1.0}]
+    assert shown["config"]["environments"] == [{"name": "calc", "version": 1, "weight": 1.0}]
+
+
+def test_launch_errors_are_422_or_409_with_the_reason(client: TestClient, db_session: Session) -> None:
+    _environment_with_tasks(db_session)
+    config = {"name": "r1", "model": "tiny", "environments": [{"name": "calc"}]}
+    assert client.post("/v1/runs", json=config).status_code == 201
+    taken = client.post("/v1/runs", json=config)
+    assert taken.status_code == 422 and "a run named 'r1' exists (id 1)" in taken.json()["error"]["message"]
+    unknown = client.post("/v1/runs", json={**config, "name": "r2", "environments": [{"name": "ghost"}]})
+    assert unknown.status_code == 422 and "environments: no environment named 'ghost'" in unknown.json()["error"]["message"]
+    empty_split = client.post("/v1/runs", json={**config, "name": "r3", "split": "test"})
+    assert empty_split.status_code == 409 and empty_split.json()["error"]["code"] == "no_eligible_task"
+
+
+def test_list_filters_and_pages_newest_first(client: TestClient, db_session: Session) -> None:
+    for n in range(3):
+        factories.run(db_session, name=f"run-{n}", status="running" if n != 1 else "stopped")
+    db_session.commit()
+    first = client.get("/v1/runs?limit=2").json()
+    assert [run["name"] for run in first["data"]] == ["run-2", "run-1"]
+    rest = client.get(f"/v1/runs?limit=2&cursor={first['next_cursor']}").json()
+    assert [run["name"] for run in rest["data"]] == ["run-0"] and rest["next_cursor"] is None
+    assert [run["name"] for run in client.get("/v1/runs?status=stopped").json()["data"]] == ["run-1"]
+
+
+def test_show_has_summary_counts(client: TestClient, seeded: SeededRun) -> None:
+    summary = client.get(f"/v1/runs/{seeded.run_id}").json()["summary"]
+    assert summary["episodes"] == {"completed": 10, "running": 2}
+    assert summary["groups"] == {"consumed": 1, "complete": 1, "running": 1}
+    assert summary["termination"] == {"submitted": 3, "max_turns": 6, "format_error": 1}
+    assert summary["reward_mean"] == 0.25  # (1 + 0.5 + 1) / 10
+    assert (summary["training_steps"], summary["latest_step"]) == (2, 2)
+    assert summary["turns"] == 29
+
+
+def test_stop_and_resume_are_idempotent_and_guarded(client: TestClient, db_session: Session, seeded: SeededRun) -> None:
+    stopped = client.post(f"/v1/runs/{seeded.run_id}/stop")
+    assert stopped.status_code == 200 and stopped.json()["status"] == "stopped"
+    assert client.post(f"/v1/runs/{seeded.run_id}/stop").json()["status"] == "stopped"
+    assert client.post(f"/v1/runs/{seeded.run_id}/resume").json()["status"] == "running"  # it had started
+    db_session.execute(update(Run).values(status="completed"))
+    db_session.commit()
+    response = client.post(f"/v1/runs/{seeded.run_id}/resume")
+    assert response.status_code == 409
+    assert response.json()["error"] == {"code": "conflict", "detail": None,
+                                        "message": f"run {seeded.run_id} is completed; only a stopped run can be resumed"}
+
+
+def test_metrics_aggregate_episodes_by_training_step(client: TestClient, seeded: SeededRun) -> None:
+    metrics = client.get(f"/v1/runs/{seeded.run_id}/metrics").json()
+    assert metrics["axis"] == "step"
+    assert [(s["step"], s["metrics"]["loss/policy"]) for s in metrics["steps"]] == [(1, 0.5), (2, 0.3)]
+    (point,) = metrics["points"]  # only the first group has been trained on (at step 1)
+    assert (point["x"], point["episodes"], point["reward_mean"], point["reward_min"], point["reward_max"]) == (1, 4, 0.375, 0, 1)
+    assert point["by_environment"] == {"code-fix": 0.375}
+    assert point["termination"] == {"submitted": 2, "max_turns": 1, "format_error": 1}
+    assert point["components"] == {"format": 0.75, "hidden_tests": 0.375}
+
+
+def test_metrics_fall_back_to_policy_versions_before_any_training(
+    client: TestClient, db_session: Session, seeded: SeededRun
+) -> None:
+    db_session.execute(update(EpisodeGroup).values(consumed_step=None))
+    db_session.commit()
+    metrics = client.get(f"/v1/runs/{seeded.run_id}/metrics").json()
+    assert metrics["axis"] == "version"
+    by_x = {p["x"]: p for p in metrics["points"]}
+    assert sorted(by_x) == [0, 1] and by_x[0]["episodes"] == 8 and by_x[1]["episodes"] == 2
+    assert by_x[0]["by_environment"] == {"code-fix": 0.375, "web-nav": 0.0}
+
+
+def test_stats_staleness_throughput_and_time_split(client: TestClient, seeded: SeededRun) -> None:
+    stats = client.get(f"/v1/runs/{seeded.run_id}/stats").json()
+    # trained at step 1 (trainer at version 1) from version 0 → 1; untrained: current version 2 − 0 or − 1
+    assert stats["staleness"] == [{"staleness": 1, "episodes": 6}, {"staleness": 2, "episodes": 4}]
+    assert [point["episodes"] for point in stats["throughput"]] == [4, 4, 2]
+    assert stats["time_split"] == {"generation": 15.0, "sandbox": 20.0, "verify": 5.0, "training/train": 5.0}
+
+
+def _consume_new_step(db_session: Session, seeded: SeededRun, *, step: int, rewards: list[float]) -> None:
+    group = EpisodeGroup(run_id=seeded.run_id, group_index=10 + step, task_id=1, environment_id=seeded.environment_ids[0],
+                         size=len(rewards), policy_version=step, status="consumed", consumed_step=step)
+    db_session.add(group)
+    db_session.flush()
+    db_session.add_all(Episode(run_id=seeded.run_id, group_id=group.id, sample_index=i, task_id=1,
+                               environment_id=seeded.environment_ids[0], status="completed", termination_reason="submitted",
+                               reward=reward, reward_components={"format": 1.0}, policy_version=step)
+                       for i, reward in enumerate(rewards))
+    db_session.commit()
+
+
+def test_points_of_final_steps_are_kept_and_only_newer_steps_are_read(
+    client: TestClient, db_session: Session, seeded: SeededRun
+) -> None:
+    def means() -> dict[int, float]:
+        return {p["x"]: p["reward_mean"] for p in client.get(f"/v1/runs/{seeded.run_id}/metrics").json()["points"]}
+
+    assert means() == {1: 0.375}
+    _consume_new_step(db_session, seeded, step=2, rewards=[1.0, 1.0])
+    assert means() == {1: 0.375, 2: 1.0}  # step 1 is final now that step 2 exists
+    db_session.execute(update(Episode).where(Episode.group_id == seeded.group_ids[0]).values(reward=0.0))
+    _consume_new_step(db_session, seeded, step=3, rewards=[0.0, 1.0])
+    assert means() == {1: 0.375, 2: 1.0, 3: 0.5}  # step 1 came from the cache; steps 2 and 3 from the store
+
+
+def test_stats_cover_a_window_of_the_latest_groups(
+    client: TestClient, seeded: SeededRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(run_stats, "WINDOW_GROUPS", 1)
+    stats = client.get(f"/v1/runs/{seeded.run_id}/stats").json()
+    assert stats["staleness"] == [{"staleness": 1, "episodes": 2}]  # the running group: 2 ended rollouts
+    assert stats["time_split"]["generation"] == 3.0
