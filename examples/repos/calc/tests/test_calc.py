@@ -1,0 +1,5 @@
+from calc import mul
+
+
+def test_mul():
+    assert mul(3, 4) == 12
