@@ -196,9 +196,23 @@ def _tail_run(*, mode: str, image: str, payload: dict[str, Any], delays: list[fl
     client = PolicyClient(base_url=url, tokenizer=tokenize)
     pool = ThreadPoolExecutor(concurrency)
 
+    def run_with_retries(episode_id: int) -> None:
+        """What the Celery task does: an infrastructure fault is recorded and the episode run again."""
+        from task_workers.episode.errors import InfrastructureFault
+        from task_workers.episode.persist import record_fault
+
+        for attempt in range(4):
+            try:
+                run_episode(episode_id, policy=client, sandboxes=sandboxes, worker=f"bench-{mode}")
+                return
+            except InfrastructureFault as fault:
+                with session_scope() as session:
+                    record_fault(session, episode_id=episode_id, reason=fault.reason, message=str(fault),
+                                 worker=f"bench-{mode}", final=attempt == 3)
+
     class LocalDispatcher:  # the worker: threads running the real episode runner
         def send_task(self, name: str, args: list[int] | None = None, **_: Any) -> None:
-            pool.submit(run_episode, args[0], policy=client, sandboxes=sandboxes, worker=f"bench-{mode}")
+            pool.submit(run_with_retries, args[0])
 
     trainer = StandInTrainer(run_id=run_id, batch_size=batch_size, bound=bound, step_s=step_s, updates=updates)
     controller = Controller(engine=get_engine(), dispatcher=LocalDispatcher(), settings=ControllerConfig(),
@@ -221,16 +235,24 @@ def _tail_run(*, mode: str, image: str, payload: dict[str, Any], delays: list[fl
         pool.shutdown(wait=True)
         sandboxes.close()
         client.close()
+    with session_scope() as session:
+        rows = session.execute(select(Episode.termination_reason, Episode.timings, Episode.failures)
+                               .where(Episode.run_id == run_id, Episode.status == "completed")).all()
+    totals = [timings["total"] for _, timings, _ in rows]
     return {"wall_s": round(wall, 3), "updates": updates, "samples_trained": updates * batch_size * group_size,
-            "max_staleness": max(trainer.staleness), "staleness_bound": bound}
+            "max_staleness": max(trainer.staleness), "staleness_bound": bound,
+            "episode_s": {"max": round(max(totals), 3), "mean": round(statistics.fmean(totals), 3)},
+            "reasons": sorted({reason for reason, _, _ in rows}), "retried": sum(bool(f) for _, _, f in rows)}
 
 
 def sync_vs_async(*, image: str, tmp: Path, concurrency: int, updates: int) -> dict[str, Any]:
-    delays = _pareto_delays(32, seed=7)
+    # As many tasks as trained groups: both modes train on the same tasks, each once.
+    delays = _pareto_delays(updates * 4, seed=7)
     scripts = {f"tail-{i}": [{"text": tool_call("bash", command="true"), "delay_s": d}, tool_call("submit")]
                for i, d in enumerate(delays)}
     payload = _task_payload(tmp)
     settings = {"concurrency": concurrency, "group_size": 2, "batch_size": 4, "updates": updates, "step_s": 2.0}
+    assert settings["batch_size"] == 4  # the task count above
     with serve_in_process(scripts) as url:
         results = {mode: _tail_run(mode=mode, image=image, payload=payload, delays=delays, url=url, **settings)
                    for mode in ("sync", "async")}
@@ -249,6 +271,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=24)
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--part", choices=["all", "orchestration", "tail"], default="all")
     parser.add_argument("--updates", type=int, default=5, help="part 2: trained batches to wait for")
     parser.add_argument("--tail-concurrency", type=int, default=8, help="part 2: episodes run at once")
     args = parser.parse_args()
@@ -261,10 +284,12 @@ def main() -> None:
     image = next(b.tag for b in build_images() if b.name == "code-repo")
     result: dict[str, Any] = {"benchmark": "episodes"}
     with scratch_database("bench_episodes"), tempfile.TemporaryDirectory() as tmp:
-        result["orchestration"] = orchestration(image=image, tmp=Path(tmp), episodes=args.episodes,
-                                                concurrency=args.concurrency, turns=args.turns)
-        result["sync_vs_async"] = sync_vs_async(image=image, tmp=Path(tmp), concurrency=args.tail_concurrency,
-                                                updates=args.updates)
+        if args.part in ("all", "orchestration"):
+            result["orchestration"] = orchestration(image=image, tmp=Path(tmp), episodes=args.episodes,
+                                                    concurrency=args.concurrency, turns=args.turns)
+        if args.part in ("all", "tail"):
+            result["sync_vs_async"] = sync_vs_async(image=image, tmp=Path(tmp), concurrency=args.tail_concurrency,
+                                                    updates=args.updates)
     print(json.dumps(result, indent=2))
 
 

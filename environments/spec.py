@@ -66,6 +66,17 @@ class EnvironmentSpec(BaseModel):
     limits: Limits = Field(default_factory=Limits)
     verifier: VerifierConfig = Field(default_factory=VerifierConfig)
     system_prompt: str | None = None
+    tool_parser: str = "hermes"
+    """How tool calls are read out of completion text (environments.parsing.PARSERS). The token-in
+    completions API that keeps prompts token-exact bypasses vLLM's own tool parsers, so the worker parses."""
+
+    @model_validator(mode="after")
+    def _parser_is_known(self) -> EnvironmentSpec:
+        from environments.parsing import PARSERS
+
+        if self.tool_parser not in PARSERS:
+            raise ValueError(f"tool_parser: expected one of {', '.join(sorted(PARSERS))}, got {self.tool_parser!r}")
+        return self
 
     @model_validator(mode="after")
     def _kind_is_registered(self) -> EnvironmentSpec:

@@ -13,12 +13,12 @@ from typing import Any
 from core.errors import CrucibleError
 from core.termination import TerminationReason
 from environments.base import EnvironmentKind, Sandbox, ToolResult
+from environments.parsing import PARSERS, MalformedToolCall
 from environments.spec import Limits
 from task_workers.episode.errors import PolicyFault, SandboxFault
 from task_workers.episode.trajectory import Trajectory, TurnRecord
 from task_workers.policy.chat import observation_text
 from task_workers.policy.client import Completion, ContextOverflow, PolicyClient, PolicyError
-from task_workers.policy.parsing import MalformedToolCall, parse_hermes
 
 NO_TOOL_CALL = "No tool call found. Call exactly one tool as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>."
 
@@ -33,6 +33,7 @@ class LoopContext:
     deadline: float  # time.monotonic() value
     temperature: float = 1.0
     top_p: float = 1.0
+    tool_parser: str = "hermes"
 
 
 def cap_text(text: str, limit: int) -> str:
@@ -66,7 +67,7 @@ def _generate(ctx: LoopContext, tokens: list[int]) -> Completion | TerminationRe
 def _act(ctx: LoopContext, completion: Completion) -> tuple[ToolResult, dict[str, Any] | None, bool]:
     """Run the completion's tool call. Returns the result, the parsed call, and whether it was a format error."""
     try:
-        call = parse_hermes(completion.text)
+        call = PARSERS[ctx.tool_parser](completion.text)
     except MalformedToolCall as error:
         return ToolResult(observation=str(error), status="error"), None, True
     if call is None:

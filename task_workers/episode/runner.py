@@ -108,7 +108,8 @@ def run_episode(
             raise SandboxFault(f"task setup failed: {error}") from error
         set_up = time.monotonic()
         ctx = LoopContext(kind=kind, task=task, sandbox=sandbox, policy=policy, limits=loaded.spec.limits,
-                          deadline=loaded.deadline, temperature=loaded.temperature, top_p=loaded.top_p)
+                          deadline=loaded.deadline, temperature=loaded.temperature, top_p=loaded.top_p,
+                          tool_parser=loaded.spec.tool_parser)
         trajectory = run_agent_loop(ctx, prompt_ids=initial_prompt(ctx, instruction=loaded.instruction))
         verdict, verify_s = _verify(kind, sandbox, task, trajectory, sandboxes, loaded)
         sandbox_id = getattr(sandbox, "id", None)

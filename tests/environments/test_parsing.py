@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from task_workers.policy.parsing import MalformedToolCall, parse_hermes
+from environments.parsing import MalformedToolCall, parse_hermes
 
 
 def test_a_well_formed_call() -> None:
