@@ -6,14 +6,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from core.errors import ConfigError
+from core.config_files import load_model_file, parse_model
 from core.models import Run
 from core.schemas import RunConfig
 
@@ -36,37 +34,13 @@ class ControllerConfig(BaseModel):
     """Most groups one run dispatches in one controller pass, so one run cannot starve the others."""
 
 
-def _describe(error: ValidationError, source: str) -> str:
-    parts = []
-    for item in error.errors():
-        where = ".".join(str(part) for part in item["loc"]) or "config"
-        message = item["msg"].removeprefix("Value error, ")
-        parts.append(f"{where}: {message} (got {item.get('input')!r})")
-    return f"{source}: " + "; ".join(parts)
-
-
 def parse_run_config(data: Any, *, source: str = "run config") -> RunConfig:
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping of fields, got {type(data).__name__}")
-    try:
-        return RunConfig.model_validate(data)
-    except ValidationError as error:
-        raise ConfigError(_describe(error, source)) from None
+    return parse_model(RunConfig, data, source=source)
 
 
 def load_run_config(path: Path) -> RunConfig:
     """Read a YAML or JSON run config; every problem is a ConfigError naming the file and the field."""
-    try:
-        text = path.read_text()
-    except OSError as error:
-        raise ConfigError(f"{path}: cannot read the run config ({error.strerror})") from None
-    is_json = path.suffix == ".json"
-    try:
-        data = json.loads(text) if is_json else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as error:
-        detail = " ".join(str(error).split())
-        raise ConfigError(f"{path}: expected valid {'JSON' if is_json else 'YAML'}: {detail}") from None
-    return parse_run_config(data, source=str(path))
+    return load_model_file(RunConfig, path, what="run config")
 
 
 def stored_run_config(run: Run) -> RunConfig:

@@ -15,10 +15,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from core.errors import ConfigError
+from core.config_files import load_model_file, parse_model
 
 
 class Limits(BaseModel):
@@ -91,32 +90,10 @@ class EnvironmentSpec(BaseModel):
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _describe(error: ValidationError, source: str) -> str:
-    parts = []
-    for item in error.errors():
-        where = ".".join(str(p) for p in item["loc"]) or "spec"
-        message = item["msg"].removeprefix("Value error, ")
-        parts.append(f"{where}: {message} (got {item.get('input')!r})")
-    return f"{source}: " + "; ".join(parts)
-
-
 def parse_spec(data: Any, *, source: str = "environment spec") -> EnvironmentSpec:
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping of fields, got {type(data).__name__}")
-    try:
-        return EnvironmentSpec.model_validate(data)
-    except ValidationError as error:
-        raise ConfigError(_describe(error, source)) from None
+    return parse_model(EnvironmentSpec, data, source=source)
 
 
 def load_spec_file(path: Path) -> EnvironmentSpec:
     """Read a YAML or JSON spec file; every problem is a ConfigError naming the file and the field."""
-    try:
-        text = path.read_text()
-    except OSError as error:
-        raise ConfigError(f"{path}: cannot read the spec file ({error.strerror})") from None
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as error:
-        raise ConfigError(f"{path}: expected valid {'JSON' if path.suffix == '.json' else 'YAML'}: {error}") from None
-    return parse_spec(data, source=str(path))
+    return load_model_file(EnvironmentSpec, path, what="spec file")
