@@ -143,6 +143,7 @@ class StandInTrainer:
     def __init__(self, *, run_id: int, batch_size: int, bound: int, step_s: float, updates: int) -> None:
         self.run_id, self.batch_size, self.bound, self.step_s, self.updates = run_id, batch_size, bound, step_s, updates
         self.staleness: list[int] = []
+        self.dropped = 0
         self.done = __import__("threading").Event()
 
     def run(self) -> None:
@@ -158,6 +159,12 @@ class StandInTrainer:
                 if len(groups) < self.batch_size:
                     session.rollback()
                     time.sleep(0.02)
+                    continue
+                stale = [g for g in groups if version - g.policy_version > self.bound]
+                for group in stale:  # as the real trainer does: never learn from samples past the bound
+                    group.status = "dropped"
+                if stale:
+                    self.dropped += len(stale)
                     continue
                 self.staleness += [version - g.policy_version for g in groups]
                 time.sleep(self.step_s)  # the optimizer step
@@ -242,7 +249,9 @@ def _tail_run(*, mode: str, image: str, payload: dict[str, Any], delays: list[fl
     return {"wall_s": round(wall, 3), "updates": updates, "samples_trained": updates * batch_size * group_size,
             "max_staleness": max(trainer.staleness), "staleness_bound": bound,
             "episode_s": {"max": round(max(totals), 3), "mean": round(statistics.fmean(totals), 3)},
-            "reasons": sorted({reason for reason, _, _ in rows}), "retried": sum(bool(f) for _, _, f in rows)}
+            "reasons": sorted({reason for reason, _, _ in rows}), "retried": sum(bool(f) for _, _, f in rows),
+            "faults": [fault["message"][-240:] for _, _, failures in rows for fault in failures],
+            "dropped_stale_groups": trainer.dropped}
 
 
 def sync_vs_async(*, image: str, tmp: Path, concurrency: int, updates: int) -> dict[str, Any]:

@@ -61,7 +61,10 @@ def allowance(*, run: Run, config: RunConfig, progress: RunProgress) -> Allowanc
     assert config.max_inflight_groups is not None  # resolved at creation
     room = {"inflight": config.max_inflight_groups - progress.inflight}
     if run.purpose == "train":  # pass-rate and eval runs are never trained on: no version bound
-        room["staleness"] = (run.policy_version + run.max_staleness + 1) * run.batch_size - progress.dispatched
+        # Groups the trainer dropped (zero variance, too stale) are replaced: they do not count against
+        # the version bound, or dynamic sampling would starve the run. They still count against the budget.
+        useful = progress.dispatched - progress.dropped
+        room["staleness"] = (run.policy_version + run.max_staleness + 1) * run.batch_size - useful
     if config.max_groups is not None:
         room["budget"] = config.max_groups - progress.dispatched
     limit = min(room, key=lambda name: room[name])

@@ -29,6 +29,10 @@ class RunProgress:
         return sum(self.groups.values())
 
     @property
+    def dropped(self) -> int:
+        return self.groups.get(GroupStatus.DROPPED, 0)
+
+    @property
     def inflight(self) -> int:
         return self.groups.get(GroupStatus.RUNNING, 0)
 

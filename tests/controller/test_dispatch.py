@@ -140,3 +140,24 @@ def test_a_failed_send_leaves_episodes_pending_and_the_reconciler_sends_them(
     reconciled = reconcile_run(db_session, run_id=run.id, dispatcher=broken, settings=settings)
     assert sorted(reconciled.resent) == sorted(broken.episode_ids) == [e.id for e in episodes]
     assert all(e.deadline_at is not None and e.attempts == 0 for e in f.episodes(db_session, run.id))
+
+
+def test_groups_the_trainer_dropped_are_replaced_within_the_version_bound(db_session, engine) -> None:
+    """Dynamic sampling drops zero-variance groups; the run must get fresh ones, not stall."""
+    from controller.config import ControllerConfig
+    from controller.dispatch import dispatch_run
+    from controller.dispatcher import RecordingDispatcher
+    from core.models import EpisodeGroup
+    from tests.controller import factories as f
+
+    env = f.environment(db_session)
+    f.tasks(db_session, env, 4)
+    run = f.launch(db_session, env, mode="async", batch_size=2, group_size=1, max_staleness=0)
+    dispatcher = RecordingDispatcher()
+    first = dispatch_run(db_session, run_id=run.id, dispatcher=dispatcher, settings=ControllerConfig())
+    assert len(first.group_ids) == 2  # (version 0 + bound 0 + 1) x batch 2
+    assert dispatch_run(db_session, run_id=run.id, dispatcher=dispatcher, settings=ControllerConfig()).group_ids == []
+    db_session.get(EpisodeGroup, first.group_ids[0]).status = "dropped"
+    db_session.commit()
+    again = dispatch_run(db_session, run_id=run.id, dispatcher=dispatcher, settings=ControllerConfig())
+    assert len(again.group_ids) == 1  # the dropped group is replaced, nothing more
