@@ -9,10 +9,11 @@ command cannot stop a builtin loop (`while :; do :; done`) without killing that 
   /dev/null and stdout+stderr to a per-step file in the capture tmpfs, then checkpoints `pwd` and
   `export -p` to files (builtins only: no fork);
 * the driver (the process docker exec started, attached to the host socket) reads framed requests,
-  hands each command to the user shell, and waits for its exit code with `read -t`. Past the
-  deadline it does what `timeout -k 2 N` does to a process group: SIGTERM the group, SIGKILL it 2 s
-  later. A killed or exited user shell is restarted from the last checkpoint (cwd and exported
-  variables survive; unexported variables and functions do not), and the reply says so.
+  hands each command to the user shell, and waits for its exit code with `read -t` (a line that a
+  read's timer split is reassembled, see __wait_rc). Past the deadline it does what `timeout -k 2 N`
+  does to a process group: SIGTERM the group, SIGKILL it 2 s later. A killed or exited user shell is
+  restarted from the last checkpoint (cwd and exported variables survive; unexported variables and
+  functions do not), and the reply says so.
 
 The user shell runs at nice 19 with a raised oom_score_adj, so the driver keeps the CPU it needs to
 enforce deadlines under a fork bomb or a spin, and the OOM killer picks agent code first.
@@ -117,15 +118,21 @@ __kill_ush() {  # what `timeout -k 2` does: TERM the whole process group, KILL i
 }
 
 __wait_rc() {  # $1 seq, $2 timeout ms -> __rc, __st
-  local deadline=$(( ${EPOCHREALTIME/./} + $2 * 1000 )) left s r
+  # `read -t` reads a pipe a byte at a time, and when its timer fires mid-line it has already consumed
+  # the bytes it read: it returns them in the variable and fails. They are kept in `part` and the line
+  # is completed by the next read; dropping them would turn "12 0" into " 0", a reply that never
+  # matches, and a finished command would then wait out its whole deadline and be reported as timeout.
+  local deadline=$(( ${EPOCHREALTIME/./} + $2 * 1000 )) left s line part=
   while :; do
     left=$(( deadline - ${EPOCHREALTIME/./} ))
     if (( left <= 0 )); then __kill_ush; __rc=124; __st=timeout; return; fi
     (( left > 250000 )) && left=250000
     printf -v s '%d.%06d' $(( left / 1000000 )) $(( left % 1000000 ))
-    if IFS=' ' read -r -t "$s" -u "$__rcr" s r; then
-      [[ $s == "$1" ]] && { __rc=$r; __st=ok; return; }
-    elif ! kill -0 "$__ush_pid" 2>/dev/null; then
+    line=
+    if IFS= read -r -t "$s" -u "$__rcr" line; then
+      line=$part$line part=
+      [[ $line == "$1 "* ]] && { __rc=${line#"$1 "}; __st=ok; return; }
+    elif part+=$line; ! kill -0 "$__ush_pid" 2>/dev/null; then
       wait "$__ush_pid" 2>/dev/null; __rc=$?; __st=exited; __ush_pid=; return
     fi
   done

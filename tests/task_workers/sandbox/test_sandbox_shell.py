@@ -91,6 +91,19 @@ def test_a_builtin_busy_loop_times_out_too(sandbox: Sandbox) -> None:
     assert sandbox.step("echo alive").stdout == "alive\n"
 
 
+def test_an_exit_code_line_split_by_the_drivers_read_timer_is_reassembled(sandbox: Sandbox) -> None:
+    # Regression: on a loaded machine the driver's `read -t` (250 ms slices) could fire after reading
+    # only the first bytes of the user shell's "<seq> <rc>" line; those bytes were dropped, the rest
+    # never matched, and a command that had finished was reported as a 120 s timeout. Here the
+    # command writes the line in two pieces with a pause longer than a slice, which forces the split.
+    # The user shell's own "<seq> 0" line follows; a driver that reassembles lines answers 42.
+    rc_fifo = '"$__crucible_ctl/rc.fifo"'
+    split = f"printf %s \"$__crucible_seq\" >{rc_fifo}; sleep 1; printf ' 42\\n' >{rc_fifo}"
+    result = sandbox.step(split, timeout=20)
+    assert (result.status, result.exit_code, result.shell_restarted) == (StepStatus.OK, 42, False)
+    assert sandbox.step("echo next").stdout == "next\n"  # the stale "<seq> 0" line is skipped
+
+
 def test_exit_starts_a_new_shell_in_the_last_directory(sandbox: Sandbox) -> None:
     sandbox.step("cd /home/agent")
     result = sandbox.step("exit 3")
