@@ -16,6 +16,7 @@ from cli.images import app as images_app
 from cli.model import app as model_app
 from cli.model import serve
 from cli.sandbox import app as sandbox_app
+from cli.trainer import trainer
 from core.settings import get_settings
 
 app = typer.Typer(
@@ -28,6 +29,7 @@ app.add_typer(environments.tasks_app, name="tasks")
 app.add_typer(model_app, name="model")
 app.command()(serve)
 app.command()(controller)
+app.command()(trainer)
 app.add_typer(runs_app, name="run")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(images_app, name="images")

@@ -14,10 +14,14 @@ import signal
 import threading
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import typer
 
 from cli.console import console, readable_errors
+
+if TYPE_CHECKING:
+    from trainer.loop import Trainer
 
 
 def _served_model_name(api_url: str) -> str:
@@ -33,7 +37,9 @@ def _served_model_name(api_url: str) -> str:
         raise ServiceUnavailable(f"policy server: expected a vLLM server at {api_url}, got {error!r}") from None
 
 
-def build_trainer(*, run_id: int, policy_url: str, policy_dir: Path, checkpoint_dir: Path | None, poll: float):
+def build_trainer(
+    *, run_id: int, policy_url: str, policy_dir: Path, checkpoint_dir: Path | None, poll: float
+) -> Trainer:
     """The Trainer for `run_id`, wired to the policy server at `policy_url` serving `policy_dir`."""
     from transformers import AutoTokenizer
 

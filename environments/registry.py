@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
 KINDS: dict[str, str] = {
     "code_repo": "environments.code_repo.kind:CodeRepoKind",
+    "read_number": "environments.read_number.kind:ReadNumberKind",
 }
 
 

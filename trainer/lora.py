@@ -13,7 +13,7 @@ from trainer.config import LoraConfig
 
 def apply_lora(model: torch.nn.Module, *, config: LoraConfig) -> PeftModel:
     peft_config = PeftLoraConfig(
-        r=config.rank, lora_alpha=config.alpha, lora_dropout=config.dropout,
+        r=config.rank, lora_alpha=config.alpha,  # type: ignore[arg-type]  # peft accepts floats lora_dropout=config.dropout,
         target_modules=list(config.target_modules), bias="none", task_type="CAUSAL_LM",
     )
     return get_peft_model(model, peft_config)  # type: ignore[arg-type]

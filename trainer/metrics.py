@@ -103,7 +103,7 @@ def batch_metrics(plan: BatchPlan) -> dict[str, float]:
         advantages = [s.advantage for s in samples]
         out[ADV_MEAN], out[ADV_STD] = statistics.fmean(advantages), statistics.pstdev(advantages)
         out[TRUNCATED] = sum(s.truncated for s in samples) / len(samples)
-        for reason, count in Counter(s.termination for s in plan.scored).items():
+        for reason, count in Counter(str(s.termination) for s in plan.scored).items():
             out[f"rollout/termination/{reason}"] = count / len(plan.scored)
     if plan.staleness:
         out[STALENESS_MEAN], out[STALENESS_MAX] = statistics.fmean(plan.staleness), max(plan.staleness)

@@ -6,6 +6,7 @@ with `logits[:, :-1]`. Right padding; padded positions have mask 0 and attention
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +33,7 @@ class MicroBatch:
         return int(self.attention_mask.sum())
 
 
-def _pad(rows: list[list[float]] | list[list[int]], *, length: int, dtype: torch.dtype) -> torch.Tensor:
+def _pad(rows: Sequence[Sequence[float]], *, length: int, dtype: torch.dtype) -> torch.Tensor:
     out = torch.zeros((len(rows), length), dtype=dtype)
     for i, row in enumerate(rows):
         out[i, : len(row)] = torch.tensor(row, dtype=dtype)
@@ -52,13 +53,15 @@ def collate(samples: list[Sample]) -> MicroBatch:
 
 def micro_batches(samples: list[Sample], *, max_tokens: int) -> list[MicroBatch]:
     """Longest first, each micro-batch holding as many samples as fit `max_tokens` padded tokens
-    (at least one, however long it is). The split does not change the loss: it is a token sum."""
+    (at least one, however long it is) and none shorter than half its longest (padding would waste
+    more than half of the compute). The split does not change the loss: it is a token sum."""
     ordered = sorted(samples, key=lambda s: len(s.token_ids), reverse=True)
     batches: list[list[Sample]] = []
     for sample in ordered:
         current = batches[-1] if batches else None
         # Longest first: the first sample of a micro-batch sets its padded length.
-        if current is not None and (len(current) + 1) * len(current[0].token_ids) <= max_tokens:
+        longest = len(current[0].token_ids) if current else 0
+        if current is not None and (len(current) + 1) * longest <= max_tokens and 2 * len(sample.token_ids) > longest:
             current.append(sample)
         else:
             batches.append([sample])

@@ -1,0 +1,370 @@
+"""`crucible demo` / `make demo`: real RL on this machine, end to end (see scripts/demo.py).
+
+The pieces, in order: `prepare` (database, images, tiny model) → `warm_up` (SFT) → `register` (the
+read_number environment and its train/held-out tasks) → `Processes` (vLLM, task worker, controller;
+all stopped on exit) → `evaluate` (a held-out eval run) → `launch_training` (a train run and its
+trainer) → `watch_training` (the live view) → `evaluate` again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import typer
+from rich.console import Console
+from sqlalchemy import func, select
+
+from cli.console import console as default_console
+
+ENV_NAME = "read-number"
+ENV_SPEC: dict[str, Any] = {
+    "name": ENV_NAME, "kind": "read_number", "image": "code-repo",
+    "description": "Read the number a file holds and submit it (bash + submit).",
+    "sandbox": {"memory": "256m", "pids": 64, "workspace_size": "16m", "tmp_size": "16m", "max_lifetime_s": 3600},
+    "limits": {"max_turns": 3, "max_context_tokens": 1024, "max_response_tokens": 48, "episode_timeout_s": 60,
+               "tool_timeout_s": 5, "max_tool_errors": 2},
+    "verifier": {"weights": {"answer": 1.0}},
+}
+
+
+QUIET = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "DS_ACCELERATOR": "cpu",
+         "TOKENIZERS_PARALLELISM": "false"}
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    rl_minutes: float = 5.0
+    sft_steps: int = 1000
+    seed: int = 0
+    workdir: Path | None = None
+    digits: tuple[int, int] = (2, 2)
+    """Length range of the numbers to read."""
+    train_tasks: int = 60
+    test_tasks: int = 24
+    group_size: int = 8
+    batch_size: int = 4
+    lr: float = 1e-4
+    eval_samples: int = 4
+    """Episodes per held-out task in each evaluation."""
+    sft_lr: float = 3e-3
+    sloppy_steps: int = 10
+    sloppy_lr: float = 3e-4
+    guess_fraction: float = 0.5
+    """Share of the sloppy expert's demonstrations that guess without reading."""
+    short_fraction: float = 0.8
+
+
+def _stage(console: Console, text: str) -> float:
+    console.print(f"[bold cyan]▶[/] {text}")
+    return time.monotonic()
+
+
+def prepare(settings: DemoSettings, *, console: Console) -> Path:
+    """Migrate the (embedded) database, build the sandbox images, make the tiny model."""
+    from core import migrate
+    from core.db import check_database, get_engine, resolve_database_url
+    from core.settings import get_settings
+
+    data_dir = get_settings().data_dir
+    workdir = settings.workdir or data_dir / "demo" / time.strftime("%Y%m%d-%H%M%S")
+    workdir.mkdir(parents=True, exist_ok=True)
+    started = _stage(console, f"database ({'embedded Postgres' if get_settings().uses_embedded_database else 'CRUCIBLE_DATABASE_URL'})")
+    check_database(get_engine())
+    migrate.upgrade("head", url=resolve_database_url())
+    _stage(console, f"sandbox images: crucible images build code-repo (database ready in "
+                    f"{time.monotonic() - started:.0f} s)")
+    subprocess.run([sys.executable, "-m", "cli.main", "images", "build", "code-repo"], check=True)
+    _stage(console, "tiny model: crucible model init-tiny")
+    subprocess.run([sys.executable, "-m", "cli.main", "model", "init-tiny", str(workdir / "tiny"), "--overwrite",
+                    "--seed", str(settings.seed)], check=True)
+    return workdir
+
+
+def demonstrations(settings: DemoSettings, *, tokenizer: Any, count: int, guess_fraction: float,
+                   seed: int) -> list[tuple[list[int], list[int]]]:
+    """`count` demonstrations over the train tasks: a `guess_fraction` of them submit a made-up number
+    without reading the file (one turn, reward 0), the rest read it and submit what it says. Most are
+    rendered short (no tool schemas in the prompt): the same assistant turns for a sixth of the compute."""
+    import random
+
+    from environments.read_number.demos import demonstration
+    from task_workers.policy.chat import observation_text
+
+    rng = random.Random(seed)
+    train, _ = _tasks(settings)
+    low, high = settings.digits
+    demos = []
+    for index in range(count):
+        task = train[index % len(train)]
+        guess = str(rng.randrange(10 ** (low - 1), 10**high)) if rng.random() < guess_fraction else None
+        demos.append(demonstration(task, tokenizer=tokenizer, observation_text=observation_text, guess=guess,
+                                   short=rng.random() < settings.short_fraction))
+    return demos
+
+
+def warm_up(settings: DemoSettings, *, workdir: Path, console: Console) -> Path:
+    """Two SFT stages: an expert who always reads the file (the model learns the tool format and to copy
+    the number), then a few steps of a sloppy expert who half the time guesses instead (the model
+    learns to guess too). RL then has to find out that reading pays."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer.sft import sft_warmup
+
+    started = _stage(console, f"warm-up: {settings.sft_steps} SFT steps on an expert's demonstrations, "
+                              f"{settings.sloppy_steps} on a sloppy expert's ({settings.guess_fraction:.0%} guesses)")
+    torch.manual_seed(settings.seed)
+    tokenizer = AutoTokenizer.from_pretrained(workdir / "tiny")
+    model = AutoModelForCausalLM.from_pretrained(workdir / "tiny")
+    expert = sft_warmup(model=model, steps=settings.sft_steps, lr=settings.sft_lr, batch_size=16, seed=settings.seed,
+                        demonstrations=demonstrations(settings, tokenizer=tokenizer, count=5 * settings.train_tasks,
+                                                      guess_fraction=0.0, seed=settings.seed))
+    sloppy = sft_warmup(model=model, steps=settings.sloppy_steps, lr=settings.sloppy_lr, batch_size=16,
+                        seed=settings.seed + 1,
+                        demonstrations=demonstrations(settings, tokenizer=tokenizer, count=400,
+                                                      guess_fraction=settings.guess_fraction, seed=settings.seed + 1))
+    out = workdir / "warm"
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    console.print(f"  loss {expert.first_loss:.2f} → {expert.last_loss:.4f}, then {sloppy.last_loss:.3f} "
+                  f"(sloppy) in {time.monotonic() - started:.0f} s")
+    return out
+
+
+def _tasks(settings: DemoSettings) -> tuple[list[Any], list[Any]]:
+    from environments.read_number.task import make_tasks
+
+    train = make_tasks(count=settings.train_tasks, split="train", seed=settings.seed, digits=settings.digits,
+                       file_names=("number.txt",))
+    test = make_tasks(count=settings.test_tasks, split="test", seed=settings.seed, digits=settings.digits,
+                      exclude={t.payload.number for t in train}, file_names=("number.txt",))
+    return train, test
+
+
+def register(settings: DemoSettings) -> dict[str, int]:
+    """The read_number environment and its tasks (idempotent)."""
+    from core.db import session_scope
+    from environments.read_number.task import insert_tasks
+    from environments.service import register_environment
+    from environments.spec import parse_spec
+
+    train, test = _tasks(settings)
+    with session_scope() as session:
+        register_environment(session, spec=parse_spec(ENV_SPEC))
+        insert_tasks(session, environment=ENV_NAME, tasks=train + test)
+    return {"train": len(train), "test": len(test)}
+
+
+@dataclass
+class Processes:
+    """vLLM, one task worker and the controller, started in that order and always stopped."""
+
+    workdir: Path
+    served_dir: Path
+    console: Console
+    children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    server: Any = None
+
+    def __enter__(self) -> Processes:
+        from trainer.serving import VllmServer
+
+        started = _stage(self.console, "vLLM on CPU serving the warmed-up model")
+        self.server = VllmServer(model_dir=self.served_dir, served_model_name="policy", max_model_len=1024,
+                                 log_path=self.workdir / "logs" / "vllm.log")
+        self.server.start()
+        self.console.print(f"  {self.server.api_url} healthy after {time.monotonic() - started:.0f} s")
+        env = {"CRUCIBLE_POLICY_URL": self.server.api_url, "CRUCIBLE_POLICY_TOKENIZER": str(self.served_dir),
+               "CRUCIBLE_WORKER_CONCURRENCY": "4", "CRUCIBLE_SANDBOX_POOL_MIN": "4", "CRUCIBLE_SANDBOX_POOL_MAX": "8"}
+        self.spawn("worker", [sys.executable, "-m", "cli.main", "worker", "-Q", "celery,read_number"], env)
+        self.spawn("controller", [sys.executable, "-m", "cli.main", "controller", "--poll", "0.5"], env)
+        return self
+
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        log = (self.workdir / "logs" / f"{name}.log").open("ab")
+        self.children[name] = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=log,
+                                               stderr=subprocess.STDOUT, start_new_session=True)
+        self.console.print(f"  started {name} (pid {self.children[name].pid}, log {log.name})")
+
+    def check_alive(self) -> None:
+        for name, child in self.children.items():
+            if child.poll() is not None and name != "trainer":
+                raise RuntimeError(f"{name} exited with {child.returncode}; see {self.workdir}/logs/{name}.log")
+
+    def stop(self, name: str, *, grace_s: float = 60.0) -> int | None:
+        child = self.children.pop(name, None)
+        if child is None:
+            return None
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGTERM)
+            try:
+                child.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+        return child.returncode
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        for name in ("trainer", "controller", "worker"):
+            self.stop(name)
+        if self.server is not None:
+            self.server.stop()
+
+
+def _wait_run(run_id: int, *, procs: Processes, timeout_s: float) -> None:
+    from core.db import session_scope
+    from core.models import Run
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with session_scope() as session:
+            if session.get(Run, run_id).status == "completed":  # type: ignore[union-attr]
+                return
+        procs.check_alive()
+        time.sleep(1.0)
+    raise TimeoutError(f"run {run_id} did not complete within {timeout_s:.0f} s")
+
+
+def success_rate(run_id: int) -> tuple[float, int]:
+    """Fraction of the run's agent-ended episodes that earned full reward, and how many there were."""
+    from core.db import session_scope
+    from core.models import Episode
+
+    with session_scope() as session:
+        solved, total = session.execute(
+            select(func.count().filter(Episode.reward >= 1.0), func.count())
+            .where(Episode.run_id == run_id, Episode.status == "completed")).one()
+    return (solved / total if total else 0.0), int(total)
+
+
+def evaluate(procs: Processes, *, settings: DemoSettings, model: str, label: str, console: Console) -> float:
+    """An eval run over every held-out task (`eval_samples` episodes each), through controller and worker."""
+    from controller.runs import create_run
+    from core.db import session_scope
+    from core.schemas import RunConfig
+
+    started = _stage(console, f"held-out evaluation ({label})")
+    config = RunConfig.model_validate({
+        "name": f"demo-eval-{label}-{time.strftime('%H%M%S')}", "model": model, "purpose": "eval", "split": "test",
+        "environments": [{"name": ENV_NAME}], "group_size": settings.eval_samples, "batch_size": 1,
+        "max_groups": settings.test_tasks, "max_inflight_groups": 8, "seed": settings.seed})
+    with session_scope() as session:
+        run_id = create_run(session, config=config).id
+    _wait_run(run_id, procs=procs, timeout_s=600)
+    rate, episodes = success_rate(run_id)
+    console.print(f"  [bold]{label}: {rate:.0%}[/] of {episodes} episodes (run {run_id}, "
+                  f"{time.monotonic() - started:.0f} s)")
+    return rate
+
+
+def launch_training(procs: Processes, *, settings: DemoSettings, model: str) -> int:
+    """The train run (async GRPO) and its trainer process."""
+    from controller.runs import create_run
+    from core.db import session_scope
+    from core.schemas import RunConfig
+
+    config = RunConfig.model_validate({
+        "name": f"demo-train-{time.strftime('%Y%m%d-%H%M%S')}", "model": model, "environments": [{"name": ENV_NAME}],
+        "split": "train", "group_size": settings.group_size, "batch_size": settings.batch_size, "mode": "async",
+        "max_staleness": 1, "seed": settings.seed, "trainer": {"optimizer": {"lr": settings.lr}}})
+    with session_scope() as session:
+        run_id = create_run(session, config=config).id
+    server = procs.server
+    procs.spawn("trainer", [sys.executable, "-m", "cli.trainer", "--run", str(run_id), "--policy-url", server.api_url,
+                            "--policy-dir", str(procs.served_dir), "--checkpoint-dir",
+                            str(procs.workdir / "checkpoints"), "--poll", "0.3"])
+    return run_id
+
+
+def _step_rows(run_id: int, after: int) -> list[tuple[int, dict[str, Any]]]:
+    from core.db import session_scope
+    from core.models import TrainingStep
+
+    with session_scope() as session:
+        rows = session.execute(select(TrainingStep.step, TrainingStep.metrics)
+                               .where(TrainingStep.run_id == run_id, TrainingStep.step > after)
+                               .order_by(TrainingStep.step)).all()
+    return [(step, dict(values)) for step, values in rows]
+
+
+def watch_training(procs: Processes, *, run_id: int, minutes: float, console: Console) -> list[dict[str, Any]]:
+    """Print each step as it lands until the budget is spent; then stop the run and the trainer."""
+    from controller.runs import stop_run
+    from core.db import session_scope
+
+    started = _stage(console, f"RL: run {run_id}, {minutes:g} min budget (controller + worker + trainer + vLLM)")
+    console.print("  step  success  reward  groups  dropped  mismatch_kl  tok/s   sync_s  elapsed")
+    curve: list[dict[str, Any]] = []
+    last = 0
+    while time.monotonic() - started < minutes * 60:
+        procs.check_alive()
+        if procs.children["trainer"].poll() is not None:
+            raise RuntimeError(f"the trainer exited early; see {procs.workdir}/logs/trainer.log")
+        for step, m in _step_rows(run_id, last):
+            last = step
+            elapsed = time.monotonic() - started
+            point = {"step": step, "success": m.get("reward/success_frac"), "reward": m.get("reward/mean"),
+                     "elapsed_s": round(elapsed, 1)}
+            curve.append(point)
+            console.print(f"  {step:>4}  {_pct(point['success'])}  {_num(point['reward'])}  "
+                          f"{_num(m.get('batch/groups'), 0):>6}  {_num(m.get('batch/dropped/zero_variance'), 0):>7}  "
+                          f"{_num(m.get('mismatch/kl'), 6):>11}  {_num(m.get('throughput/tokens_per_s'), 0):>5}  "
+                          f"{_num(m.get('sync/seconds'), 3):>6}  {elapsed:>5.0f}s")
+        time.sleep(2.0)
+    with session_scope() as session:
+        stop_run(session, run_id=run_id)
+    code = procs.stop("trainer", grace_s=120)
+    console.print(f"  run {run_id} stopped after {len(curve)} steps (trainer exit {code})")
+    return curve
+
+
+def _pct(value: Any) -> str:
+    return f"{value:>6.0%} " if isinstance(value, int | float) else "     - "
+
+
+def _num(value: Any, digits: int = 3) -> str:
+    return f"{value:.{digits}f}" if isinstance(value, int | float) else "-"
+
+
+def demo(
+    rl_minutes: float = typer.Option(5.0, help="Wall-clock budget of the RL phase."),
+    sft_steps: int = typer.Option(1000, help="Warm-up optimizer steps."),
+    seed: int = typer.Option(0, help="Seed of the model, the tasks and the run."),
+    workdir: Path | None = typer.Option(None, help="Default: <data dir>/demo/<timestamp>."),
+) -> None:
+    """Watch a tiny model learn a multi-turn tool task with real RL (about 15 minutes on 2 cores)."""
+    import shutil
+
+    console = default_console
+    for name, value in QUIET.items():  # for this process and every one it starts
+        os.environ.setdefault(name, value)
+    settings = DemoSettings(rl_minutes=rl_minutes, sft_steps=sft_steps, seed=seed, workdir=workdir)
+    began = time.monotonic()
+    path = prepare(settings, console=console)
+    warm = warm_up(settings, workdir=path, console=console)
+    counts = register(settings)
+    console.print(f"  tasks: {counts['train']} train, {counts['test']} held-out ({ENV_NAME})")
+    served = path / "served"
+    shutil.copytree(warm, served, dirs_exist_ok=True)
+    (path / "logs").mkdir(exist_ok=True)
+    with Processes(workdir=path, served_dir=served, console=console) as procs:
+        before = evaluate(procs, settings=settings, model=str(served), label="before", console=console)
+        run_id = launch_training(procs, settings=settings, model=str(warm))
+        curve = watch_training(procs, run_id=run_id, minutes=settings.rl_minutes, console=console)
+        after = evaluate(procs, settings=settings, model=str(served), label="after", console=console)
+    result = {"run_id": run_id, "held_out_success_before": before, "held_out_success_after": after,
+              "delta_points": round(100 * (after - before), 1), "minutes": round((time.monotonic() - began) / 60, 1),
+              "curve": curve}
+    (path / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    console.print(f"\n[bold]held-out success: {before:.0%} → {after:.0%} ({result['delta_points']:+.1f} points)[/] "
+                  f"in {result['minutes']} min. Run {run_id} stays in the store (`crucible run show {run_id}`); "
+                  f"curve and numbers in {path / 'result.json'}")

@@ -1,0 +1,89 @@
+"""The read_number environment kind: tools `bash` and `submit(answer)`; reward 1 for the exact number.
+
+An episode: the task's file is written into the workspace; the agent reads it (`bash`, e.g.
+`cat number.txt`) and calls `submit` with the number. `submit` stores the answer in the sandbox
+(under the workspace's `.crucible/`), where the verifier reads it back: the kind keeps no state.
+
+    name: read-number
+    kind: read_number
+    image: code-repo
+    limits: {max_turns: 4, max_context_tokens: 1024, max_response_tokens: 48, max_tool_errors: 2}
+    verifier: {weights: {answer: 1.0}}
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shlex
+from typing import Any
+
+from environments.base import LayerResult, OpenSandbox, Sandbox, ToolCall, ToolResult, Verdict
+from environments.read_number.task import ReadNumberTask
+from environments.spec import EnvironmentSpec
+
+WORKSPACE = "/workspace"
+ANSWER_FILE = f"{WORKSPACE}/.crucible/answer"
+SYSTEM_PROMPT = "Use the tools to find the number, then submit it."
+TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
+    "bash": {"type": "function", "function": {
+        "name": "bash", "description": "Run a shell command in the workspace.",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}},
+    "submit": {"type": "function", "function": {
+        "name": "submit", "description": "Submit the answer; this ends the episode.",
+        "parameters": {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}}},
+}
+
+
+def _error(message: str) -> ToolResult:
+    return ToolResult(observation=message, output=message, status="error")
+
+
+class ReadNumberKind:
+    name = "read_number"
+
+    def __init__(self, spec: EnvironmentSpec) -> None:
+        self.spec = spec
+
+    def tools(self) -> list[dict[str, Any]]:
+        return [TOOL_SCHEMAS[name] for name in self.spec.tools or TOOL_SCHEMAS]
+
+    def system_prompt(self) -> str:
+        return self.spec.system_prompt or SYSTEM_PROMPT
+
+    @staticmethod
+    def parse_task(payload: dict[str, Any]) -> ReadNumberTask:
+        return ReadNumberTask.model_validate(payload)
+
+    def setup(self, *, sandbox: Sandbox, task: ReadNumberTask) -> None:
+        sandbox.put_files({f"{WORKSPACE}/{task.path}": f"{task.number}\n".encode()})
+
+    def execute(self, *, sandbox: Sandbox, call: ToolCall, task: ReadNumberTask) -> ToolResult:
+        if call.name == "bash":
+            command = call.arguments.get("command")
+            if not isinstance(command, str) or not command.strip():
+                return _error("bash: expected a non-empty string argument 'command'")
+            step = sandbox.step(command, timeout=self.spec.limits.tool_timeout_s)
+            return ToolResult(observation=step.output, output=step.output, exit_code=step.exit_code,
+                              status=step.status, duration_s=step.duration_s,
+                              truncated_bytes=getattr(step, "truncated_bytes", 0))
+        if call.name == "submit":
+            answer = call.arguments.get("answer")
+            text = answer if isinstance(answer, str) else json.dumps(answer)
+            encoded = base64.b64encode(text.encode()).decode()
+            sandbox.step(f"mkdir -p {WORKSPACE}/.crucible && printf %s {encoded} | base64 -d > {ANSWER_FILE}")
+            return ToolResult(observation="submitted", exit_code=0, ends_episode=True)
+        return _error(f"tool: expected one of {', '.join(TOOL_SCHEMAS)}, got {json.dumps(call.name)}")
+
+    def verify(self, *, sandbox: Sandbox, task: ReadNumberTask, submitted: bool, open_sandbox: OpenSandbox) -> Verdict:
+        answer = ""
+        if submitted:
+            step = sandbox.step(f"cat {shlex.quote(ANSWER_FILE)} 2>/dev/null")
+            answer = step.output if step.exit_code == 0 else ""
+        correct = answer.strip() == task.number
+        layers = [
+            LayerResult("submitted", 1.0 if submitted else 0.0, submitted, "" if submitted else "no submission"),
+            LayerResult("answer", 1.0 if correct else 0.0, correct, f"expected {task.number}, got {answer[:40]!r}"),
+        ]
+        weights = self.spec.verifier.weights or {"answer": 1.0}
+        return Verdict(reward=sum(weights.get(layer.name, 0.0) * layer.score for layer in layers), layers=layers)

@@ -1,0 +1,315 @@
+"""The trainer against the real thing: vLLM (CPU) serving a tiny model, episodes from the real episode
+runner in Docker sandboxes, Postgres. One vLLM server for the module.
+
+- token exactness: the trainer's recomputed logprobs of stored turns match vLLM's behaviour logprobs;
+- a step syncs the weights, the probe passes, and only then the version is published;
+- a failed probe publishes nothing, and a restart publishes the step it trained.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
+
+from core.models import EpisodeGroup, PolicyVersion, Run, Task, TrainingStep
+from core.store import insert_episode
+from environments.images import build_images
+from environments.service import register_environment
+from environments.spec import parse_spec
+from task_workers.context import DockerSandboxes
+from task_workers.episode.runner import run_episode
+from task_workers.policy.client import PolicyClient
+from task_workers.sandbox import InMemoryEventSink, make_backend
+from tests.trainer.rows import make_run
+from trainer import metrics
+from trainer.errors import WeightSyncError
+from trainer.logprobs import sequence_logprobs
+from trainer.loop import Trainer
+from trainer.packing import collate
+from trainer.probe import probe_token_ids
+from trainer.rollouts import load_groups
+from trainer.serving import VllmServer
+from trainer.sync import PolicyServer, Publisher
+from trainer.weight_sync import WeightSyncer, make_weight_syncer
+
+# float32 on both sides: vLLM's sampled-token logprobs and the trainer's recompute agree to ~1e-6.
+TOKEN_TOLERANCE = 1e-4
+MISMATCH_KL_BOUND = 1e-6
+ENV_SPEC = {
+    "name": "read-number-test", "kind": "read_number", "image": "code-repo",
+    "sandbox": {"memory": "256m", "pids": 128, "workspace_size": "16m", "tmp_size": "16m", "max_lifetime_s": 600},
+    "limits": {"max_turns": 3, "max_context_tokens": 900, "max_response_tokens": 24, "episode_timeout_s": 120,
+               "tool_timeout_s": 5, "max_tool_errors": 2},
+    "verifier": {"weights": {"answer": 1.0}},
+}
+
+
+@pytest.fixture(scope="module")
+def sandboxes() -> Iterator[DockerSandboxes]:
+    backend = make_backend("docker")
+    backend.ping()
+    cache = Path(os.environ.get("CRUCIBLE_TEST_IMAGE_CACHE", Path.home() / ".cache" / "crucible"))
+    build_images(names=["code-repo"], data_dir=cache)  # a no-op when the image is current
+    provider = DockerSandboxes(backend=backend, events=InMemoryEventSink(), worker="trainer-test", min_size=0,
+                               max_size=2)
+    yield provider
+    provider.close()
+
+
+@pytest.fixture
+def served_original(vllm_server: VllmServer, tiny_model_dir: Path) -> VllmServer:
+    """The module's server, put back on the tiny model's starting weights (a test before may have trained)."""
+    syncer = make_weight_syncer("reload", base_url=vllm_server.base_url, model_dir=vllm_server.model_dir)
+    syncer.push(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir), version=0)
+    syncer.close()
+    return vllm_server
+
+
+def _server(vllm_server: VllmServer) -> PolicyServer:
+    return PolicyServer(api_url=vllm_server.api_url, base_url=vllm_server.base_url,
+                        model_name=vllm_server.model_name, model_dir=vllm_server.model_dir)
+
+
+def _publisher(vllm_server: VllmServer, tokenizer: PreTrainedTokenizerBase, *, model_dir: Path | None = None
+               ) -> Publisher:
+    syncer = make_weight_syncer("reload", base_url=vllm_server.base_url,
+                                model_dir=model_dir or vllm_server.model_dir)
+    return Publisher(server=_server(vllm_server), syncer=syncer, probe_ids=probe_token_ids(tokenizer))
+
+
+def _rollouts(session: Session, *, run: Run, vllm_server: VllmServer, sandboxes: DockerSandboxes,
+              groups: int, size: int) -> None:
+    """`groups` complete groups of real episodes: real runner, real vLLM, Docker sandboxes."""
+    env, _ = register_environment(session, spec=parse_spec(ENV_SPEC))
+    task = Task(environment_name=env.name, external_id=f"t-{run.id}", instruction="The file number.txt holds a "
+                "number. Read it and submit it.", payload={"path": "number.txt", "number": "4821"})
+    session.add(task)
+    session.flush()
+    episode_ids = []
+    for index in range(groups):
+        group = EpisodeGroup(run_id=run.id, group_index=index, task_id=task.id, environment_id=env.id, size=size,
+                             policy_version=0)
+        session.add(group)
+        session.flush()
+        episode_ids += [insert_episode(session, run_id=run.id, group_id=group.id, sample_index=sample,
+                                       task_id=task.id, environment_id=env.id)[0] for sample in range(size)]
+    session.commit()
+    policy = PolicyClient(base_url=vllm_server.api_url, model=vllm_server.model_name)
+    try:
+        for episode_id in episode_ids:
+            run_episode(episode_id, policy=policy, sandboxes=sandboxes, worker="trainer-test")
+    finally:
+        policy.close()
+
+
+def _vary_rewards(session: Session, run: Run) -> None:
+    """A random tiny model never solves the task; give half of each group reward 1 so groups have variance
+    (the rewards only scale advantages: the token data stays exactly what vLLM produced)."""
+    from core.models import Episode
+
+    for episode in session.execute(select(Episode).where(Episode.run_id == run.id)).scalars():
+        episode.reward = float(episode.sample_index % 2)
+    session.commit()
+
+
+def test_recomputed_logprobs_match_vllm_and_a_step_publishes_after_the_probe(
+    db_session: Session, served_original: VllmServer, sandboxes: DockerSandboxes, tiny_model_dir: Path,
+    tokenizer: PreTrainedTokenizerBase, tmp_path: Path,
+) -> None:
+    vllm_server = served_original
+    run = make_run(db_session, model=str(tiny_model_dir), group_size=4, batch_size=2,
+                   trainer={"optimizer": {"lr": 1e-3}})
+    db_session.commit()
+    trainer = Trainer(run_id=run.id, publisher=_publisher(vllm_server, tokenizer), checkpoint_root=tmp_path / "ck")
+    trainer.resume()  # pushes the starting weights as version 0 and probes them
+    _rollouts(db_session, run=run, vllm_server=vllm_server, sandboxes=sandboxes, groups=2, size=4)
+    _vary_rewards(db_session, run)
+
+    groups = load_groups(db_session, list(db_session.execute(
+        select(EpisodeGroup).where(EpisodeGroup.run_id == run.id).order_by(EpisodeGroup.group_index)).scalars()))
+    samples = [s for g in groups for s in g.samples]
+    assert len(samples) == 8 and all(s.status == "completed" for s in samples)
+    assert max(s.turns for s in samples) >= 2  # multi-turn: environment tokens between sampled ones
+    behaviour = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    recomputed = sequence_logprobs(behaviour, [collate(samples)])
+    worst, tokens = 0.0, 0
+    for s in samples:
+        mask = torch.tensor(s.loss_mask[1:], dtype=torch.bool)
+        served = torch.tensor(s.behaviour_logprobs[1:])[mask]
+        ours = recomputed[s.episode_id][mask]
+        worst, tokens = max(worst, float((served - ours).abs().max())), tokens + int(mask.sum())
+    assert tokens > 50 and worst < TOKEN_TOLERANCE
+
+    outcome = trainer.train_one_step()
+    assert outcome is not None and outcome.step == 1 and outcome.groups == 2
+    assert outcome.metrics[metrics.MISMATCH_KL] is not None
+    assert 0 <= outcome.metrics[metrics.MISMATCH_KL] < MISMATCH_KL_BOUND  # reported, and bounded
+    db_session.expire_all()
+    assert db_session.get(Run, run.id).policy_version == 1
+    version = db_session.execute(select(PolicyVersion).where(PolicyVersion.run_id == run.id)).scalar_one()
+    assert version.version == 1 and version.training_step == 1 and version.probe_kl is not None
+    assert abs(version.probe_kl) < 1e-5
+    step = db_session.execute(select(TrainingStep).where(TrainingStep.run_id == run.id)).scalar_one()
+    for name in (metrics.LOSS, metrics.GRAD_NORM, metrics.LR, metrics.ENTROPY, metrics.CLIP_LOW, metrics.CLIP_HIGH,
+                 metrics.IW_MEAN, metrics.MISMATCH_KL, metrics.ZERO_VARIANCE, metrics.TOKENS_PER_S,
+                 metrics.SYNC_SECONDS, metrics.reward_key("read-number-test", "mean"),
+                 metrics.component_key("read-number-test", "answer"), metrics.timing_key("update"),
+                 "policy/staleness/hist/0"):
+        assert name in step.metrics, name
+    trainer.close()
+
+
+class _KeepsOldWeights:
+    """Wraps a real syncer but always pushes the starting weights: a sync that reports success and
+    changes nothing."""
+
+    def __init__(self, inner: WeightSyncer, old: torch.nn.Module) -> None:
+        self.inner, self.old = inner, old
+
+    def push(self, *, model: torch.nn.Module, version: int) -> float:
+        return self.inner.push(model=self.old, version=version)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_a_failed_probe_publishes_nothing_and_a_restart_publishes_the_step(
+    db_session: Session, served_original: VllmServer, tiny_model_dir: Path, tokenizer: PreTrainedTokenizerBase,
+    tmp_path: Path,
+) -> None:
+    vllm_server = served_original
+    from tests.trainer.rows import add_group, make_environment
+
+    run = make_run(db_session, model=str(tiny_model_dir), group_size=2, batch_size=1,
+                   trainer={"optimizer": {"lr": 1e-2}})
+    env, task = make_environment(db_session)
+    add_group(db_session, run=run, env=env, task=task, rewards=[1.0, 0.0], vocab=len(tokenizer))
+    db_session.commit()
+    # A push that silently keeps the old weights (what vLLM's CPU reload does to a tied lm_head).
+    publisher = _publisher(vllm_server, tokenizer)
+    publisher.syncer = _KeepsOldWeights(publisher.syncer, AutoModelForCausalLM.from_pretrained(tiny_model_dir))
+    broken = Trainer(run_id=run.id, publisher=publisher, checkpoint_root=tmp_path / "ck")
+    broken.resume()  # the starting weights equal the served ones: this probe passes
+    with pytest.raises(WeightSyncError, match="vLLM disagrees"):
+        broken.train_one_step()
+    broken.close()
+    db_session.expire_all()
+    assert db_session.get(Run, run.id).policy_version == 0
+    assert db_session.execute(select(PolicyVersion).where(PolicyVersion.run_id == run.id)).first() is None
+    assert db_session.execute(select(TrainingStep.step).where(TrainingStep.run_id == run.id)).scalar_one() == 1
+
+    fixed = Trainer(run_id=run.id, publisher=_publisher(vllm_server, tokenizer), checkpoint_root=tmp_path / "ck")
+    fixed.resume()  # loads step 1's checkpoint, pushes it, the probe passes, version 1 is published
+    db_session.expire_all()
+    assert fixed.step == 1 and db_session.get(Run, run.id).policy_version == 1
+    fixed.close()
+
+
+def _resume_run(session: Session, *, model: Path, vocab: int) -> Run:
+    """Eight complete groups with reward variance, batch size 2: four steps. The run is already
+    `completed` (everything dispatched), so a trainer stops once it has consumed every group."""
+    from tests.trainer.rows import add_group, make_environment
+
+    run = make_run(session, model=str(model), group_size=2, batch_size=2, max_staleness=4,
+                   trainer={"optimizer": {"lr": 1e-2}})
+    run.status = "completed"
+    env, task = make_environment(session)
+    for seed in range(8):
+        add_group(session, run=run, env=env, task=task, rewards=[float(seed % 2), float(1 - seed % 2)], seed=seed,
+                  vocab=vocab)
+    session.commit()
+    return run
+
+
+def _consumed(session: Session, run_id: int) -> list[tuple[int, str, int | None]]:
+    session.expire_all()
+    query = select(EpisodeGroup).where(EpisodeGroup.run_id == run_id).order_by(EpisodeGroup.group_index)
+    return [(g.group_index, g.status, g.consumed_step) for g in session.execute(query).scalars()]
+
+
+def test_sigkill_anywhere_in_a_step_loses_no_group_and_trains_none_twice(
+    db_session: Session, served_original: VllmServer, tiny_model_dir: Path, tokenizer: PreTrainedTokenizerBase,
+    tmp_path: Path,
+) -> None:
+    """The trainer runs as its own process (`python -m cli.trainer`) and SIGKILLs itself at each crash
+    point in turn; restarted each time, it ends exactly where an uninterrupted trainer ends."""
+    import subprocess
+    import sys
+
+    from trainer.checkpoint import CheckpointStore
+    from trainer.faults import ENV as CRASH_AT
+
+    vllm_server = served_original
+    reference = _resume_run(db_session, model=tiny_model_dir, vocab=len(tokenizer))
+    crashed = _resume_run(db_session, model=tiny_model_dir, vocab=len(tokenizer))
+    uninterrupted = Trainer(run_id=reference.id, publisher=_publisher(vllm_server, tokenizer),
+                            checkpoint_root=tmp_path / "reference")
+    assert uninterrupted.run() == 4
+    uninterrupted.close()
+
+    command = [sys.executable, "-m", "cli.trainer", "--run", str(crashed.id), "--policy-url", vllm_server.api_url,
+               "--policy-dir", str(vllm_server.model_dir), "--checkpoint-dir", str(tmp_path / "crashed"),
+               "--poll", "0.1"]
+    repo = Path(__file__).resolve().parents[2]
+    for point in ("update:1", "pending:1", "commit:2", "promote:3", None):
+        env = {**os.environ, CRASH_AT: point or ""}
+        done = subprocess.run(command, env=env, cwd=repo, capture_output=True, text=True, timeout=300)
+        assert done.returncode == (-9 if point else 0), (point, done.stdout[-2000:], done.stderr[-3000:])
+
+    assert _consumed(db_session, crashed.id) == _consumed(db_session, reference.id)
+    assert {step for _, status, step in _consumed(db_session, crashed.id) if status == "consumed"} == {1, 2, 3, 4}
+    steps = db_session.execute(select(TrainingStep.step).where(TrainingStep.run_id == crashed.id)).scalars()
+    assert sorted(steps) == [1, 2, 3, 4]
+    versions = db_session.execute(select(PolicyVersion.version).where(PolicyVersion.run_id == crashed.id)).scalars()
+    assert sorted(versions) == [1, 2, 3, 4] and db_session.get(Run, crashed.id).policy_version == 4
+    latest = CheckpointStore(tmp_path / "crashed").latest()
+    assert latest is not None and latest[1].step == 4 and latest[1].consumed_groups == 8
+    assert list((tmp_path / "crashed").glob("*.pending")) == []
+    ours = torch.load(latest[0] / "engine.pt", weights_only=True)["model"]
+    theirs = torch.load(tmp_path / "reference" / "step-000004" / "engine.pt", weights_only=True)["model"]
+    for name, tensor in theirs.items():
+        torch.testing.assert_close(ours[name], tensor, rtol=1e-5, atol=1e-6)
+
+
+def test_sync_mode_waits_for_a_full_batch_of_the_current_version(
+    db_session: Session, served_original: VllmServer, tiny_model_dir: Path, tokenizer: PreTrainedTokenizerBase,
+    tmp_path: Path,
+) -> None:
+    from tests.trainer.rows import add_group, make_environment
+
+    run = make_run(db_session, model=str(tiny_model_dir), mode="sync", max_staleness=0, group_size=2, batch_size=2)
+    env, task = make_environment(db_session)
+
+    def group(version: int, status: str = "complete") -> EpisodeGroup:
+        return add_group(db_session, run=run, env=env, task=task, rewards=[1.0, 0.0], version=version,
+                         status=status, vocab=len(tokenizer), seed=version)
+
+    first, second = group(0), group(0, status="running")
+    db_session.commit()
+    trainer = Trainer(run_id=run.id, publisher=_publisher(served_original, tokenizer), checkpoint_root=tmp_path)
+    trainer.resume()
+    assert trainer.train_one_step() is None  # one of two groups: wait, another is in flight
+    second.status = "complete"
+    db_session.commit()
+    outcome = trainer.train_one_step()
+    assert outcome is not None and outcome.groups == 2 and outcome.version == 1
+
+    stale, fresh, pending = group(0), group(1), group(1, status="running")
+    db_session.commit()
+    assert trainer.train_one_step() is None  # the stale group is dropped at once; the fresh one waits
+    assert _consumed(db_session, run.id)[2:] == [(2, "dropped", None), (3, "complete", None), (4, "running", None)]
+    pending.status = "complete"
+    db_session.commit()
+    outcome = trainer.train_one_step()
+    assert outcome is not None and outcome.groups == 2 and outcome.step == 2
+    assert [status for _, status, _ in _consumed(db_session, run.id)] == ["consumed"] * 2 + ["dropped"] + \
+        ["consumed"] * 2
+    assert first.id != stale.id != fresh.id
+    trainer.close()

@@ -1,0 +1,26 @@
+"""Crash points for the resume tests: the trainer SIGKILLs itself where the test asks.
+
+    CRUCIBLE_TRAINER_CRASH_AT=pending:2 crucible trainer --run 1   # dies after step 2's pending checkpoint
+
+Points, in the order a step passes them: `update` (optimizer stepped, nothing saved), `pending`
+(pending checkpoint written, step not committed), `commit` (step committed, checkpoint not
+promoted), `promote` (checkpoint promoted, weights not pushed). Unset in normal runs: a no-op.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+ENV = "CRUCIBLE_TRAINER_CRASH_AT"
+POINTS = ("update", "pending", "commit", "promote")
+log = logging.getLogger(__name__)
+
+
+def crash_point(point: str, *, step: int) -> None:
+    """SIGKILL this process if CRUCIBLE_TRAINER_CRASH_AT names `point:step`."""
+    if os.environ.get(ENV) == f"{point}:{step}":
+        log.warning("crash point %s reached at step %d: killing this process (%s)", point, step, ENV)
+        logging.shutdown()
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,238 @@
+"""The trainer of one run: resume, then step until the run ends.
+
+    crucible trainer --run 7 --policy-url http://127.0.0.1:8000/v1 --policy-dir /data/served-model
+
+One step (see `train_one_step`): in ONE transaction, claim complete groups (row locks held) →
+score → advantages → update (optimizer step) → checkpoint written as pending → the groups marked
+consumed/dropped and the training_steps row inserted → commit. Then the checkpoint is promoted,
+the weights pushed to vLLM and probed, and only then the policy version published (a
+policy_versions row, runs.policy_version bumped). A failed probe raises and publishes nothing.
+
+A step trains on `batch_size` groups; on fewer when nothing is in flight any more (the controller
+waits for this step's version, or the budget is spent), so it never waits for groups that cannot come.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
+
+from core.db import session_factory
+from core.errors import CrucibleError
+from core.models import Run, TrainingStep
+from core.termination import RunStatus
+from trainer import faults, metrics
+from trainer.checkpoint import CheckpointStore, TrainerState
+from trainer.config import TrainerConfig, trainer_config
+from trainer.engine import PolicyEngine, make_engine
+from trainer.selection import BatchPlan
+from trainer.step import UpdateResult, advantages, generate, score, update
+from trainer.store import (
+    consumed_groups,
+    get_run,
+    inflight_groups,
+    last_step,
+    mark_dropped,
+    publish_version,
+    record_step,
+)
+from trainer.sync import Publisher
+
+log = logging.getLogger(__name__)
+FINISHED = (RunStatus.COMPLETED, RunStatus.FAILED)
+
+
+class CheckpointMismatch(CrucibleError):
+    """The checkpoints on disk do not match the steps the database recorded."""
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    step: int
+    version: int
+    groups: int
+    dropped: int
+    metrics: dict[str, float | None]
+
+
+def sampling_temperature(run: Run) -> float:
+    """The temperature episodes were sampled at (the episode runner reads the same key)."""
+    sampling = run.config.get("sampling") if isinstance(run.config, dict) else None
+    return float((sampling or {}).get("temperature", 1.0))
+
+
+def load_policy(model_dir: str, *, config: TrainerConfig) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if config.lora is not None:
+        from trainer.lora import apply_lora
+
+        model = apply_lora(model, config=config.lora)
+    return model
+
+
+class Trainer:
+    def __init__(
+        self, *, run_id: int, publisher: Publisher, checkpoint_root: Path, db: Engine | None = None,
+        poll_s: float = 1.0,
+    ) -> None:
+        self.run_id = run_id
+        self.publisher = publisher
+        self.poll_s = poll_s
+        self._sessions = session_factory(db)
+        with self._sessions() as session:
+            run = get_run(session, run_id=run_id)
+            self.model_dir, self.batch_size = run.model, run.batch_size
+            self.max_staleness, self.temperature = run.max_staleness, sampling_temperature(run)
+            self.config = trainer_config(run.config.get("trainer") or {}, source=f"run {run_id} config.trainer")
+        torch.manual_seed(self.config.seed)
+        self.engine: PolicyEngine = make_engine(model=load_policy(self.model_dir, config=self.config),
+                                                config=self.config)
+        self.reference = self._reference()
+        self.checkpoints = CheckpointStore(checkpoint_root, keep=self.config.keep_checkpoints)
+        self.step = 0
+        self.consumed = 0
+
+    def _reference(self) -> torch.nn.Module | None:
+        if self.config.loss.kl_beta <= 0:
+            return None
+        from transformers import AutoModelForCausalLM
+
+        reference = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).eval()
+        return reference.requires_grad_(False)
+
+    # ---- resume -------------------------------------------------------------------------------
+    def resume(self) -> None:
+        """Match the checkpoints to the database, load the newest, and make vLLM serve it."""
+        with self._sessions() as session:
+            recorded = last_step(session, run_id=self.run_id)
+            self.checkpoints.reconcile(recorded_step=recorded)
+            latest = self.checkpoints.latest()
+            found = latest[1].step if latest else 0
+            if found != recorded:
+                raise CheckpointMismatch(
+                    f"run {self.run_id}: the database recorded {recorded} training steps but the newest "
+                    f"checkpoint under {self.checkpoints.root} is step {found}; restore the checkpoint directory")
+            if latest is not None:
+                self.engine.load(latest[0])
+                self.step, self.consumed = latest[1].step, latest[1].consumed_groups
+            in_db = consumed_groups(session, run_id=self.run_id, through_step=self.step)
+            if in_db != self.consumed:
+                raise CheckpointMismatch(f"run {self.run_id}: checkpoint step {self.step} consumed "
+                                         f"{self.consumed} groups, the database says {in_db}")
+            version = get_run(session, run_id=self.run_id).policy_version
+        log.info("run %d: resuming at step %d (policy version %d)", self.run_id, self.step, version)
+        if version not in (self.step, self.step - 1):
+            raise CheckpointMismatch(f"run {self.run_id}: policy version {version} does not follow step {self.step}")
+        self._publish(step=self.step, publish=version < self.step)
+
+    # ---- one step -----------------------------------------------------------------------------
+    def train_one_step(self) -> StepOutcome | None:
+        """One step if a batch is ready; None (after committing any drops) if not."""
+        started = time.perf_counter()
+        with self._sessions() as session:
+            plan = generate(session, run_id=self.run_id, version=self.step, max_staleness=self.max_staleness,
+                            batch_size=self.batch_size, loss=self.config.loss)
+            if not self._batch_ready(session, plan):
+                mark_dropped(session, group_ids=list(plan.dropped))
+                session.commit()
+                return None
+            timings = {"generate": time.perf_counter() - started}
+            result = self._learn(plan, timings)
+            outcome = self._commit(session, plan, result, timings)
+        faults.crash_point("commit", step=outcome.step)
+        self.checkpoints.promote(outcome.step)
+        faults.crash_point("promote", step=outcome.step)
+        self._publish(step=outcome.step, publish=True)
+        return outcome
+
+    def _batch_ready(self, session: Session, plan: BatchPlan) -> bool:
+        if len(plan.groups) >= self.batch_size:
+            return True
+        # Nothing in flight: no more groups can complete before this step's version is published.
+        return bool(plan.groups or plan.dropped) and inflight_groups(session, run_id=self.run_id) == 0
+
+    def _learn(self, plan: BatchPlan, timings: dict[str, float]) -> UpdateResult | None:
+        started = time.perf_counter()
+        score(plan, loss=self.config.loss)
+        scored = time.perf_counter()
+        advantages(plan, loss=self.config.loss)
+        timings.update(score=scored - started, advantages=time.perf_counter() - scored)
+        if not plan.groups:  # every claimed group was dropped: publish a version so dispatch goes on
+            return None
+        result = update(self.engine, plan.samples, config=self.config, temperature=self.temperature,
+                        reference=self.reference)
+        timings["update"] = result.seconds
+        faults.crash_point("update", step=self.step + 1)
+        return result
+
+    def _commit(self, session: Session, plan: BatchPlan, result: UpdateResult | None,
+                timings: dict[str, float]) -> StepOutcome:
+        step = self.step + 1
+        group_ids = [group.id for group in plan.groups]
+        state = TrainerState(run_id=self.run_id, step=step, policy_version=step,
+                             consumed_groups=self.consumed + len(group_ids), last_group_ids=group_ids)
+        started = time.perf_counter()
+        self.checkpoints.write_pending(engine=self.engine, state=state)
+        timings["checkpoint"] = time.perf_counter() - started
+        faults.crash_point("pending", step=step)
+        values = metrics.step_metrics(plan=plan, result=result, timings=timings)
+        started = time.perf_counter()
+        record_step(session, run_id=self.run_id, step=step, policy_version=step, consumed=group_ids,
+                    dropped=list(plan.dropped), metrics=values)
+        session.commit()
+        values[metrics.timing_key("commit")] = round(time.perf_counter() - started, 6)
+        self.step, self.consumed = step, state.consumed_groups
+        log.info("run %d: step %d trained on %d groups (%d dropped), loss %s, reward %s", self.run_id, step,
+                 len(group_ids), len(plan.dropped), values.get(metrics.LOSS), values.get(metrics.REWARD_MEAN))
+        return StepOutcome(step=step, version=step, groups=len(group_ids), dropped=len(plan.dropped),
+                           metrics=values)
+
+    # ---- sync and publish ---------------------------------------------------------------------
+    def _publish(self, *, step: int, publish: bool) -> None:
+        """Push + probe the weights as version `step`; when `publish`, record the version after."""
+        report = self.publisher.push(engine=self.engine, version=step)
+        log.info("run %d: version %d synced in %.3f s, probe %s", self.run_id, step, report.seconds, report.probe)
+        if not publish:
+            return
+        extra = metrics.sync_metrics(seconds=report.seconds, probe_kl=report.probe.kl,
+                                     probe_diff=report.probe.mean_abs_diff)
+        path = self.checkpoints.root / f"step-{step:06d}"
+        with self._sessions() as session:
+            publish_version(session, run_id=self.run_id, version=step, step=step, checkpoint_path=str(path),
+                            sync_seconds=report.seconds, probe_kl=report.probe.kl)
+            row = session.execute(select(TrainingStep).where(
+                TrainingStep.run_id == self.run_id, TrainingStep.step == step)).scalar_one_or_none()
+            if row is not None:
+                row.metrics = {**row.metrics, **extra}
+            session.commit()
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def finished(self) -> bool:
+        with self._sessions() as session:
+            return get_run(session, run_id=self.run_id).status in FINISHED
+
+    def run(self, *, max_steps: int | None = None, stop: threading.Event | None = None) -> int:
+        """Resume, then train until the run finishes, `max_steps` more steps are done or `stop` is set."""
+        stop = stop or threading.Event()
+        self.resume()
+        done = 0
+        while not stop.is_set() and (max_steps is None or done < max_steps):
+            if self.train_one_step() is not None:
+                done += 1
+            elif self.finished():
+                break
+            else:
+                stop.wait(self.poll_s)
+        return done
+
+    def close(self) -> None:
+        self.publisher.close()
