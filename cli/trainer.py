@@ -102,4 +102,9 @@ def trainer(
 
 
 if __name__ == "__main__":
+    import logging
+
+    from core.settings import get_settings
+
+    logging.basicConfig(level=get_settings().log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     typer.run(trainer)

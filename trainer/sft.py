@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -45,9 +46,12 @@ def sft_loss(model: torch.nn.Module, batch: MicroBatch, *, total_tokens: float) 
 
 def sft_warmup(
     *, model: torch.nn.Module, demonstrations: list[Demonstration], steps: int, lr: float, batch_size: int,
-    seed: int = 0, micro_batch_tokens: int = 4096,
+    seed: int = 0, micro_batch_tokens: int = 4096, target_loss: float | None = None,
+    stop_when: Callable[[], bool] | None = None,
 ) -> SftReport:
-    """AdamW with a short warm-up then cosine decay; batches drawn with replacement from a seeded RNG."""
+    """AdamW with a short warm-up then cosine decay; batches drawn with replacement from a seeded RNG.
+    Stops early once the loss (averaged over the last 20 steps) is below `target_loss`, or once
+    `stop_when()` (asked after every step, the model in eval mode) is true."""
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     warmup = max(1, steps // 20)
@@ -61,6 +65,8 @@ def sft_warmup(
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     model.train()
     started, first, last = time.perf_counter(), float("nan"), float("nan")
+    recent: list[float] = []
+    done = steps
     for step in range(steps):
         chunks = _micro_batches(rng.choices(demonstrations, k=batch_size), max_tokens=micro_batch_tokens)
         total = float(sum(chunk.mask.sum() for chunk in chunks))
@@ -75,5 +81,16 @@ def sft_warmup(
         optimizer.zero_grad(set_to_none=True)
         last = float(loss.detach())
         first = last if step == 0 else first
+        recent = [*recent[-19:], last]
+        if target_loss is not None and len(recent) == 20 and sum(recent) / 20 < target_loss:
+            done = step + 1
+            break
+        if stop_when is not None:
+            model.eval()
+            stop = stop_when()
+            model.train()
+            if stop:
+                done = step + 1
+                break
     model.eval()
-    return SftReport(steps=steps, first_loss=first, last_loss=last, seconds=time.perf_counter() - started)
+    return SftReport(steps=done, first_loss=first, last_loss=last, seconds=time.perf_counter() - started)

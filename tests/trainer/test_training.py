@@ -313,3 +313,29 @@ def test_sync_mode_waits_for_a_full_batch_of_the_current_version(
         ["consumed"] * 2
     assert first.id != stale.id != fresh.id
     trainer.close()
+
+
+@pytest.mark.parametrize("backend", [
+    {"lora": {"rank": 4, "alpha": 8}},
+    {"deepspeed": {"stage": 3}},
+], ids=["lora", "deepspeed-zero3"])
+def test_lora_and_zero3_steps_sync_merged_or_gathered_weights(
+    db_session: Session, served_original: VllmServer, tiny_model_dir: Path, tokenizer: PreTrainedTokenizerBase,
+    tmp_path: Path, backend: dict,
+) -> None:
+    """vLLM gets full weights either way (LoRA merged, ZeRO-3 gathered); the probe proves it serves them."""
+    from tests.trainer.rows import add_group, make_environment
+
+    run = make_run(db_session, model=str(tiny_model_dir), group_size=2, batch_size=1,
+                   trainer={"optimizer": {"lr": 1e-2}, **backend})
+    env, task = make_environment(db_session)
+    add_group(db_session, run=run, env=env, task=task, rewards=[1.0, 0.0], vocab=len(tokenizer))
+    db_session.commit()
+    trainer = Trainer(run_id=run.id, publisher=_publisher(served_original, tokenizer), checkpoint_root=tmp_path)
+    trainer.resume()
+    outcome = trainer.train_one_step()
+    assert outcome is not None and outcome.version == 1
+    db_session.expire_all()
+    version = db_session.execute(select(PolicyVersion).where(PolicyVersion.run_id == run.id)).scalar_one()
+    assert abs(version.probe_kl) < 1e-5  # the served weights moved (lr 1e-2) and match the trainer's
+    trainer.close()
