@@ -7,11 +7,13 @@
    one optimizer step per batch, plain PyTorch on CPU. TRL generates inside its training step, so
    its update time is its training wall-clock minus the time inside `_generate_and_score_completions`;
    ours is `trainer.step.update`. tokens/s = (prompt + completion) tokens through forward and backward.
+   Both with `--threads` torch threads (default 1: two threads thrash on a shared 2-core machine),
+   alternating `--repeats` times; medians.
 2. Weight sync: push + probe of the tiny model into a real vLLM (CPU) server, seconds per sync.
 3. Async vs sync wall-clock to the same number of updates: rollouts sampled from that vLLM server
    (completions API, token ids + logprobs), updates with our engine, a verified sync after each.
    sync: sample → update → sync, in turn; async (staleness 1): the next batch is sampled while the
-   current one trains.
+   current one trains. By default vLLM gets one CPU and the trainer the other (`--no-pin`: shared).
 
 Needs `trl` (`pip install trl`, dev extra).
 """
@@ -19,6 +21,7 @@ Needs `trl` (`pip install trl`, dev extra).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -101,6 +104,7 @@ def trl_tokens_per_s(model_dir: Path, *, steps: int, prompts: int, group: int, p
         generation_kwargs={"min_new_tokens": completion_len}, loss_type="dapo", beta=0.0, epsilon=0.2,
         epsilon_high=0.28, scale_rewards="none", learning_rate=1e-5, max_steps=steps + 1, logging_steps=10**6,
         save_strategy="no", dataloader_num_workers=0, gradient_accumulation_steps=1, seed=0, max_grad_norm=1.0,
+        disable_tqdm=True,
     )
     trainer = GRPOTrainer(model=str(model_dir), reward_funcs=lambda completions, **_: [random.random()
                                                                                    for _ in completions],
@@ -123,7 +127,8 @@ def trl_tokens_per_s(model_dir: Path, *, steps: int, prompts: int, group: int, p
     trainer._generate_and_score_completions = timed_generate  # type: ignore[method-assign]
     trainer.training_step = timed_step  # type: ignore[method-assign]
     started = time.perf_counter()
-    trainer.train()
+    with contextlib.redirect_stdout(sys.stderr):  # the Trainer prints its logs: stdout is for the one JSON
+        trainer.train()
     total = time.perf_counter() - started
     # Leave out the first step (warm-up): time from the second step's start to the end.
     warm = timing["steps"][1] - started
@@ -209,9 +214,18 @@ def main() -> None:
     parser.add_argument("--completion-len", type=int, default=64)
     parser.add_argument("--syncs", type=int, default=8)
     parser.add_argument("--pipeline-updates", type=int, default=6)
+    parser.add_argument("--pipeline-prompts", type=int, default=8)
+    parser.add_argument("--pipeline-group", type=int, default=8)
+    parser.add_argument("--pipeline-completion-len", type=int, default=128)
+    parser.add_argument("--no-pin", dest="pin", action="store_false",
+                        help="Do not give vLLM and the trainer a CPU each in the async/sync comparison.")
+    parser.add_argument("--repeats", type=int, default=3, help="Alternating ours/TRL measurements; medians.")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads for both trainers (on 2 shared cores, 2 threads thrash: 5-10x slower).")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    torch.set_num_threads(args.threads)
     shape = {"prompts": args.prompts, "group": args.group, "prompt_len": args.prompt_len,
              "completion_len": args.completion_len}
     out: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads()},
@@ -219,12 +233,23 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         info = make_tiny_model(out_dir=Path(tmp) / "model", seed=0)
         out["model"] = {"parameters": info.parameters, "vocab": info.vocab_size}
-        ours = ours_tokens_per_s(info.path, steps=args.steps, **shape)
-        theirs = trl_tokens_per_s(info.path, steps=args.steps, **shape)
-        out["update"] = {"ours": ours, "trl_grpo": theirs,
-                         "speedup_vs_trl": round(ours["tokens_per_s"] / theirs["tokens_per_s"], 2)}
+        out["update"] = _update_throughput(info.path, args=args, shape=shape)
         out.update(_served(info.path, Path(tmp), args=args, shape=shape))
     sys.stdout.write(json.dumps(out, default=lambda v: round(v, 4) if isinstance(v, float) else str(v)) + "\n")
+
+
+def _update_throughput(model_dir: Path, *, args: argparse.Namespace, shape: dict[str, int]) -> dict[str, Any]:
+    """Ours and TRL's, alternating (the machine's other load drifts), medians of `repeats` each."""
+    ours, theirs = [], []
+    for _ in range(args.repeats):
+        ours.append(ours_tokens_per_s(model_dir, steps=args.steps, **shape))
+        theirs.append(trl_tokens_per_s(model_dir, steps=args.steps, **shape))
+    ours_median = statistics.median(r["tokens_per_s"] for r in ours)
+    trl_median = statistics.median(r["tokens_per_s"] for r in theirs)
+    return {"ours_tokens_per_s": ours_median, "trl_grpo_tokens_per_s": trl_median,
+            "speedup_vs_trl": round(ours_median / trl_median, 2),
+            "ours_runs": [r["tokens_per_s"] for r in ours], "trl_runs": [r["tokens_per_s"] for r in theirs],
+            "trl_generation_s_per_step": statistics.median(r["generation_s_per_step"] for r in theirs)}
 
 
 def _served(model_dir: Path, tmp: Path, *, args: argparse.Namespace, shape: dict[str, int]) -> dict[str, Any]:
@@ -232,7 +257,14 @@ def _served(model_dir: Path, tmp: Path, *, args: argparse.Namespace, shape: dict
 
     served = Path(shutil.copytree(model_dir, tmp / "served"))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    cpus = sorted(os.sched_getaffinity(0))
+    placement = "shared"
+    if args.pin and len(cpus) >= 2:  # vLLM's OpenMP threads on the first CPU, this process on the second
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(cpus[0])
+        placement = f"vLLM on CPU {cpus[0]}, trainer on CPU {cpus[1]}"
     with VllmServer(model_dir=served, served_model_name="tiny", max_model_len=1024) as server:
+        if placement != "shared":
+            os.sched_setaffinity(0, {cpus[1]})  # after the start: the server must not inherit it
         policy = PolicyServer(api_url=server.api_url, base_url=server.base_url, model_name=server.model_name,
                               model_dir=served)
         publisher = Publisher(server=policy, syncer=make_weight_syncer("reload", base_url=server.base_url,
@@ -248,12 +280,14 @@ def _served(model_dir: Path, tmp: Path, *, args: argparse.Namespace, shape: dict
             total.append(time.perf_counter() - started)
         sync = {"push_s_median": statistics.median(push), "push_and_probe_s_median": statistics.median(total),
                 "probe_mean_abs_diff": report.probe.mean_abs_diff, "syncs": args.syncs}
+        pipeline = {"prompts": args.pipeline_prompts, "group": args.pipeline_group, "prompt_len": shape["prompt_len"],
+                    "completion_len": args.pipeline_completion_len}
         seconds = {mode: pipeline_seconds(server, publisher, model_dir, mode=mode, updates=args.pipeline_updates,
-                                          **shape) for mode in ("sync", "async")}
+                                          **pipeline) for mode in ("sync", "async")}
         publisher.close()
     return {"weight_sync": sync, "async_vs_sync": {
         "updates": args.pipeline_updates, "sync_s": seconds["sync"], "async_s": seconds["async"],
-        "speedup": round(seconds["sync"] / seconds["async"], 2)}}
+        "speedup": round(seconds["sync"] / seconds["async"], 2), "placement": placement, "shape": pipeline}}
 
 
 if __name__ == "__main__":

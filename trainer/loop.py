@@ -8,12 +8,15 @@ consumed/dropped and the training_steps row inserted → commit. Then the checkp
 the weights pushed to vLLM and probed, and only then the policy version published (a
 policy_versions row, runs.policy_version bumped). A failed probe raises and publishes nothing.
 
-A step trains on `batch_size` groups; on fewer when nothing is in flight any more (the controller
-waits for this step's version, or the budget is spent), so it never waits for groups that cannot come.
+A step trains on `batch_size` groups. Groups it drops (zero variance, stale, no trainable sample) are
+committed as dropped at once so the controller dispatches replacements (DAPO dynamic sampling); a
+step trains on fewer only when no more can come (nothing in flight and the run stopped or its
+budget spent).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -40,6 +43,7 @@ from trainer.store import (
     inflight_groups,
     last_step,
     mark_dropped,
+    more_groups_possible,
     publish_version,
     record_step,
 )
@@ -100,6 +104,7 @@ class Trainer:
         self.checkpoints = CheckpointStore(checkpoint_root, keep=self.config.keep_checkpoints)
         self.step = 0
         self.consumed = 0
+        self._dropped_while_waiting = BatchPlan()  # reported with the next step's metrics
 
     def _reference(self) -> torch.nn.Module | None:
         if self.config.loss.kl_beta <= 0:
@@ -144,6 +149,7 @@ class Trainer:
             if not self._batch_ready(session, plan):
                 mark_dropped(session, group_ids=list(plan.dropped))
                 session.commit()
+                self._remember_drops(plan)
                 return None
             timings = {"generate": time.perf_counter() - started}
             result = self._learn(plan, timings)
@@ -154,27 +160,41 @@ class Trainer:
         self._publish(step=outcome.step, publish=True)
         return outcome
 
+    def _remember_drops(self, plan: BatchPlan) -> None:
+        """Keep what the committed drops looked like (their rewards, their reasons) for the next step's
+        metrics: leaving solved groups out of `reward/*` would bias it low."""
+        earlier = self._dropped_while_waiting
+        earlier.dropped.update(plan.dropped)
+        earlier.scored += [sample for sample in plan.scored if sample.group_id in plan.dropped]
+        earlier.examined += len(plan.dropped)
+
+    def _metrics_view(self, plan: BatchPlan) -> BatchPlan:
+        """The step's plan plus the groups dropped while it waited (for metrics only)."""
+        earlier, self._dropped_while_waiting = self._dropped_while_waiting, BatchPlan()
+        return dataclasses.replace(plan, dropped={**earlier.dropped, **plan.dropped},
+                                   scored=earlier.scored + plan.scored, examined=earlier.examined + plan.examined)
+
     def _batch_ready(self, session: Session, plan: BatchPlan) -> bool:
         if len(plan.groups) >= self.batch_size:
             return True
-        # Nothing in flight: no more groups can complete before this step's version is published.
-        return bool(plan.groups or plan.dropped) and inflight_groups(session, run_id=self.run_id) == 0
+        if plan.dropped or not plan.groups:  # commit the drops first: the controller replaces them
+            return False
+        return inflight_groups(session, run_id=self.run_id) == 0 and not more_groups_possible(
+            session, run_id=self.run_id)
 
-    def _learn(self, plan: BatchPlan, timings: dict[str, float]) -> UpdateResult | None:
+    def _learn(self, plan: BatchPlan, timings: dict[str, float]) -> UpdateResult:
         started = time.perf_counter()
         score(plan, loss=self.config.loss)
         scored = time.perf_counter()
         advantages(plan, loss=self.config.loss)
         timings.update(score=scored - started, advantages=time.perf_counter() - scored)
-        if not plan.groups:  # every claimed group was dropped: publish a version so dispatch goes on
-            return None
         result = update(self.engine, plan.samples, config=self.config, temperature=self.temperature,
                         reference=self.reference)
         timings["update"] = result.seconds
         faults.crash_point("update", step=self.step + 1)
         return result
 
-    def _commit(self, session: Session, plan: BatchPlan, result: UpdateResult | None,
+    def _commit(self, session: Session, plan: BatchPlan, result: UpdateResult,
                 timings: dict[str, float]) -> StepOutcome:
         step = self.step + 1
         group_ids = [group.id for group in plan.groups]
@@ -184,7 +204,7 @@ class Trainer:
         self.checkpoints.write_pending(engine=self.engine, state=state)
         timings["checkpoint"] = time.perf_counter() - started
         faults.crash_point("pending", step=step)
-        values = metrics.step_metrics(plan=plan, result=result, timings=timings)
+        values = metrics.step_metrics(plan=self._metrics_view(plan), result=result, timings=timings)
         started = time.perf_counter()
         record_step(session, run_id=self.run_id, step=step, policy_version=step, consumed=group_ids,
                     dropped=list(plan.dropped), metrics=values)

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from trainer.advantages import assign_advantages, normalize_per_environment
 from trainer.config import LossConfig, TrainerConfig
 from trainer.engine import PolicyEngine
-from trainer.logprobs import Forward, sequence_logprobs, token_logprobs
+from trainer.logprobs import sequence_logprobs, token_logprobs
 from trainer.loss import TokenTensors, merge_stats, policy_loss
 from trainer.packing import MicroBatch, micro_batches, split_minibatches
 from trainer.rollouts import Sample, load_groups
@@ -72,7 +72,7 @@ def _rows(values: dict[int, torch.Tensor], batch: MicroBatch) -> torch.Tensor:
 
 def update(
     engine: PolicyEngine, samples: list[Sample], *, config: TrainerConfig, temperature: float = 1.0,
-    reference: Forward | None = None,
+    reference: torch.nn.Module | None = None,
 ) -> UpdateResult:
     """`epochs` × `minibatches` optimizer steps on `samples` (advantages assigned)."""
     started = time.perf_counter()
@@ -84,7 +84,9 @@ def update(
     # One pass over the batch: π_prox is π_θ at the step's start, i.e. the forward's own detached
     # logprobs; more passes need them recomputed once, before the first optimizer step.
     single_pass = opt.epochs == 1 and len(chunks) == 1
-    prox = None if single_pass else sequence_logprobs(engine, every, temperature=temperature)
+    model = engine.module  # its decoder and head are called apart (see trainer.logprobs) ...
+    whole = engine if hasattr(next(model.parameters()), "ds_id") else None  # ... unless ZeRO-3 partitions it
+    prox = None if single_pass else sequence_logprobs(model, every, temperature=temperature, whole=whole)
     ref = None
     if config.loss.kl_beta > 0 and reference is not None:
         ref = sequence_logprobs(reference, every, temperature=temperature)
@@ -93,7 +95,8 @@ def update(
         for chunk in chunks:
             total = int(sum(float(batch.mask.sum()) for batch in chunk))
             for batch in chunk:
-                logp, entropy = token_logprobs(engine, batch, temperature=temperature, with_entropy=epoch == 0)
+                logp, entropy = token_logprobs(model, batch, temperature=temperature, with_entropy=epoch == 0,
+                                               whole=whole)
                 tensors = TokenTensors(
                     logp=logp, prox_logp=logp.detach() if prox is None else _rows(prox, batch),
                     behav_logp=batch.behav_logp, advantages=batch.advantages, mask=batch.mask, entropy=entropy,

@@ -50,6 +50,19 @@ def inflight_groups(session: Session, *, run_id: int) -> int:
     return int(session.execute(query).scalar_one())
 
 
+def more_groups_possible(session: Session, *, run_id: int) -> bool:
+    """Whether the controller may still dispatch groups for the run: it is active and its budget
+    (`max_groups` in its config, counting every group dispatched) is not spent."""
+    run = get_run(session, run_id=run_id)
+    if run.status not in ("pending", "running"):
+        return False
+    budget = (run.config or {}).get("max_groups")
+    if budget is None:
+        return True
+    dispatched = session.execute(select(func.count()).where(EpisodeGroup.run_id == run_id)).scalar_one()
+    return int(dispatched) < int(budget)
+
+
 def mark_dropped(session: Session, *, group_ids: list[int]) -> None:
     """Groups that will never be trained on (zero variance, stale, no trainable sample); flushed."""
     if group_ids:

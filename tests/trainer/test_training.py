@@ -312,6 +312,14 @@ def test_sync_mode_waits_for_a_full_batch_of_the_current_version(
     assert [status for _, status, _ in _consumed(db_session, run.id)] == ["consumed"] * 2 + ["dropped"] + \
         ["consumed"] * 2
     assert first.id != stale.id != fresh.id
+
+    last = group(2)
+    db_session.commit()
+    assert trainer.train_one_step() is None  # one group of two, and the controller may send another
+    db_session.get(Run, run.id).status = "stopped"  # type: ignore[union-attr]
+    db_session.commit()
+    outcome = trainer.train_one_step()  # nothing in flight, nothing more to come: a smaller last batch
+    assert outcome is not None and outcome.groups == 1 and _consumed(db_session, run.id)[-1][0] == last.group_index
     trainer.close()
 
 
