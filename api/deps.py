@@ -2,10 +2,12 @@
 
     SessionDep    a Session that commits when the request succeeds and rolls back if it raises
     CurrentToken  the live ApiToken the request presented (401 otherwise)
-    PageToken     the same for dashboard pages: a 401 login form instead of JSON, and `?token=` once
+    PageToken     the same for dashboard pages: a 401 login form instead of JSON
 
 A token comes from `Authorization: Bearer <token>`, or, for GET and HEAD only, from the dashboard's
 cookie (mutating requests need the header, so a cookie alone cannot be used for cross-site writes).
+Never from the URL: a token in a query string lands in access logs, browser history and Referer
+headers, and `/?token=X` would log a victim into X's account (login CSRF).
 """
 
 from __future__ import annotations
@@ -46,15 +48,6 @@ class LoginRequired(Exception):
         self.reason = reason
 
 
-class TokenFromQuery(Exception):
-    """`?token=` on a page: set the cookie and redirect to the same page without it."""
-
-    def __init__(self, *, token: str, url: str) -> None:
-        super().__init__(url)
-        self.token = token
-        self.url = url
-
-
 def presented_token(request: Request, credentials: HTTPAuthorizationCredentials | None) -> str | None:
     header = request.headers.get("authorization")
     if header and credentials is None:
@@ -90,14 +83,10 @@ def page_token(
     request: Request, session: SessionDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
 ) -> ApiToken:
-    from_query = request.query_params.get("token")
     try:
-        token = authenticate(session, token=from_query or presented_token(request, credentials))
+        return authenticate(session, token=presented_token(request, credentials))
     except (Unauthorized, ApiError) as error:
         raise LoginRequired(next_url=_path_with_query(request, without="token"), reason=str(error)) from None
-    if from_query:
-        raise TokenFromQuery(token=from_query, url=_path_with_query(request, without="token"))
-    return token
 
 
 PageToken = Annotated[ApiToken, Depends(page_token)]

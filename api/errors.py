@@ -6,7 +6,10 @@
     RequestValidationError    422 validation_error, one line per bad field in `message`
     HTTPException             its status, a code named after it (not_found, method_not_allowed…)
     DataError (database)      422 invalid_value: Postgres refused a value (a NUL byte, an overflow)
-    OperationalError          503 service_unavailable
+    OperationalError          422 too_large when Postgres refused a value for its size (SQLSTATE class
+                              54: an index row, a tsvector, a JSONB too big); 503 service_unavailable
+                              when the database cannot be reached; 503 database_error otherwise, saying
+                              what Postgres said
     anything else             500 internal_error (logged with its traceback)
 """
 
@@ -23,12 +26,15 @@ from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from controller.errors import InvalidRunState, NoEligibleTask
+from core.config_files import DataLimitError
 from core.errors import ConfigError, CrucibleError, NotFound, ServiceUnavailable
+from core.settings import get_settings
 
 logger = logging.getLogger("crucible.api")
 
 _CRUCIBLE_STATUS: list[tuple[type[CrucibleError], int, str]] = [
     (NotFound, 404, "not_found"),
+    (DataLimitError, 422, "limit_exceeded"),
     (ConfigError, 422, "invalid"),
     (InvalidRunState, 409, "conflict"),
     (NoEligibleTask, 409, "no_eligible_task"),
@@ -86,7 +92,7 @@ def _validation_message(detail: list[dict[str, Any]]) -> str:
     lines = []
     for item in detail[:5]:
         where = ".".join(part for part in item["loc"] if part not in ("body",)) or "request"
-        given = f", got {item['input']}" if "input" in item else ""
+        given = f", got {item['input']}" if "input" in item and " got " not in item["msg"] else ""
         lines.append(f"{where}: {item['msg'].removeprefix('Value error, ')}{given}")
     more = f" (and {len(detail) - 5} more)" if len(detail) > 5 else ""
     return "; ".join(lines) + more
@@ -145,13 +151,29 @@ async def _data_error(request: Request, error: Exception) -> JSONResponse:
     return error_response(422, "invalid_value", f"the database refused a value: {reason}")
 
 
+def _database_reason(error: Exception) -> tuple[str | None, str]:
+    """(SQLSTATE or None, Postgres' first line) of a SQLAlchemy error wrapping a psycopg one."""
+    original = getattr(error, "orig", None)
+    state = getattr(original, "sqlstate", None)
+    lines = str(original or error).strip().splitlines()
+    return (state if isinstance(state, str) else None), (lines[0] if lines else type(error).__name__)
+
+
 async def _operational_error(request: Request, error: Exception) -> JSONResponse:
-    logger.warning("database unavailable: %s", error)
-    return error_response(503, "service_unavailable", "the database does not answer; try again shortly")
+    state, reason = _database_reason(error)
+    if state is not None and state.startswith("54"):  # program_limit_exceeded and friends: the value, not the server
+        return error_response(422, "too_large", f"the database refused a value as too large: {reason}")
+    if state is None or state.startswith(("08", "57P")):  # no connection, or the server is shutting down
+        logger.warning("database unavailable: %s", error)
+        return error_response(503, "service_unavailable", "the database does not answer; try again shortly")
+    logger.warning("database error %s on %s %s: %s", state, request.method, request.url.path, reason)
+    return error_response(503, "database_error", f"the database failed the request ({state}): {reason}")
 
 
 async def _unexpected(request: Request, error: Exception) -> JSONResponse:
     logger.exception("unhandled error on %s %s", request.method, request.url.path)
+    if get_settings().environment == "production":  # no internals in production answers
+        return error_response(500, "internal_error", "unexpected error; the server log has the details")
     return error_response(500, "internal_error", f"unexpected {type(error).__name__}; the server log has the traceback")
 
 

@@ -20,6 +20,7 @@ DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
 MAX_BIGINT = 2**63 - 1
 MAX_INT = 2**31 - 1
+MAX_KEY_CHARS = 256
 
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description="Rows per page.")]
 Cursor = Annotated[str | None, Query(max_length=512, description="`next_cursor` of the previous page.")]
@@ -39,7 +40,7 @@ def decode_cursor(cursor: str | None, *, types: Sequence[type]) -> list[Any] | N
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         key = json.loads(raw)
-    except (binascii.Error, ValueError, UnicodeDecodeError):
+    except (binascii.Error, ValueError, UnicodeDecodeError, RecursionError):
         key = None
     if not isinstance(key, list) or len(key) != len(types) or not all(_fits(v, t) for v, t in zip(key, types, strict=True)):
         raise ApiError(422, "invalid_cursor",
@@ -48,11 +49,21 @@ def decode_cursor(cursor: str | None, *, types: Sequence[type]) -> list[Any] | N
 
 
 def _fits(value: Any, kind: type) -> bool:
+    if kind is str:  # a forged key must not reach Postgres as a NUL or a lone surrogate
+        return isinstance(value, str) and len(value) <= MAX_KEY_CHARS and "\x00" not in value and _encodes(value)
     if kind is int:
         return isinstance(value, int) and not isinstance(value, bool) and -MAX_BIGINT <= value <= MAX_BIGINT
     if kind is float:
         return isinstance(value, int | float) and not isinstance(value, bool)
     return isinstance(value, kind)
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def page(rows: Sequence[T], *, limit: int, key: Any) -> tuple[list[T], str | None]:

@@ -12,14 +12,17 @@ def api(
     host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
     port: int = typer.Option(8080, min=1, max=65535, help="Port to listen on."),
 ) -> None:
-    """Serve the REST API and dashboard."""
-    import uvicorn
-
+    """Serve the REST API and dashboard (bounded: see api.server and api.limits)."""
     with readable_errors():
-        from core.db import check_database, get_engine
+        from api.production import check_ready_to_serve
+        from core.db import check_database, get_engine, session_scope
 
         check_database(get_engine())
-    uvicorn.run("api.main:app", host=host, port=port, log_level=get_settings().log_level.lower())
+        with session_scope() as session:  # production without a live token: one line, not a traceback
+            check_ready_to_serve(session, get_settings())
+    from api.server import serve
+
+    serve(host=host, port=port)
 
 
 def worker(

@@ -13,8 +13,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -49,7 +49,21 @@ class Settings(BaseSettings):
     api_token: str | None = None
     """Bearer token the CLI sends to the API."""
     environment: Literal["development", "production"] = "development"
-    """`production` refuses to start without an API token."""
+    """`production`: the API refuses to start unless CRUCIBLE_API_TOKEN names a live token, the dashboard
+    cookie is always `Secure`, DEBUG logging is refused and error answers carry no internals."""
+    api_max_header_bytes: Annotated[int, Field(ge=4096, le=2**24)] = 64 * 2**10
+    """Request line plus headers of one request (`crucible api`); a larger one is answered 431."""
+    api_max_body_bytes: Annotated[int, Field(ge=4096, le=2**30)] = 2**20
+    """A request body the API parses in memory (JSON, forms); a larger one is answered 413 unread."""
+    api_max_upload_bytes: Annotated[int, Field(ge=4096, le=2**33)] = 64 * 2**20
+    """A task upload (streamed to disk as it arrives); a larger one is answered 413."""
+    api_max_connections: Annotated[int, Field(ge=1, le=65536)] = 256
+    """Connections `crucible api` serves at once; beyond it a request is answered 503 at once."""
+    task_repos_root: Path | None = None
+    """The one server directory under which `POST …/tasks?format=swebench&repos_dir=` may name
+    repositories. Unset: the API reads no server path at all (upload archives instead)."""
+    sandbox_networks: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Comma-separated Docker networks an environment spec may name (with `allow_network`). Empty: none."""
     worker_name: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     """Identity of this worker; it labels every sandbox the worker owns."""
     worker_concurrency: Annotated[int, Field(ge=1, le=1024)] = 4
@@ -91,6 +105,19 @@ class Settings(BaseSettings):
             raise ValueError("expected an http:// or https:// URL")
         return value.rstrip("/")
 
+    @field_validator("sandbox_networks", mode="before")
+    @classmethod
+    def _split_networks(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [name.strip() for name in value.split(",") if name.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _production_rules(self) -> Settings:
+        if self.environment == "production" and self.log_level == "DEBUG":
+            raise ValueError("CRUCIBLE_LOG_LEVEL: expected INFO or higher in production (no debug output), got 'DEBUG'")
+        return self
+
     @field_validator("sandbox_pool_max")
     @classmethod
     def _check_pool_bounds(cls, value: int, info) -> int:  # type: ignore[no-untyped-def]
@@ -121,8 +148,11 @@ def _describe(error: ValidationError) -> str:
     """One line per bad setting: name, what is expected, what was given."""
     lines = []
     for item in error.errors():
-        field = str(item["loc"][0]) if item["loc"] else "?"
         message = item["msg"].removeprefix("Value error, ")
+        if not item["loc"]:  # a rule across settings names its settings itself
+            lines.append(message)
+            continue
+        field = str(item["loc"][0])
         given = item.get("input")
         lines.append(f"{ENV_PREFIX}{field.upper()}: {message}, got {given!r}")
     return "; ".join(lines)

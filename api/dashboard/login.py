@@ -1,8 +1,15 @@
 """`/login` (a 401 page holding the token form: nothing but /healthz answers without a token),
-`POST /login` (checks the token, sets the cookie) and `/logout`."""
+`POST /login` (checks the token, sets the cookie) and `/logout`.
+
+Login CSRF: a cross-site page could POST its own token to /login and so sign a victim in as the
+attacker. Every rendering of the form sets a random nonce in a SameSite=Strict cookie and in a hidden
+field; POST /login accepts only when both are present and equal (double submit: another site can
+neither read the field nor set the cookie). A token never travels in a URL.
+"""
 
 from __future__ import annotations
 
+import secrets
 from typing import Annotated
 
 from fastapi import APIRouter, Form, Request
@@ -11,8 +18,11 @@ from fastapi.responses import RedirectResponse, Response
 from api.dashboard.rendering import COOKIE_MAX_AGE, render
 from api.deps import COOKIE_NAME, PageToken, SessionDep
 from api.services.tokens import Unauthorized, authenticate
+from core.settings import get_settings
 
 router = APIRouter(include_in_schema=False)
+NONCE_COOKIE = "crucible_login"
+NONCE_MAX_AGE = 3600
 
 
 def safe_next(next_url: str | None) -> str:
@@ -22,28 +32,48 @@ def safe_next(next_url: str | None) -> str:
     return next_url
 
 
+def _secure(request: Request) -> bool:
+    """Production cookies are always Secure (TLS ends at a proxy there); elsewhere when served over https."""
+    return get_settings().environment == "production" or request.url.scheme == "https"
+
+
 def set_token_cookie(response: Response, *, token: str, secure: bool) -> None:
     response.set_cookie(COOKIE_NAME, token, max_age=COOKIE_MAX_AGE, httponly=True, samesite="strict", secure=secure,
                         path="/")
 
 
+def login_page(request: Request, *, next_url: str, reason: str | None) -> Response:
+    """The form with a fresh nonce in its hidden field and in the nonce cookie, answered 401."""
+    nonce = secrets.token_urlsafe(24)
+    response = render(request, "login.html", {"next_url": safe_next(next_url), "reason": reason, "nonce": nonce},
+                      status_code=401)
+    response.set_cookie(NONCE_COOKIE, nonce, max_age=NONCE_MAX_AGE, httponly=True, samesite="strict",
+                        secure=_secure(request), path="/login")
+    return response
+
+
 @router.get("/login")
 def login_form(request: Request, next: str = "/") -> Response:
     """The form, with 401: a page without a token is unauthorised, the form says how to get one."""
-    return render(request, "login.html", {"next_url": safe_next(next), "reason": None}, status_code=401)
+    return login_page(request, next_url=next, reason=None)
 
 
 @router.post("/login")
 def login(
     request: Request, session: SessionDep, token: Annotated[str, Form(max_length=256)] = "",
-    next: Annotated[str, Form(max_length=2048)] = "/",
+    next: Annotated[str, Form(max_length=2048)] = "/", nonce: Annotated[str, Form(max_length=64)] = "",
 ) -> Response:
+    expected = request.cookies.get(NONCE_COOKIE, "")
+    if not expected or not nonce or not secrets.compare_digest(nonce.encode(errors="replace"), expected.encode()):
+        return login_page(request, next_url=next, reason="expected the sign-in form of this server, got a form "
+                          "without its nonce (sign in from this page)")
     try:
         authenticate(session, token=token.strip())
     except Unauthorized as error:
-        return render(request, "login.html", {"next_url": safe_next(next), "reason": str(error)}, status_code=401)
+        return login_page(request, next_url=next, reason=str(error))
     response = RedirectResponse(safe_next(next), status_code=303)
-    set_token_cookie(response, token=token.strip(), secure=request.url.scheme == "https")
+    set_token_cookie(response, token=token.strip(), secure=_secure(request))
+    response.delete_cookie(NONCE_COOKIE, path="/login")  # one nonce, one sign-in
     return response
 
 

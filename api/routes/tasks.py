@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import tempfile
+from typing import Annotated, Any, BinaryIO, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
@@ -10,6 +11,7 @@ from starlette.datastructures import UploadFile
 
 from api.deps import SessionDep, current_token
 from api.errors import ApiError
+from api.limits import streamed_upload
 from api.pagination import DEFAULT_LIMIT, Cursor, Limit
 from api.params import EnvironmentName, OptionalName, TaskId
 from api.schemas.common import ERROR_RESPONSES
@@ -18,44 +20,52 @@ from api.services import tasks
 
 router = APIRouter(tags=["tasks"], dependencies=[Depends(current_token)], responses=ERROR_RESPONSES)
 
-MAX_UPLOAD_BYTES = 256 * 2**20
 UPLOAD_BODY = {"requestBody": {"required": True, "content": {
     "application/x-ndjson": {"schema": {"type": "string"}},
     "text/plain": {"schema": {"type": "string"}},
     "multipart/form-data": {"schema": {"type": "object", "required": ["file"],
                                        "properties": {"file": {"type": "string", "format": "binary"}}}},
 }}}
+SPOOL_IN_MEMORY_BYTES = 2**20
 
 
-async def _upload_text(request: Request) -> str:
-    """The JSONL text of a raw body or of the `file` field of a multipart form."""
+async def _spooled_upload(request: Request) -> BinaryIO:
+    """The JSONL bytes of a raw body or of the `file` field of a multipart form, in a spooled temp file.
+
+    The body streams in chunk by chunk (never whole in memory) and `api.limits` stops it at
+    CRUCIBLE_API_MAX_UPLOAD_BYTES as it arrives."""
     if request.headers.get("content-type", "").startswith("multipart/form-data"):
         form = await request.form(max_files=1, max_fields=4)
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
             raise ApiError(422, "validation_error", "file: expected a JSONL file in the multipart field 'file', got none")
-        raw = await upload.read(MAX_UPLOAD_BYTES + 1)
-    else:
-        raw = await request.body()
-    if len(raw) > MAX_UPLOAD_BYTES:
-        raise ApiError(413, "too_large", f"body: expected at most {MAX_UPLOAD_BYTES} bytes of JSONL, got more")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise ApiError(422, "validation_error", f"body: expected UTF-8 JSONL, got invalid byte at {error.start}") from None
+        await upload.seek(0)
+        return upload.file
+    spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY_BYTES)  # noqa: SIM115 - returned open
+    async for chunk in request.stream():
+        await run_in_threadpool(spool.write, chunk)
+    spool.seek(0)
+    return spool  # type: ignore[return-value]
 
 
 @router.post("/v1/environments/{name}/tasks", status_code=201, response_model=TasksImported, openapi_extra=UPLOAD_BODY,
              responses={413: ERROR_RESPONSES[422] | {"description": "The upload is too large."}})
+@streamed_upload
 async def upload_tasks(
     name: EnvironmentName, request: Request, session: SessionDep,
     format: Literal["crucible", "swebench"] = "crucible",
-    repos_dir: Annotated[str | None, Query(max_length=4096, pattern=r"^/[^\x00]*$")] = None,
+    repos_dir: Annotated[str | None, Query(max_length=4096, pattern=r"^[^\x00]*$")] = None,
 ) -> dict[str, Any]:
-    """Upload tasks as JSONL (a raw body or a multipart `file`); known external ids are updated."""
-    text = await _upload_text(request)
-    count = await run_in_threadpool(
-        tasks.import_upload, session, environment=name, text=text, format=format, repos_dir=repos_dir)
+    """Upload tasks as JSONL (a raw body or a multipart `file`); known external ids are updated.
+
+    Repositories travel in the upload (`repo: {"format": "tar" | "git_bundle", "data_b64": …}`); the
+    API reads no server path, except a SWE-bench `repos_dir` inside CRUCIBLE_TASK_REPOS_ROOT."""
+    upload = await _spooled_upload(request)
+    try:
+        count = await run_in_threadpool(
+            tasks.import_upload, session, environment=name, upload=upload, format=format, repos_dir=repos_dir)
+    finally:
+        upload.close()
     await run_in_threadpool(session.commit)
     return {"environment": name, "imported": count}
 

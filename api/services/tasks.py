@@ -1,11 +1,9 @@
-"""Tasks for the API: import an uploaded JSONL file, list with filters (paged by id), show one."""
+"""Tasks for the API: import an uploaded JSONL file (data only), list with filters (paged by id), show one."""
 
 from __future__ import annotations
 
-import json
-import tempfile
-from pathlib import Path
-from typing import Any
+import io
+from typing import Any, BinaryIO
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -13,41 +11,27 @@ from sqlalchemy.orm import Session
 from api.pagination import decode_cursor, page
 from core.errors import ConfigError, NotFound
 from core.models import Task
-from environments.tasks import TaskFormat, import_tasks
+from core.settings import get_settings
+from environments.tasks import TaskFormat, import_uploaded
 
 ELIDE_OVER = 2000
 
 
-def _check_repo_paths(text: str) -> None:
-    """An upload has no directory of its own: every `repo` must be an absolute path on the server."""
-    for number, line in enumerate(text.splitlines(), 1):
-        try:
-            data = json.loads(line) if line.strip() else None
-        except ValueError:
-            continue  # the importer reports malformed lines with their number
-        repo = data.get("repo") if isinstance(data, dict) else None
-        if isinstance(repo, str) and not repo.startswith("/"):
-            raise ConfigError(f"line {number}: repo: expected an absolute path on the API server, got {repo!r}")
-
-
 def import_upload(
-    session: Session, *, environment: str, text: str, format: TaskFormat, repos_dir: str | None
+    session: Session, *, environment: str, upload: BinaryIO, format: TaskFormat, repos_dir: str | None
 ) -> int:
-    """Write the upload to a temporary file and import it; returns how many tasks it holds."""
-    if not text.strip():
-        raise ConfigError("body: expected JSONL (one task object per line), got an empty upload")
-    if "\x00" in text:
-        raise ConfigError("body: expected text, got a NUL byte")
-    if format == "crucible":
-        _check_repo_paths(text)
-    with tempfile.TemporaryDirectory(prefix="crucible-upload-") as directory:
-        path = Path(directory) / "tasks.jsonl"
-        path.write_text(text)
-        try:
-            return import_tasks(session, environment=environment, path=path, format=format,
-                                repos_dir=Path(repos_dir) if repos_dir else None)
-        except (ValueError, OSError) as error:  # a path the filesystem refuses
-            raise ConfigError(f"body: cannot read a task's files: {error}") from None
+    """Import an uploaded JSONL file line by line; returns how many tasks it holds.
+
+    Every repository is data in the upload (checked by environments.code_repo.snapshot); a SWE-bench
+    `repos_dir` is read only inside CRUCIBLE_TASK_REPOS_ROOT."""
+    lines = io.TextIOWrapper(upload, encoding="utf-8", errors="strict", newline="")
+    try:
+        return import_uploaded(session, environment=environment, lines=lines, format=format, repos_dir=repos_dir,
+                               repos_root=get_settings().task_repos_root)
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"body: expected UTF-8 JSONL, got an invalid byte ({error.reason})") from None
+    finally:
+        lines.detach()
 
 
 def list_tasks(

@@ -23,7 +23,8 @@ class Unauthorized(CrucibleError):
 
 
 def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
+    # surrogatepass: a lone surrogate (from a form field) is an unknown token, not an encoding crash
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def create_token(session: Session, *, name: str) -> tuple[ApiToken, str]:

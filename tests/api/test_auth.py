@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from api.dashboard.login import NONCE_COOKIE
 from api.deps import COOKIE_NAME
 from api.services.tokens import create_token, revoke_token
 from core.models import ApiToken
@@ -100,10 +101,24 @@ def test_the_cookie_authorizes_reads_but_not_writes(app: FastAPI, token: str, se
         assert browser.post(f"/v1/runs/{seeded.run_id}/stop").status_code == 401  # no cross-site writes
 
 
+def _nonce(form_page: str) -> str:
+    match = re.search(r'name="nonce" value="([^"]+)"', form_page)
+    assert match, "the login form carries a nonce"
+    return match.group(1)
+
+
+def sign_in(client: TestClient, token: str, *, next_url: str = "/") -> object:
+    """What a browser does: load the form (nonce cookie + field), then POST it."""
+    form = client.get(f"/login?next={next_url}")
+    return client.post("/login", data={"token": token, "next": next_url, "nonce": _nonce(form.text)},
+                       follow_redirects=False)
+
+
 def test_login_sets_an_http_only_strict_cookie_and_redirects_to_next(anonymous: TestClient, token: str) -> None:
     form = anonymous.get("/login?next=/episodes")
     assert form.status_code == 401 and 'value="/episodes"' in form.text
-    response = anonymous.post("/login", data={"token": token, "next": "/episodes"}, follow_redirects=False)
+    response = anonymous.post("/login", data={"token": token, "next": "/episodes", "nonce": _nonce(form.text)},
+                              follow_redirects=False)
     assert response.status_code == 303 and response.headers["location"] == "/episodes"
     cookie = response.headers["set-cookie"]
     assert f"{COOKIE_NAME}={token}" in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie
@@ -112,22 +127,35 @@ def test_login_sets_an_http_only_strict_cookie_and_redirects_to_next(anonymous: 
 
 @pytest.mark.parametrize("next_url", ["//evil.example/x", "https://evil.example/", "\\\\evil", "runs"])
 def test_login_never_redirects_off_the_server(anonymous: TestClient, token: str, next_url: str) -> None:
-    response = anonymous.post("/login", data={"token": token, "next": next_url}, follow_redirects=False)
-    assert response.headers["location"] == "/"
+    response = sign_in(anonymous, token, next_url=next_url)
+    assert response.headers["location"] == "/"  # type: ignore[attr-defined]
 
 
 def test_a_wrong_token_in_the_login_form_is_a_401_with_the_reason(anonymous: TestClient, db_session: Session) -> None:
-    response = anonymous.post("/login", data={"token": "cru_nope", "next": "/"})
-    assert response.status_code == 401
-    assert "expected a valid API token, got an unknown one" in response.text
+    response = sign_in(anonymous, "cru_nope")
+    assert response.status_code == 401  # type: ignore[attr-defined]
+    assert "expected a valid API token, got an unknown one" in response.text  # type: ignore[attr-defined]
 
 
-def test_a_token_in_the_query_moves_into_the_cookie_and_out_of_the_url(
-    anonymous: TestClient, token: str, seeded: SeededRun
-) -> None:
-    response = anonymous.get(f"/runs/{seeded.run_id}?token={token}&x=1", follow_redirects=False)
-    assert response.status_code == 303 and response.headers["location"] == f"/runs/{seeded.run_id}?x=1"
-    assert f"{COOKIE_NAME}={token}" in response.headers["set-cookie"]
+@pytest.mark.parametrize("path", ["/", "/episodes", "/login"])
+def test_a_token_in_the_url_signs_nobody_in(anonymous: TestClient, token: str, seeded: SeededRun, path: str) -> None:
+    """Login CSRF: a link to `/?token=ATTACKER` used to put the attacker's token in the victim's cookie."""
+    response = anonymous.get(f"{path}?token={token}", follow_redirects=False)
+    assert response.status_code == 401 and 'name="token"' in response.text
+    assert f"{COOKIE_NAME}=" not in response.headers.get("set-cookie", "")
+    assert anonymous.get("/episodes").status_code == 401
+
+
+def test_a_cross_site_login_post_without_the_forms_nonce_is_refused(app: FastAPI, token: str) -> None:
+    """The other half of login CSRF: another site auto-submitting its token to /login."""
+    with TestClient(app) as victim:
+        response = victim.post("/login", data={"token": token, "next": "/"}, follow_redirects=False)
+        assert response.status_code == 401 and "without its nonce" in response.text
+        assert f"{COOKIE_NAME}=" not in response.headers.get("set-cookie", "")
+        victim.cookies.set(NONCE_COOKIE, "other", path="/login")
+        forged = victim.post("/login", data={"token": token, "next": "/", "nonce": "guessed"}, follow_redirects=False)
+        assert forged.status_code == 401
+        assert victim.get("/episodes").status_code == 401
 
 
 def test_logout_clears_the_cookie(app: FastAPI, token: str) -> None:

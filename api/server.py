@@ -1,0 +1,87 @@
+"""How `crucible api` serves the app: uvicorn on h11 with bounds on what a client can make it hold.
+
+    serve(host="127.0.0.1", port=8080)
+
+httptools (uvicorn's default when installed) has no limit on a request's head: one 50 MB header is
+buffered whole and stalls every other request. h11 refuses a head over CRUCIBLE_API_MAX_HEADER_BYTES;
+`BoundedH11Protocol` answers that with 431 in the API's one error shape (uvicorn itself sends a bare
+400). `limit_concurrency` answers 503 past CRUCIBLE_API_MAX_CONNECTIONS instead of queueing without
+end. Bodies are bounded by `api.limits`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import Any
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from api.errors import error_body
+from core.settings import get_settings
+
+KEEP_ALIVE_S = 5
+_SECRET_PARAM = re.compile(r"(?i)([?&](?:token|access_token|api_token)=)[^&\s\"]*")
+
+
+class RedactSecrets(logging.Filter):
+    """The access log never holds a token: a `?token=` an old link or a stranger sends is masked."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(_SECRET_PARAM.sub(r"\1***", arg) if isinstance(arg, str) else arg
+                                for arg in record.args)
+        return True
+
+
+class BoundedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol, answering a malformed or oversized request head with its real status."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._refusal_status = 400
+        next_event = self.conn.next_event
+
+        def remembering_next_event() -> Any:
+            try:
+                return next_event()
+            except h11.RemoteProtocolError as error:
+                self._refusal_status = error.error_status_hint  # 431 for a head over the limit
+                raise
+
+        self.conn.next_event = remembering_next_event  # type: ignore[method-assign]
+
+    def send_400_response(self, msg: str) -> None:
+        status = self._refusal_status
+        limit = get_settings().api_max_header_bytes
+        message = (f"request head: expected at most {limit} bytes of request line and headers, got more"
+                   if status == 431 else "request: expected an HTTP/1.1 request, got one that does not parse")
+        code = "request_header_fields_too_large" if status == 431 else "bad_request"
+        payload = json.dumps(error_body(code, message)).encode()
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        try:
+            self.transport.write(self.conn.send(h11.Response(status_code=status, headers=headers)) or b"")
+            self.transport.write(self.conn.send(h11.Data(data=payload)) or b"")
+            self.transport.write(self.conn.send(h11.EndOfMessage()) or b"")
+        except h11.LocalProtocolError:  # the connection cannot carry a response any more
+            pass
+        self.transport.close()
+
+
+def uvicorn_config(*, host: str, port: int, app: Any = "api.main:app") -> uvicorn.Config:
+    settings = get_settings()
+    return uvicorn.Config(
+        app, host=host, port=port, log_level=settings.log_level.lower(), http=BoundedH11Protocol,
+        h11_max_incomplete_event_size=settings.api_max_header_bytes,
+        limit_concurrency=settings.api_max_connections, timeout_keep_alive=KEEP_ALIVE_S,
+        server_header=False,
+    )
+
+
+def serve(*, host: str, port: int) -> None:
+    config = uvicorn_config(host=host, port=port)  # configures uvicorn's loggers; filter after it
+    logging.getLogger("uvicorn.access").addFilter(RedactSecrets())
+    uvicorn.Server(config).run()
