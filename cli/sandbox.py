@@ -23,6 +23,7 @@ from rich.table import Table
 
 from cli.console import OutputFormat, OutputOption, console, print_json, readable_errors
 from task_workers.sandbox import admin
+from task_workers.sandbox import labels as L
 from task_workers.sandbox.backend import SandboxBackend, make_backend
 from task_workers.sandbox.errors import SandboxError
 from task_workers.sandbox.files import extract_to, pack_path
@@ -73,8 +74,10 @@ def list_(
         older = admin.parse_duration(older_than) if older_than else None
 
         def rows() -> list[admin.SandboxRow]:
-            infos = admin.list_sandboxes(backend, run=run, env=env, state=state, older_than_s=older)
-            return [admin.row(i) for i in infos]
+            # Run and episode are read from each sandbox's lease (its labels predate any lease).
+            leases = admin.read_leases(backend, backend.list(labels=L.label_filter(env=env) or None))
+            infos = admin.list_sandboxes(backend, run=run, env=env, state=state, older_than_s=older, leases=leases)
+            return [admin.row(i, leases.get(i.id)) for i in infos]
 
         if output is OutputFormat.json:
             print_json([r.as_dict() for r in rows()])

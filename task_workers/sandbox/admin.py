@@ -9,6 +9,7 @@ import io
 import re
 import tarfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -16,7 +17,7 @@ from task_workers.sandbox import labels as L
 from task_workers.sandbox.backend import ContainerInfo, SandboxBackend
 from task_workers.sandbox.errors import SandboxError, SandboxNotFound
 from task_workers.sandbox.events import EventRecorder, EventSink, NullEventSink
-from task_workers.sandbox.layout import HISTORY_DIR, LEASE_FILE
+from task_workers.sandbox.layout import HISTORY_DIR, KEEPER_USER, LEASE_FILE
 from task_workers.sandbox.reaper import Reaper, Verdict
 from task_workers.sandbox.reset import PRISTINE_GIT
 from task_workers.sandbox.sandbox import Sandbox, create_sandbox
@@ -53,11 +54,54 @@ class SandboxRow:
         return asdict(self)
 
 
-def row(info: ContainerInfo) -> SandboxRow:
+@dataclass(frozen=True, kw_only=True)
+class Lease:
+    """The lease file a sandbox's owner renews: who holds it now (labels only say who created it)."""
+
+    expires: float
+    run: str
+    episode: str
+    state: str
+
+    @classmethod
+    def parse(cls, text: str) -> Lease | None:
+        fields = text.split()
+        if len(fields) != 4:
+            return None
+        try:
+            expires = float(fields[0])
+        except ValueError:
+            return None
+        run, episode = ("" if v == "-" else v for v in fields[1:3])
+        return cls(expires=expires, run=run, episode=episode, state=fields[3])
+
+
+def read_leases(backend: SandboxBackend, infos: list[ContainerInfo]) -> dict[str, Lease]:
+    """Container id -> its current lease, for the running ones (one short exec each, 8 at a time)."""
+
+    def one(info: ContainerInfo) -> tuple[str, Lease | None]:
+        try:
+            result = backend.exec(info.id, argv=["cat", LEASE_FILE], user=KEEPER_USER, timeout_s=5)
+        except Exception:  # gone or not answering: no lease to show
+            return info.id, None
+        return info.id, Lease.parse(result.output.decode(errors="replace")) if result.exit_code == 0 else None
+
+    running = [i for i in infos if i.running]
+    if not running:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(8, len(running))) as pool:
+        return {cid: lease for cid, lease in pool.map(one, running) if lease is not None}
+
+
+def row(info: ContainerInfo, lease: Lease | None = None) -> SandboxRow:
+    """One listing row. Run and episode come from the lease (pool sandboxes are created before any
+    lease, so their labels are empty), else from the labels (a sandbox created for one episode)."""
     labels = info.labels
+    run = lease.run if lease is not None else labels.get(L.RUN, "")
+    episode = lease.episode if lease is not None else labels.get(L.EPISODE, "")
     return SandboxRow(
         sandbox_id=info.sandbox_id, container_id=info.id[:12], image=info.image, state=info.state,
-        run=labels.get(L.RUN, ""), episode=labels.get(L.EPISODE, ""), env=labels.get(L.ENV, ""),
+        run=run, episode=episode, env=labels.get(L.ENV, ""),
         owner=labels.get(L.OWNER, ""), worker=labels.get(L.WORKER, ""), age_s=round(info.age_s, 1),
         lease_left_s=round(info.lease_expires - time.time(), 1), spec=labels.get(L.SPEC, ""),
     )
@@ -65,10 +109,14 @@ def row(info: ContainerInfo) -> SandboxRow:
 
 def list_sandboxes(
     backend: SandboxBackend, *, run: str | None = None, env: str | None = None,
-    state: str | None = None, older_than_s: float | None = None,
+    state: str | None = None, older_than_s: float | None = None, leases: dict[str, Lease] | None = None,
 ) -> list[ContainerInfo]:
-    """Our containers, newest first, narrowed by run / env label, engine state and minimum age."""
-    infos = backend.list(labels=L.label_filter(run=run, env=env) or None)
+    """Our containers, newest first, narrowed by run (its lease, else its label), env label, engine
+    state and minimum age. Pass `leases` to reuse ones already read (see read_leases)."""
+    infos = backend.list(labels=L.label_filter(env=env) or None)
+    if run is not None:
+        leases = read_leases(backend, infos) if leases is None else leases
+        infos = [i for i in infos if (row(i, leases.get(i.id)).run == str(run))]
     if state:
         infos = [i for i in infos if i.state == state]
     if older_than_s is not None:
@@ -142,10 +190,12 @@ class HistoryEntry:
 
 def history(sandbox: Sandbox) -> list[HistoryEntry]:
     """Every command run through a shell session since the last reset, oldest first."""
-    try:
-        data = sandbox.get_archive(HISTORY_DIR)
-    except SandboxError:
+    # The history is root's (the agent can neither read nor forge it): read it as its owner.
+    parent, name = HISTORY_DIR.rsplit("/", 1)
+    result = sandbox.exec(["tar", "-c", "-C", parent, "-f", "-", "--", name], timeout_s=60, as_control=True)
+    if result.exit_code != 0:
         return []
+    data = result.output
     entries = []
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         files = {m.name.split("/", 1)[-1]: m for m in tar.getmembers() if m.isfile()}
@@ -160,9 +210,11 @@ def history(sandbox: Sandbox) -> list[HistoryEntry]:
             if len(parts) != 6:
                 continue
             session, seq, start_us, dur_us, rc, status = parts
+            # A ring of 256 commands per session; the slot's first line names the step it holds.
+            tag, _, command = read(f"{session}-{int(seq) % 256}.cmd").partition("\n")
             entries.append(HistoryEntry(
                 session=session, seq=int(seq), started_at=int(start_us) / 1e6, duration_s=int(dur_us) / 1e6,
-                exit_code=int(rc), status=status, command=read(f"{session}-{seq}.cmd"),
+                exit_code=int(rc), status=status, command=command if tag == seq else "[no longer kept]",
             ))
     return sorted(entries, key=lambda e: e.started_at)
 
@@ -171,7 +223,7 @@ _DIFF = r"""
 cd "$1" 2>/dev/null && [ -d .git ] || { echo "the workspace is not a git repository" >&2; exit 3; }
 export GIT_CONFIG_GLOBAL=/dev/null
 base=$(cat "$2/head_sha" 2>/dev/null || git rev-parse -q --verify HEAD || git hash-object -t tree /dev/null)
-idx=$(mktemp /run/crucible/diff-index.XXXXXX) || exit 4
+idx=$(mktemp /dev/shm/.crucible-diff-index.XXXXXX) || exit 4
 trap 'rm -f "$idx"' EXIT
 cp .git/index "$idx" 2>/dev/null || rm -f "$idx"
 GIT_INDEX_FILE=$idx git -c core.hooksPath=/dev/null add -A . >/dev/null 2>&1

@@ -1,6 +1,7 @@
 """DockerBackend: containers with locked-down defaults, attached execs and label queries via docker-py.
 
-Isolation set on every container: network "none", every capability dropped, no-new-privileges,
+Isolation set on every container: network "none", every capability dropped but the three the root shell
+driver needs (layout.CONTROL_CAPS; agent processes never hold one), no-new-privileges,
 memory with swap equal to it, a CPU quota, a pids limit, an init process, a read-only root with
 size-limited tmpfs mounts, a raised nofile limit, never privileged, never the Docker socket.
 """
@@ -24,7 +25,7 @@ from task_workers.sandbox import labels as L
 from task_workers.sandbox.backend import ContainerInfo, ExecResult, register_backend
 from task_workers.sandbox.docker_client import docker_api
 from task_workers.sandbox.errors import BackendUnavailable, ImageNotFound, SandboxDead, SandboxError
-from task_workers.sandbox.layout import KEEPER_USER, SHM_SIZE, sandbox_env, tmpfs_mounts
+from task_workers.sandbox.layout import CONTROL_CAPS, CONTROL_USER, SHM_SIZE, sandbox_env, tmpfs_mounts
 from task_workers.sandbox.spec import SandboxSpec
 from task_workers.sandbox.stream import ExecStream, StreamTimeout
 
@@ -74,6 +75,7 @@ class DockerBackend:
         host_config = api.create_host_config(
             network_mode=spec.network,
             cap_drop=["ALL"],
+            cap_add=list(CONTROL_CAPS),  # for the root shell driver alone; see layout.CONTROL_CAPS
             security_opt=["no-new-privileges"],
             privileged=False,
             mem_limit=spec.memory,
@@ -92,7 +94,10 @@ class DockerBackend:
                 image=spec.image,
                 entrypoint=["sleep", str(spec.max_lifetime_s)],  # the container ends itself at max lifetime
                 command=[],
-                user=KEEPER_USER,
+                # Root, so that root execs (the shell driver) get CONTROL_CAPS: Docker grants a container's
+                # capabilities to root execs only when the container's user is root. PID 1 (init and the
+                # lifetime `sleep`) is root's too, so the agent can no more signal it than before.
+                user=CONTROL_USER,
                 labels=dict(labels),
                 environment=sandbox_env(spec),
                 working_dir="/",

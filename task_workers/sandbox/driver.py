@@ -5,15 +5,52 @@ persist, yet each command needs a deadline enforced inside the container. `timeo
 would lose that state (a fresh shell per command) and a watchdog that signals the shell running the
 command cannot stop a builtin loop (`while :; do :; done`) without killing that shell anyway. So:
 
-* the user shell (`setsid bash`, its own process group) evals each command with stdin from
-  /dev/null and stdout+stderr to a per-step file in the capture tmpfs, then checkpoints `pwd` and
-  `export -p` to files (builtins only: no fork);
+* the user shell (`setsid bash`, its own process group, the agent's uid) reads each request from a
+  pipe (the command itself from a file the driver writes and it can only read), evals it with stdin from /dev/null and stdout+stderr appended to that step's output file,
+  checkpoints `pwd` and `export -p` (builtins only: no fork) and answers `<seq> <token> <rc>`;
 * the driver (the process docker exec started, attached to the host socket) reads framed requests,
-  hands each command to the user shell, and waits for its exit code with `read -t` (a line that a
+  hands each command to the user shell, and waits for its answer with `read -t` (a line that a
   read's timer split is reassembled, see __wait_rc). Past the deadline it does what `timeout -k 2 N`
   does to a process group: SIGTERM the group, SIGKILL it 2 s later. A killed or exited user shell is
   restarted from the last checkpoint (cwd and exported variables survive; unexported variables and
   functions do not), and the reply says so.
+
+Who owns the control channel. The driver runs as root inside the container, with only CAP_SETUID,
+CAP_SETGID and CAP_KILL (every other capability is dropped, no-new-privileges is set, the root
+filesystem is read-only and nothing the agent can run is setuid). Everything the channel needs lives
+on root-owned tmpfs the agent cannot write, list or delete:
+
+    /run/crucible            0711  bin/bash (0711: runnable, not readable), lease, history/ (0700),
+                                   sessions/<nonce>/ (0700: the command, answer and sleep fifos)
+    /run/crucible-out/<n>/   0711  cmd (0644: the current command, for the user shell to read), and one
+                                   output file per step, named by a 64-bit random token, created by the
+                                   driver (0622) just before the step and emptied right after
+
+The user shell is started as the agent's uid with `setpriv` (no setuid binary) from the 0711 copy of
+bash; exec of a file its uid cannot read makes the kernel mark the process non-dumpable, so other
+agent processes cannot open its pipes through /proc/<pid>/fd or read its memory. Alternatives we
+rejected: a driver that runs as the agent (today's design) cannot keep anything from the agent, since
+the agent can write whatever its uid can; keeping the driver as the agent but framing results only on
+the attached stream leaves the driver itself killable and ptraceable by the agent. A keeper-uid
+driver cannot start a process as another uid without CAP_SETUID, which is the same grant as root's.
+
+What stays the agent's: its own shell. The user shell runs the agent's commands in-process (that is
+what makes state persist), so a command can always decide what that shell answers for it — exactly
+as it can choose its own exit code. What it cannot do is answer for a LATER command: each request
+carries a fresh random token, the answer must quote it, and an answer for the current step with a
+wrong token is reported as `control_tampered` (a fault, not `ok`). A command that hands its shell's
+saved descriptors to a process it leaves behind has impersonated its own shell; that is the residual
+the token narrows to a guess of 64 random bits (it must steal the request to learn the token, and the
+shell then never sees the command, which times out). Graders that must not trust the agent's shell
+run in a fresh sandbox (code_repo's hidden tests do).
+
+Space is reclaimed every step: a step's output file is emptied once its reply is sent, and the files
+of earlier steps are emptied again at every step while they are being written to (a background
+process that inherited one keeps writing to it). Before and after each command the driver probes the
+capture tmpfs with a one-page write;
+if it is full and this step's own output is not what filled it, the step is `capture_full` (a fault).
+The driver's own files are bounded (history keeps the last 256 commands per session, 16 KB each); a
+failed write there is `control_full` (a fault).
 
 The user shell runs at nice 19 with a raised oom_score_adj, so the driver keeps the CPU it needs to
 enforce deadlines under a fork bomb or a spin, and the OOM killer picks agent code first.
@@ -23,42 +60,81 @@ the command produced output (`stat`, then `head`/`tail` to cap it), so `true` co
 millisecond inside the container.
 
 Host -> driver:  `<op> <seq> <arg> <len>\n` + <len> bytes. ops: x (run; arg = timeout ms),
-                 r (reset: kill every other process of the user, then run the payload script),
+                 r (reset: kill every process of the agent, then run the payload script as the agent),
                  l (write the lease file), p (ping), q (quit).
 Driver -> host:  `\x1e\x1eCRUCIBLE <nonce> <seq> <rc> <status> <size> <head> <tail> <dur_us>\n`
                  + <head> bytes from the start of the output + <tail> bytes from its end.
-                 status: ok | timeout | oom | exited (the user shell ended) | spawn_failed | …
+                 status: ok | timeout | oom | exited (the user shell ended) | pids_exhausted | busy |
+                 control_full | capture_full | control_tampered | spawn_failed | bad_request
 """
 
 from __future__ import annotations
 
 USER_SHELL = r"""
 echo 500 >/proc/self/oom_score_adj 2>/dev/null  # under memory pressure the kernel kills agent code first
-__crucible_ctl=$1 __crucible_out=$2 __crucible_src=$3
-if [[ -n $__crucible_src ]]; then
-  [[ -r $__crucible_src/state.env ]] && . "$__crucible_src/state.env" 2>/dev/null
-  if [[ -r $__crucible_src/state.cwd ]] && IFS= read -r __crucible_d <"$__crucible_src/state.cwd"; then
+__crucible_out=$1 __crucible_state=$2 __crucible_src=$3 __crucible_base=$4
+[[ -r $__crucible_state.env ]] && __crucible_src=$__crucible_state  # our own checkpoint first
+if [[ -n $__crucible_src && -r $__crucible_src.env ]]; then  # started empty: unset variables stay unset
+  . "$__crucible_src.env" 2>/dev/null
+  if [[ -r $__crucible_src.cwd ]] && IFS= read -r __crucible_d <"$__crucible_src.cwd"; then
     cd -- "$__crucible_d" 2>/dev/null
   fi
+else
+  eval "$__crucible_base"  # the driver's environment (HOME, PATH, the spec's variables)
 fi
-unset __crucible_src __crucible_d
+unset __crucible_src __crucible_d __crucible_base
 # `builtin`: a user function named read/eval/printf/pwd/export must not hijack the loop.
-while IFS= builtin read -r __crucible_seq; do
-  IFS= builtin read -r -d '' __crucible_cmd <"$__crucible_ctl/cmd"
-  { builtin eval "$__crucible_cmd"$'\n'; } </dev/null >"$__crucible_out/$__crucible_seq" 2>&1
+while IFS=' ' builtin read -r __crucible_seq __crucible_tok; do
+  IFS= builtin read -r -d '' __crucible_cmd <"$__crucible_out/cmd"  # a file: read in blocks, not bytes
+  { builtin eval "$__crucible_cmd"$'\n'; } </dev/null >>"$__crucible_out/$__crucible_tok" 2>&1
   __crucible_rc=$?
-  builtin pwd >"$__crucible_ctl/state.cwd" 2>/dev/null
-  builtin export -p >"$__crucible_ctl/state.env" 2>/dev/null
-  builtin printf '%s %s\n' "$__crucible_seq" "$__crucible_rc"
+  builtin pwd >"$__crucible_state.cwd" 2>/dev/null
+  builtin export -p >"$__crucible_state.env" 2>/dev/null
+  builtin printf '%s %s %s\n' "$__crucible_seq" "$__crucible_tok" "$__crucible_rc"
 done
 """
 
+# Run as the agent at the start of a reset: SIGKILL every other process of the agent's uid until none
+# is left (`kill -1` from root would also hit the keeper's and our own processes), then the script.
+RESET_PRELUDE = r"""
+__nap() { read -t "$1" -u "$__zz" __ignored; }
+__survivors() {  # any other process of this uid left? (`kill -0 -1` cannot tell: it ignores EPERM)
+  local p
+  for p in /proc/[0-9]*; do [[ $p != "/proc/$$" && -O $p ]] && return 0; done
+  return 1
+}
+__zz=$1; shift
+kill -KILL -1 2>/dev/null
+for (( __i = 0; __i < 200; __i++ )); do  # forks racing the first kill (a fork bomb) need more rounds
+  __survivors || break
+  kill -KILL -1 2>/dev/null
+  __nap 0.01
+done
+if __survivors; then echo "reset: processes of the agent survived SIGKILL"; exit 125; fi
+unset -f __nap __survivors; unset __zz __i
+"""
+
 DRIVER = r"""
-__nonce=$1 __head=$2 __tail=$3 __root=$4 __outroot=$5 __restore=$6 __ush_src=$7
-__ctl=$__root/sessions/$__nonce __out=$__outroot/$__nonce __hist=$__root/history
-mkdir -p -- "$__ctl" "$__out" "$__hist" || exit 70
+__nonce=$1 __head=$2 __tail=$3 __root=$4 __outroot=$5 __restore=$6 __ush_src=$7 __uid=$8 __gid=$9
+__state=${10} __reset_prelude=${11} __capture=${12}
+__umask0=$(umask)  # the agent's processes get the exec's umask; the driver's own files are private
+umask 077
+(( EUID == 0 )) || exit 72  # a driver the agent's uid owns could be forged by the agent: refuse
+__ctl=$__root/sessions/$__nonce __out=$__outroot/$__nonce __hist=$__root/history __bin=$__root/bin
+__ustate=$__state-$__nonce  # the user shell's checkpoint: the agent's own state, kept where it can write
+mkdir -p -- "$__ctl" "$__hist" || exit 70
+mkdir -m 0711 -p -- "$__bin" "$__out" || exit 70
+(umask 022; : >"$__out/cmd") || exit 70  # the command of the step: the user shell may read it, not write
+if [[ ! -x $__bin/bash ]]; then  # runnable but unreadable by the agent: the user shell is non-dumpable
+  install -m 0711 -T -- "$BASH" "$__bin/bash.$$" && mv -f -- "$__bin/bash.$$" "$__bin/bash" || exit 73
+fi
 mkfifo -- "$__ctl/cmd.fifo" "$__ctl/rc.fifo" "$__ctl/sleep.fifo" || exit 71
 exec {__cmdw}<>"$__ctl/cmd.fifo" {__rcr}<>"$__ctl/rc.fifo" {__zz}<>"$__ctl/sleep.fifo"
+# Absolute paths: the user shell starts under `env -i`, with no PATH.
+if __p=$(type -P setpriv); then __as_agent=("$__p" "--reuid=$__uid" "--regid=$__gid" --clear-groups --)
+elif __p=$(type -P chroot); then __as_agent=("$__p" "--userspec=$__uid:$__gid" --groups= --skip-chdir /)
+else exit 74; fi
+export -p >"$__ctl/base.env" && IFS= read -r -d '' __base <"$__ctl/base.env"
 __oomf=
 for __f in /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events; do
   [[ -r $__f ]] && { __oomf=$__f; break; }
@@ -67,12 +143,24 @@ __pidsf= __pidsmax=
 for __f in /sys/fs/cgroup/pids/pids.current /sys/fs/cgroup/pids.current; do
   [[ -r $__f ]] && { __pidsf=$__f; read -r __pidsmax <"${__f%.current}.max"; break; }
 done
-__ush_pid= __oom=0 __rc=0 __st=ok __steps=0
+__ush_pid= __oom=0 __rc=0 __st=ok __linger=() __stale=() __probe=$__out/.probe __probe_data=
+declare -A __idle=()
+printf -v __probe_data '%4096s' ''
 
 __read_oom() {  # oom_kill counter of this container's memory cgroup
   local k v; __oom=0
   [[ -n $__oomf ]] || return 0
   while read -r k v; do [[ $k == oom_kill ]] && __oom=$v; done <"$__oomf"
+}
+
+__agent_pids() {  # pids of the agent's uid, from /proc (builtins only: works when no fork is possible)
+  local p k u
+  __pids=()
+  for p in /proc/[0-9]*; do
+    while read -r k u _; do
+      [[ $k == Uid: ]] && { [[ $u == "$__uid" ]] && __pids+=("${p#/proc/}"); break; }
+    done <"$p/status" 2>/dev/null
+  done
 }
 
 __make_room() {  # before the driver forks: if the user's processes hold the pids limit, kill them all
@@ -83,7 +171,12 @@ __make_room() {  # before the driver forks: if the user's processes hold the pid
   # A fork here would stall in bash's fork retry (15 s) and then end the driver, so nothing of the
   # user's survives: the command's group first (like a timeout), then every other process of the uid.
   __kill_ush
-  for (( i = 0; i < 100; i++ )); do kill -KILL -1 2>/dev/null; __survivors || break; __nap 0.01; done
+  for (( i = 0; i < 100; i++ )); do
+    __agent_pids
+    (( ${#__pids[@]} )) || break
+    kill -KILL "${__pids[@]}" 2>/dev/null
+    __nap 0.01
+  done
   __st=pids_exhausted
 }
 
@@ -92,16 +185,18 @@ __nap() { read -t "$1" -u "$__zz" __ignored; }  # sleep without a fork: nothing 
 __ensure_ush() {
   if [[ -n $__ush_pid ]]; then kill -0 "$__ush_pid" 2>/dev/null && return 0; wait "$__ush_pid" 2>/dev/null; fi
   __make_room
-  local src=$__restore
-  [[ -r $__ctl/state.env ]] && src=$__ctl
-  if [[ -n $src && -r $src/state.env ]]; then  # start empty so variables the user unset stay unset
-    env -i setsid nice -n 19 bash --noprofile --norc -c "$__ush_src" crucible-shell "$__ctl" "$__out" "$src" \
-      <"$__ctl/cmd.fifo" >"$__ctl/rc.fifo" 2>/dev/null {__cmdw}>&- {__rcr}<&- {__zz}<&- &
-  else
-    setsid nice -n 19 bash --noprofile --norc -c "$__ush_src" crucible-shell "$__ctl" "$__out" "" \
-      <"$__ctl/cmd.fifo" >"$__ctl/rc.fifo" 2>/dev/null {__cmdw}>&- {__rcr}<&- {__zz}<&- &
-  fi
+  # `env -i`: the user shell restores exactly the checkpointed environment, or the driver's own.
+  umask "$__umask0"
+  env -i setsid nice -n 19 "${__as_agent[@]}" "$__bin/bash" --noprofile --norc -c "$__ush_src" crucible-shell \
+    "$__out" "$__ustate" "$__restore" "$__base" \
+    <"$__ctl/cmd.fifo" >"$__ctl/rc.fifo" 2>/dev/null {__cmdw}>&- {__rcr}<&- {__zz}<&- &
   __ush_pid=$!
+  umask 077
+}
+
+__drain_rc() {  # forget answers a killed shell may have left in the pipe
+  local line
+  while read -r -t 0 -u "$__rcr"; do IFS= read -r -t 0.01 -u "$__rcr" line || break; done
 }
 
 __kill_ush() {  # what `timeout -k 2` does: TERM the whole process group, KILL it 2 s later
@@ -115,14 +210,15 @@ __kill_ush() {  # what `timeout -k 2` does: TERM the whole process group, KILL i
   done
   wait "$__ush_pid" 2>/dev/null
   __ush_pid=
+  __drain_rc
 }
 
-__wait_rc() {  # $1 seq, $2 timeout ms -> __rc, __st
+__wait_rc() {  # $1 seq, $2 token, $3 timeout ms -> __rc, __st
   # `read -t` reads a pipe a byte at a time, and when its timer fires mid-line it has already consumed
   # the bytes it read: it returns them in the variable and fails. They are kept in `part` and the line
-  # is completed by the next read; dropping them would turn "12 0" into " 0", a reply that never
+  # is completed by the next read; dropping them would turn "12 ab 0" into " 0", a reply that never
   # matches, and a finished command would then wait out its whole deadline and be reported as timeout.
-  local deadline=$(( ${EPOCHREALTIME/./} + $2 * 1000 )) left s line part=
+  local deadline=$(( ${EPOCHREALTIME/./} + $3 * 1000 )) left s line part= forged=
   while :; do
     left=$(( deadline - ${EPOCHREALTIME/./} ))
     if (( left <= 0 )); then __kill_ush; __rc=124; __st=timeout; return; fi
@@ -131,9 +227,23 @@ __wait_rc() {  # $1 seq, $2 timeout ms -> __rc, __st
     line=
     if IFS= read -r -t "$s" -u "$__rcr" line; then
       line=$part$line part=
-      [[ $line == "$1 "* ]] && { __rc=${line#"$1 "}; __st=ok; return; }
+      s=${line#"$1 $2 "}  # (no regex: compiling one costs more than the rest of a step)
+      if [[ $s != "$line" && -n $s && $s != *[!0-9]* ]]; then
+        __rc=$s __st=ok
+        [[ -n $forged ]] && __st=control_tampered
+        return
+      fi
+      # Anything else claiming this step was not written by the shell we asked (it lacks the token).
+      [[ $line == "$1 "* ]] && forged=1
+    elif read -t 0 -u 0; then
+      # The host sends nothing while a command runs, so input now means it hung up (its end of the
+      # attached stream closed: a SIGKILLed `crucible sandbox exec`, a host that gave up): the command
+      # must not outlive the caller that was waiting for it.
+      __kill_ush; exit 0
     elif part+=$line; ! kill -0 "$__ush_pid" 2>/dev/null; then
-      wait "$__ush_pid" 2>/dev/null; __rc=$?; __st=exited; __ush_pid=; return
+      wait "$__ush_pid" 2>/dev/null; __rc=$? __st=exited __ush_pid=
+      [[ -n $forged ]] && __st=control_tampered
+      return
     fi
   done
 }
@@ -151,45 +261,102 @@ __reply() {  # $1 rc, $2 status, $3 output file or "", $4 start (us)
   return 0
 }
 
-__survivors() {  # any other process of this uid left? (`kill -0 -1` cannot tell: it ignores EPERM)
-  local p
-  for p in /proc/[0-9]*; do [[ $p != "/proc/$$" && -O $p ]] && return 0; done
-  return 1
-}
-
 __pad() { local i; for (( i = 0; i < $1; i++ )); do printf ' '; done; }  # keep the framing if head failed
 
-__step() {
-  local t0=${EPOCHREALTIME/./} f=$__out/$__seq oom0
-  (( ++__steps % 256 == 0 )) && rm -f -- "$__out"/* 2>/dev/null
-  printf '%s' "$__payload" >"$__ctl/cmd" || { __reply 126 control_full "" "$t0"; return; }
-  __ensure_ush
-  __read_oom; oom0=$__oom
-  printf '%s\n' "$__seq" >&"$__cmdw"
-  __wait_rc "$__seq" "$__arg"
-  __read_oom; (( __oom > oom0 )) && __st=oom
-  __make_room
-  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$__nonce" "$__seq" "$t0" "$(( ${EPOCHREALTIME/./} - t0 ))" "$__rc" "$__st" \
-    >>"$__hist/index.tsv" 2>/dev/null
-  printf '%s' "${__payload:0:65536}" >"$__hist/$__nonce-$__seq.cmd" 2>/dev/null
-  __reply "$__rc" "$__st" "$f" "$t0"
+__has_room() {  # can the capture tmpfs take one more page? (a write, then the space given back)
+  local ok=0
+  printf '%s' "$__probe_data" >"$__probe" 2>/dev/null || ok=1
+  : >"$__probe" 2>/dev/null
+  return $ok
 }
 
-__reset() {  # kill every other process of this user, then run the payload script
-  local t0=${EPOCHREALTIME/./} f=$__out/$__seq i
-  kill -KILL -1 2>/dev/null
-  [[ -n $__ush_pid ]] && wait "$__ush_pid" 2>/dev/null  # reap it: a zombie child still counts
-  __ush_pid= __restore=
-  for (( i = 0; i < 200; i++ )); do  # forks racing the first kill (a fork bomb) need more rounds
-    __survivors || break
-    kill -KILL -1 2>/dev/null
-    __nap 0.01
+__reclaim() {  # empty earlier steps' files again: a background process may still be writing to one
+  local f keep=()
+  for f in "${__linger[@]}"; do
+    if [[ -s $f ]]; then : >"$f"; __idle[$f]=0; keep+=("$f")  # written since: watch it on
+    elif (( ++__idle[$f] < 4 )); then keep+=("$f")
+    else __stale+=("$f"); unset '__idle[$f]'; fi  # quiet for 4 steps: unlinked with the next batch
   done
-  if __survivors; then __reply 125 busy "" "$t0"; return; fi
-  # A subshell, not `bash -c`: no exec on the reset path. The host's deadline bounds it; a reset that
-  # overruns fails and the sandbox is destroyed.
-  ( set -- "$__ctl" "$__out"; eval "$__payload" ) </dev/null >"$f" 2>&1 {__cmdw}>&- {__rcr}<&- {__zz}<&-
-  __reply $? ok "$f" "$t0"
+  __linger=("${keep[@]}")
+  if (( ${#__stale[@]} >= 32 )); then __make_room; rm -f -- "${__stale[@]}"; __stale=(); fi
+}
+
+__room() {  # __has_room, after emptying the files that left the watch list but are not unlinked yet
+  __has_room && return 0
+  local f
+  for f in "${__stale[@]}"; do [[ -s $f ]] && : >"$f"; done
+  __has_room
+}
+
+__new_output() {  # -> __f: this step's output file, writable by the agent's shell, in a dir it cannot list
+  __f=$__out/$SRANDOM$SRANDOM
+  umask 0155
+  : >"$__f" 2>/dev/null
+  local ok=$?
+  umask 077
+  return $ok
+}
+
+__done_output() {  # the reply is sent: give the space back at once, keep watching the file a while
+  : >"$__f" 2>/dev/null
+  __linger+=("$__f")
+}
+
+__history() {  # $1 t0, $2 rc, $3 status -> fails when the control tmpfs cannot take it
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$__nonce" "$__seq" "$1" "$(( ${EPOCHREALTIME/./} - $1 ))" "$2" "$3" \
+    >>"$__hist/index.tsv" 2>/dev/null || return 1
+  # A ring of 256 per session; the first line names the step so an overwritten slot is never misread.
+  printf '%s\n%s' "$__seq" "${__payload:0:16384}" >"$__hist/$__nonce-$(( __seq % 256 )).cmd" 2>/dev/null
+}
+
+__lease() {  # readable by all (the reaper reads it as the keeper), writable by root alone
+  local rc
+  umask 022
+  printf '%s\n' "$__payload" >"$__root/lease" 2>/dev/null
+  rc=$?
+  umask 077
+  if (( rc == 0 )); then __reply 0 ok "" "${EPOCHREALTIME/./}"; else __reply 1 control_full "" "${EPOCHREALTIME/./}"; fi
+}
+
+__step() {
+  local t0=${EPOCHREALTIME/./} tok oom0 size
+  __reclaim
+  if ! __new_output; then __reply 0 control_full "" "$t0"; return; fi
+  if ! __room; then __reply 0 capture_full "" "$t0"; return; fi
+  tok=${__f##*/}
+  __ensure_ush
+  __read_oom; oom0=$__oom
+  printf '%s' "$__payload" >"$__out/cmd" || { __reply 0 capture_full "" "$t0"; return; }
+  printf '%s %s\n' "$__seq" "$tok" >&"$__cmdw"
+  __wait_rc "$__seq" "$tok" "$__arg"
+  __read_oom; (( __oom > oom0 )) && __st=oom
+  __make_room
+  if [[ $__st == ok ]] && ! __room; then
+    # Full after the command: fine if its own output filled it (that is truncation), a fault otherwise.
+    size=0; [[ -s $__f ]] && { size=$(stat -c %s -- "$__f" 2>/dev/null) || size=0; }
+    (( size * 2 < __capture )) && __st=capture_full
+  fi
+  __history "$t0" "$__rc" "$__st" || __st=control_full
+  __reply "$__rc" "$__st" "$__f" "$t0"
+  __done_output
+}
+
+__reset() {  # kill every process of the agent, then run the payload script as the agent
+  local t0=${EPOCHREALTIME/./} rc
+  __reclaim
+  if ! __new_output; then __reply 1 control_full "" "$t0"; return; fi
+  if [[ -n $__ush_pid ]]; then  # ours first: a zombie child of the driver would count as a survivor
+    kill -KILL -- "-$__ush_pid" 2>/dev/null; wait "$__ush_pid" 2>/dev/null; __ush_pid=
+  fi
+  __restore=
+  __make_room
+  ( umask "$__umask0"; exec "${__as_agent[@]}" "$__bin/bash" --noprofile --norc -c "$__reset_prelude$__payload" crucible-reset "$__zz" ) \
+    </dev/null >>"$__f" 2>&1 {__cmdw}>&- {__rcr}<&-
+  rc=$?
+  __drain_rc
+  : >"$__hist/index.tsv" 2>/dev/null  # history is since the last reset
+  if (( rc == 125 )); then __reply 125 busy "$__f" "$t0"; else __reply "$rc" ok "$__f" "$t0"; fi
+  __done_output
 }
 
 __seq=0
@@ -200,7 +367,7 @@ while IFS=' ' LC_ALL=C read -r __op __seq __arg __len; do
   case $__op in
     x) __step ;;
     r) __reset ;;
-    l) printf '%s\n' "$__payload" >"$__root/lease" 2>/dev/null; __reply $? ok "" "${EPOCHREALTIME/./}" ;;
+    l) __lease ;;
     p) __reply 0 ok "" "${EPOCHREALTIME/./}" ;;
     q) break ;;
     *) __reply 2 bad_request "" "${EPOCHREALTIME/./}" ;;

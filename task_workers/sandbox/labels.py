@@ -2,7 +2,9 @@
 
 Owner ids are `host:pid:start` where `start` is the process start time in clock ticks since boot
 (/proc/<pid>/stat field 22), so a recycled pid never passes for its dead predecessor. Sandboxes made
-by the CLI have no live owner (`host:detached:0`) and live by their lease alone.
+by the CLI have no live owner (`host:detached:0`) and live by their lease alone, once their creator
+has written it: the `creator` label names the process that made them, so the reaper can tell a
+sandbox whose creation was cut short (creator gone, no lease yet) from one that is ready.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ SPEC = "crucible.spec"
 SPEC_JSON = "crucible.spec_json"
 SANDBOX_ID = "crucible.sandbox_id"
 CREATED = "crucible.created"
+CREATOR = "crucible.creator"  # the process that made it (for a detached sandbox: not its owner)
 
 DETACHED = "detached"
 

@@ -6,9 +6,12 @@ no per-container disk quota). tmpfs pages are charged to the container's memory 
     /workspace (spec.workdir)   the agent's files            agent-owned, exec, spec.workspace_size
     /tmp                        scratch                      1777, exec, spec.tmp_size
     /home/agent (spec.home)     HOME                         agent-owned, spec.home_size
-    /run/crucible               shell control files, history, lease   agent-owned
-    /run/crucible-out           one command's raw output before capping  agent-owned, spec.capture_size
-    /run/crucible-pristine      baseline copy of .git config/hooks/refs  keeper-owned: agent cannot edit
+    /run/crucible               the driver's fifos, history, lease, bash copy   root-owned 0711, exec
+    /run/crucible-out           one command's raw output before capping   root-owned 0711, spec.capture_size
+    /run/crucible-pristine      baseline copy of .git config/hooks/refs   keeper-owned: agent cannot edit
+    /dev/shm/.crucible-shell-*  the user shell's cwd/env checkpoint       the agent's own (see driver.py)
+
+The shell driver runs as root (CONTROL_USER) with only CONTROL_CAPS; see driver.py for why.
 """
 
 from __future__ import annotations
@@ -20,9 +23,15 @@ CAPTURE_DIR = "/run/crucible-out"
 PRISTINE_DIR = "/run/crucible-pristine"
 LEASE_FILE = f"{CONTROL_DIR}/lease"
 HISTORY_DIR = f"{CONTROL_DIR}/history"
-# PID 1's `sleep <max_lifetime>` runs as this unprivileged uid, not the agent's: a process can only
-# signal its own uid without CAP_KILL (dropped), so the agent can never end the lifetime clock, and
-# nothing in the container runs as root.
+SHELL_STATE_PREFIX = "/dev/shm/.crucible-shell"
+# The driver owns the control channel as root, with the three capabilities it needs to start the user
+# shell as the agent (setpriv: SETUID, SETGID) and to stop the agent's processes (KILL). The agent's
+# processes never hold any capability: they are not root, and no-new-privileges plus nosuid mounts
+# keep them from gaining one. Docker adds these to the bounding set only; a non-root exec gets none.
+CONTROL_USER = "0:0"
+CONTROL_CAPS = ("SETUID", "SETGID", "KILL")
+# Owner of the pristine git baseline (written by a keeper exec, read by the agent's reset script):
+# an unprivileged uid that is not the agent's, so the agent cannot change the baseline.
 KEEPER_USER = "65534:65534"
 CONTROL_SIZE = 16 << 20
 PRISTINE_SIZE = 16 << 20
@@ -38,8 +47,9 @@ def tmpfs_mounts(spec: SandboxSpec) -> dict[str, str]:
         spec.workdir: f"size={spec.workspace_size},{agent},exec",
         spec.home: f"size={spec.home_size},{agent},exec",
         "/tmp": f"size={spec.tmp_size},mode=1777,nosuid,nodev,exec",
-        CONTROL_DIR: f"size={CONTROL_SIZE},{agent},noexec",
-        CAPTURE_DIR: f"size={spec.capture_size},{agent},noexec",
+        # exec: the driver's unreadable copy of bash runs from here (only root can write the mount).
+        CONTROL_DIR: f"size={CONTROL_SIZE},uid=0,gid=0,mode=0711,nosuid,nodev,exec",
+        CAPTURE_DIR: f"size={spec.capture_size},uid=0,gid=0,mode=0711,nosuid,nodev,noexec",
         PRISTINE_DIR: f"size={PRISTINE_SIZE},uid={keeper_uid},gid={keeper_gid},mode=0755,nosuid,nodev,noexec",
     }
 

@@ -3,9 +3,12 @@
 A container of ours (label crucible.owner) is reaped when
   1. it is not running (its lifetime ended, it crashed, or it was never started), or
   2. its owner is a process on this host that is gone (pid missing, or a different start time), or
-  3. its lease expired: the label's expiry has passed and so has the renewable one in
+  3. it is detached (made by the CLI), the process that created it is gone, and it has no lease file:
+     its creation was cut short (a SIGKILLed `crucible sandbox create`); a finished creation writes
+     the lease before it returns, or
+  4. its lease expired: the label's expiry has passed and so has the renewable one in
      /run/crucible/lease (read only for such candidates; unreadable counts as expired).
-Owners on other hosts and detached (CLI) sandboxes are judged by rules 1 and 3 alone.
+Owners on other hosts are judged by rules 1 and 4 alone.
 Removal is idempotent, so concurrent reapers on one host are harmless.
 
     reaper = start_reaper(backend=make_backend(), events=sink)   # sweep now, then every 30 s
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 from task_workers.sandbox.backend import ContainerInfo, SandboxBackend
 from task_workers.sandbox.errors import SandboxError
 from task_workers.sandbox.events import EventKind, EventRecorder, EventSink, NullEventSink
-from task_workers.sandbox.labels import WORKER
+from task_workers.sandbox.labels import CREATOR, WORKER, Owner
 from task_workers.sandbox.layout import KEEPER_USER, LEASE_FILE
 
 log = logging.getLogger(__name__)
@@ -33,7 +36,7 @@ log = logging.getLogger(__name__)
 class Verdict:
     container_id: str
     sandbox_id: str
-    reason: str  # not_running | owner_dead | lease_expired
+    reason: str  # not_running | owner_dead | creator_dead | lease_expired
     owner: str
     removed: bool = False
 
@@ -54,12 +57,15 @@ class Reaper:
         if info.state == "removing":
             return None
         alive = info.owner.is_alive()
-        if info.state == "created" and alive is not False and info.age_s < 120:
+        creator = Owner.parse(info.labels[CREATOR]).is_alive() if info.labels.get(CREATOR) else None
+        if info.state == "created" and alive is not False and creator is not False and info.age_s < 120:
             return None  # being started right now by its owner
         if not info.running:
             return "not_running"
         if alive is False:
             return "owner_dead"
+        if info.owner.pid is None and creator is False and self._has_lease(info) is False:
+            return "creator_dead"
         if info.lease_expires > now:
             return None
         lease = self._read_lease(info)
@@ -97,6 +103,14 @@ class Reaper:
         )
         log.info("reaped %s (%s, owner %s)", info.sandbox_id, verdict.reason, verdict.owner)
         return Verdict(**{**verdict.__dict__, "removed": True})
+
+    def _has_lease(self, info: ContainerInfo) -> bool | None:
+        """Whether the lease file exists; None when we cannot tell (then nothing is removed for it)."""
+        try:
+            result = self.backend.exec(info.id, argv=["test", "-e", LEASE_FILE], user=KEEPER_USER, timeout_s=5)
+        except Exception:
+            return None
+        return {0: True, 1: False}.get(result.exit_code)
 
     def _read_lease(self, info: ContainerInfo) -> float | None:
         try:

@@ -7,15 +7,17 @@ and HOME, then verify HEAD is the baseline commit and `git status --porcelain --
 Plain mode: wipe the workspace (re-copy the seed if there is one) and the scratch areas, verify.
 
 Stray processes are killed before the script runs (the driver's `r` op: SIGKILL to every process of
-the sandbox user but itself, repeated until none is left). Our own git calls disable hooks and
-fsmonitor so an edited repository cannot run code during reset.
+the sandbox user but the one running the script, repeated until none is left). The script runs as
+the agent's uid: it only touches the agent's own files, and the driver's files are not its to touch
+(the driver empties its history itself). Our own git calls disable hooks and fsmonitor so an edited
+repository cannot run code during reset.
 """
 
 from __future__ import annotations
 
 import shlex
 
-from task_workers.sandbox.layout import CAPTURE_DIR, CONTROL_DIR, PRISTINE_DIR
+from task_workers.sandbox.layout import PRISTINE_DIR
 from task_workers.sandbox.spec import SandboxSpec
 
 PRISTINE_GIT = f"{PRISTINE_DIR}/git"
@@ -43,9 +45,7 @@ cat "$dst/head_sha"
 
 _SCRATCH = r"""
 shopt -s dotglob nullglob
-others=("$ctl_root"/sessions/* "$out_root"/*)
-junk=(/tmp/* /dev/shm/* "$home"/* "$ctl_root/history" "$1/state.env" "$1/state.cwd" "$1/cmd")
-for p in "${others[@]}"; do [[ $p == "$1" || $p == "$2" ]] || junk+=("$p"); done
+junk=(/tmp/* /dev/shm/* "$home"/*)  # /dev/shm holds the user shell's checkpoint too: it starts fresh
 for p in "${junk[@]}"; do
   [[ -e $p || -L $p ]] || continue  # only spend a fork on rm when there is something to remove
   rm -rf -- "${junk[@]}" 2>/dev/null || { chmod -R u+rwX -- "${junk[@]}" 2>/dev/null; rm -rf -- "${junk[@]}"; }
@@ -97,7 +97,7 @@ echo clean
 
 
 def reset_script(spec: SandboxSpec, *, repo: bool) -> str:
-    """The bash program the driver runs for a reset ($1 = its session dir, $2 = its output dir)."""
+    """The bash program the driver runs, as the agent, for a reset (after driver.RESET_PRELUDE)."""
     params = "\n".join(
         f"{name}={shlex.quote(value)}"
         for name, value in (
@@ -105,8 +105,6 @@ def reset_script(spec: SandboxSpec, *, repo: bool) -> str:
             ("home", spec.home),
             ("seed", spec.workspace_seed or ""),
             ("pristine", PRISTINE_GIT),
-            ("ctl_root", CONTROL_DIR),
-            ("out_root", CAPTURE_DIR),
         )
     )
     return "set -u\n" + params + _GIT + _SCRATCH + (_REPO if repo else _PLAIN)

@@ -26,7 +26,7 @@ from task_workers.sandbox import labels as L
 from task_workers.sandbox.backend import ExecResult, SandboxBackend
 from task_workers.sandbox.errors import ResetFailed, SandboxDead, SandboxError, SessionError
 from task_workers.sandbox.events import EventKind, EventRecorder, EventSink, NullEventSink
-from task_workers.sandbox.layout import KEEPER_USER, sandbox_env
+from task_workers.sandbox.layout import CONTROL_USER, KEEPER_USER, sandbox_env
 from task_workers.sandbox.reset import (
     BASELINE_SCRIPT,
     PRISTINE_GIT,
@@ -112,7 +112,11 @@ class Sandbox:
             except SandboxError as error:  # SessionTimeout, SandboxDead (cannot start a process), …
                 return self._mark_dead(started, f"the sandbox stopped answering ({error})")
         result = step_result(reply, timeout_s=timeout)
-        if result.status is StepStatus.OOM:
+        if result.status in (StepStatus.CONTROL_FAULT, StepStatus.SANDBOX_DEAD):
+            # The channel cannot be trusted or written any more: never reuse this sandbox.
+            self.healthy = False
+            self.events.emit(EventKind.HEALTH_FAIL, status=reply.status, command=_excerpt(command))
+        elif result.status is StepStatus.OOM:
             self.saw_oom = True
             self.events.emit(EventKind.OOM, duration_s=result.duration_s, command=_excerpt(command))
         elif result.status is StepStatus.TIMEOUT:
@@ -120,10 +124,15 @@ class Sandbox:
         return result
 
     def exec(
-        self, argv: list[str], *, timeout_s: float = 60.0, stdin: bytes | None = None, as_keeper: bool = False
+        self, argv: list[str], *, timeout_s: float = 60.0, stdin: bytes | None = None, as_keeper: bool = False,
+        as_control: bool = False,
     ) -> ExecResult:
-        """One-off process (its own docker exec): for control work and file transfer, not agent steps."""
-        user = KEEPER_USER if as_keeper else self.spec.user
+        """One-off process (its own docker exec): for control work and file transfer, not agent steps.
+
+        `as_control` runs it as the owner of the control channel (root with layout.CONTROL_CAPS): only
+        for reading the driver's files, never for anything that touches the agent's files.
+        """
+        user = CONTROL_USER if as_control else KEEPER_USER if as_keeper else self.spec.user
         return self.backend.exec(
             self.container_id, argv=argv, user=user, timeout_s=timeout_s, stdin=stdin, workdir=self.spec.workdir
         )
@@ -153,10 +162,12 @@ class Sandbox:
             spec, backend, cid = self.spec, self.backend, self.container_id
             session = ShellSession(
                 open_stream=lambda argv: backend.open_exec(
-                    cid, argv=argv, user=spec.user, env=sandbox_env(spec), workdir=spec.workdir
+                    cid, argv=argv, user=CONTROL_USER, env=sandbox_env(spec), workdir=spec.workdir
                 ),
                 output_head=spec.output_head,
                 output_tail=spec.output_tail,
+                user=spec.user,
+                capture_size=spec.capture_size,
                 restore_from=restore_from,
             )
             session.start()
@@ -170,7 +181,7 @@ class Sandbox:
         if not self.is_running():
             return self._mark_dead(started, "the sandbox's container is gone")
         try:
-            self._ensure_session(restore_from=old.ctl_dir if old else None)
+            self._ensure_session(restore_from=old.state_prefix if old else None)
         except SandboxError as error:
             return self._mark_dead(started, f"could not start a new shell ({error})")
         return StepResult(
@@ -256,7 +267,7 @@ class Sandbox:
         return time.monotonic() >= self._lease_due
 
     def write_lease(self, *, state: str = "leased") -> bool:
-        """Renew the lease the reaper reads (`expires run episode state` in /run/crucible/lease)."""
+        """Renew the lease the reaper reads (`expires run episode state` in /run/crucible/lease, root's)."""
         expires = time.time() + self.lease_ttl_s
         ev = self.events
         line = f"{int(expires)} {ev.run_id or '-'} {ev.episode_id or '-'} {state}"
@@ -320,6 +331,7 @@ def sandbox_labels(
         L.SPEC_JSON: json.dumps(spec.model_dump(mode="json"), separators=(",", ":")),
         L.SANDBOX_ID: sandbox_id,
         L.CREATED: str(int(now)),
+        L.CREATOR: str(L.Owner.current()),
     }
     return values
 

@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from task_workers.sandbox.driver import DRIVER, USER_SHELL
+from task_workers.sandbox.driver import DRIVER, RESET_PRELUDE, USER_SHELL
 from task_workers.sandbox.errors import SessionError
-from task_workers.sandbox.layout import CAPTURE_DIR, CONTROL_DIR
+from task_workers.sandbox.layout import CAPTURE_DIR, CONTROL_DIR, SHELL_STATE_PREFIX
 from task_workers.sandbox.stream import ExecStream, StreamClosed, StreamTimeout
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,16 @@ class StepStatus(StrEnum):
     OOM = "oom"
     OUTPUT_TRUNCATED = "output_truncated"
     SANDBOX_DEAD = "sandbox_dead"
+    CONTROL_FAULT = "control_fault"
+    """The agent's processes interfered with the control channel (forged an answer, filled the capture)."""
+
+
+# Driver statuses that are faults, never `ok`: the sandbox cannot report this command truthfully.
+INFRA_FAULTS = {"control_full": "the sandbox's control files could not be written (its control tmpfs is full)"}
+AGENT_FAULTS = {
+    "capture_full": "the output capture space is held by a background process; this command's output is lost",
+    "control_tampered": "an answer for this command was forged by another process",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +99,8 @@ class ShellSession:
         open_stream: StreamOpener,
         output_head: int,
         output_tail: int,
+        user: str = "1000:1000",
+        capture_size: int = 64 << 20,
         restore_from: str | None = None,
         start_timeout_s: float = 30.0,
     ) -> None:
@@ -96,6 +108,8 @@ class ShellSession:
         self._open_stream = open_stream
         self._head = output_head
         self._tail = output_tail
+        self._uid, self._gid = user.split(":")
+        self._capture_size = capture_size
         self._restore_from = restore_from or ""
         self._start_timeout_s = start_timeout_s
         self._stream: ExecStream | None = None
@@ -107,6 +121,11 @@ class ShellSession:
         return f"{CONTROL_DIR}/sessions/{self.nonce}"
 
     @property
+    def state_prefix(self) -> str:
+        """Where this session's user shell checkpoints cwd (.cwd) and exported variables (.env)."""
+        return f"{SHELL_STATE_PREFIX}-{self.nonce}"
+
+    @property
     def alive(self) -> bool:
         return self._stream is not None and not self._stream.eof
 
@@ -114,6 +133,7 @@ class ShellSession:
         argv = [
             "bash", "--noprofile", "--norc", "-c", DRIVER, "crucible-driver", self.nonce,
             str(self._head), str(self._tail), CONTROL_DIR, CAPTURE_DIR, self._restore_from, USER_SHELL,
+            self._uid, self._gid, SHELL_STATE_PREFIX, RESET_PRELUDE, str(self._capture_size),
         ]
         self._stream = self._open_stream(argv)
         try:
@@ -206,6 +226,13 @@ def step_result(reply: Reply, *, timeout_s: float) -> StepResult:
         text += (
             f"\n[crucible: the shell exited with status {reply.rc}; a new shell starts in the last working"
             " directory with the exported variables]"
+        )
+    if reply.status in INFRA_FAULTS or reply.status in AGENT_FAULTS:
+        note = INFRA_FAULTS.get(reply.status) or AGENT_FAULTS[reply.status]
+        status = StepStatus.SANDBOX_DEAD if reply.status in INFRA_FAULTS else StepStatus.CONTROL_FAULT
+        return StepResult(
+            stdout=f"[crucible: {reply.status}: {note}]", exit_code=-1, duration_s=reply.duration_s, status=status,
+            output_bytes=reply.size,
         )
     if reply.status == "oom":
         status = StepStatus.OOM

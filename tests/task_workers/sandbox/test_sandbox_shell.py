@@ -93,15 +93,16 @@ def test_a_builtin_busy_loop_times_out_too(sandbox: Sandbox) -> None:
 
 def test_an_exit_code_line_split_by_the_drivers_read_timer_is_reassembled(sandbox: Sandbox) -> None:
     # Regression: on a loaded machine the driver's `read -t` (250 ms slices) could fire after reading
-    # only the first bytes of the user shell's "<seq> <rc>" line; those bytes were dropped, the rest
-    # never matched, and a command that had finished was reported as a 120 s timeout. Here the
-    # command writes the line in two pieces with a pause longer than a slice, which forces the split.
-    # The user shell's own "<seq> 0" line follows; a driver that reassembles lines answers 42.
-    rc_fifo = '"$__crucible_ctl/rc.fifo"'
-    split = f"printf %s \"$__crucible_seq\" >{rc_fifo}; sleep 1; printf ' 42\\n' >{rc_fifo}"
+    # only the first bytes of the user shell's "<seq> <token> <rc>" line; those bytes were dropped, the
+    # rest never matched, and a command that had finished was reported as a 120 s timeout. Here the
+    # command answers for itself (it runs in the shell, so it may: fd 11 is where bash saved the shell's
+    # answer pipe during the command) in two pieces with a pause longer than a slice, which forces the
+    # split. The shell's own "<seq> <token> 0" line follows; a driver that reassembles lines answers 42.
+    answer = '"$__crucible_seq $__crucible_tok"'
+    split = f"printf %s {answer} >&11; sleep 1; printf ' 42\\n' >&11"
     result = sandbox.step(split, timeout=20)
     assert (result.status, result.exit_code, result.shell_restarted) == (StepStatus.OK, 42, False)
-    assert sandbox.step("echo next").stdout == "next\n"  # the stale "<seq> 0" line is skipped
+    assert sandbox.step("echo next").stdout == "next\n"  # the late "<seq> <token> 0" line is skipped
 
 
 def test_exit_starts_a_new_shell_in_the_last_directory(sandbox: Sandbox) -> None:
@@ -111,13 +112,22 @@ def test_exit_starts_a_new_shell_in_the_last_directory(sandbox: Sandbox) -> None
     assert sandbox.step("pwd").stdout == "/home/agent\n"
 
 
-def test_killing_the_session_restarts_it(sandbox: Sandbox) -> None:
+def test_killing_the_shell_restarts_it(sandbox: Sandbox) -> None:
     sandbox.step("cd /tmp")
-    result = sandbox.step("kill -9 -1")
+    result = sandbox.step("kill -9 $$")
     assert result.shell_restarted and result.exit_code == 137
     assert result.status is not StepStatus.SANDBOX_DEAD
     assert sandbox.step("pwd").stdout == "/tmp\n"
     assert sandbox.healthy and sandbox.is_running()
+
+
+def test_killing_every_process_of_the_agent_leaves_the_driver_alone(sandbox: Sandbox) -> None:
+    # The driver is root's: `kill -9 -1` from the agent reaches the agent's processes only.
+    sandbox.step("(sleep 600 &)")
+    result = sandbox.step("kill -9 -1; echo survived")
+    assert (result.status, result.exit_code, result.stdout) == (StepStatus.OK, 0, "survived\n")
+    assert sandbox.step("ps -u agent -o comm= | grep -c '^sleep$'").stdout == "0\n"
+    assert sandbox.healthy
 
 
 def test_history_records_every_command_with_exit_code(sandbox: Sandbox) -> None:
