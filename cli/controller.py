@@ -16,7 +16,7 @@ import typer
 from rich.table import Table
 from sqlalchemy.orm import Session
 
-from cli.console import OutputFormat, OutputOption, console, print_json, readable_errors
+from cli.console import OutputFormat, OutputOption, console, print_json, readable_errors, safe
 from controller.config import ControllerConfig, load_run_config
 from controller.progress import describe_run
 from controller.runs import create_run, get_run, list_runs, resume_run, stop_run
@@ -73,8 +73,8 @@ def _show(views: list[dict[str, Any]], output: OutputFormat, *, single: bool = F
     for view in views:
         groups = ", ".join(f"{status} {count}" for status, count in sorted(view["groups"].items())) or "-"
         envs = ", ".join(f"{e['name']} v{e['version']} ×{e['weight']:g}" for e in view["environments"])
-        table.add_row(str(view["id"]), view["name"], view["status"], view["purpose"], view["mode"],
-                      str(view["policy_version"]), groups, envs)
+        table.add_row(str(view["id"]), safe(view["name"]), safe(view["status"]), safe(view["purpose"]),
+                      safe(view["mode"]), str(view["policy_version"]), safe(groups), safe(envs))
     console.print(table)
 
 

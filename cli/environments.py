@@ -5,14 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.json import JSON
 from rich.table import Table
 from sqlalchemy import func, select
 
-from cli.console import OutputFormat, OutputOption, console, print_json, readable_errors
+from cli.console import OutputFormat, OutputOption, console, print_json, readable_errors, safe
 from core.db import session_scope
 from core.models import Environment, Task
+from core.settings import get_settings
 from environments.service import get_environment, list_environments, register_environment
-from environments.spec import load_spec_file
+from environments.spec import check_network_policy, load_spec_file
 from environments.tasks import TaskFormat, import_tasks
 
 env_app = typer.Typer(help="Environments: register versioned specs, list and show them.", no_args_is_help=True)
@@ -27,8 +29,11 @@ def _env_json(row: Environment) -> dict[str, object]:
 @env_app.command("register")
 def register(path: Path = typer.Argument(..., help="YAML or JSON spec file."), output: OutputFormat = OutputOption) -> None:
     """Register a spec; an unchanged spec keeps its version, a changed one gets the next."""
+    with readable_errors():
+        spec = load_spec_file(path)  # a bad file is refused before the database is asked anything
+        check_network_policy(spec, allowed=get_settings().sandbox_networks)
     with readable_errors(), session_scope() as session:
-        row, created = register_environment(session, spec=load_spec_file(path))
+        row, created = register_environment(session, spec=spec)
         data = {**_env_json(row), "created": created}
     if output is OutputFormat.json:
         print_json(data)
@@ -48,7 +53,7 @@ def ls(output: OutputFormat = OutputOption) -> None:
         return
     table = Table("name", "version", "kind", "tasks", "registered")
     for row in rows:
-        table.add_row(str(row["name"]), str(row["version"]), str(row["kind"]), str(counts.get(row["name"], 0)),
+        table.add_row(safe(row["name"]), str(row["version"]), safe(row["kind"]), str(counts.get(row["name"], 0)),
                       f"{row['created_at']:%Y-%m-%d %H:%M}")
     console.print(table)
 
@@ -61,8 +66,8 @@ def show(name: str, version: int | None = typer.Option(None, min=1), output: Out
     if output is OutputFormat.json:
         print_json(data)
     else:
-        console.print(f"[bold]{data['name']}[/] v{data['version']} ({data['kind']})")
-        console.print_json(data=data["spec"])
+        console.print(f"[bold]{safe(data['name'])}[/] v{data['version']} ({safe(data['kind'])})")
+        console.print(JSON.from_data(data["spec"], ensure_ascii=True))  # C1 controls as \u escapes too
 
 
 @tasks_app.command("import")
@@ -82,7 +87,7 @@ def import_(
     if output is OutputFormat.json:
         print_json({"environment": environment, "imported": count})
     else:
-        console.print(f"imported {count} tasks into [bold]{environment}[/]")
+        console.print(f"imported {count} tasks into [bold]{safe(environment)}[/]")
 
 
 @tasks_app.command("ls")
@@ -100,5 +105,5 @@ def tasks_ls(environment: str, split: str | None = None, output: OutputFormat = 
     table = Table("id", "external id", "split", "pass rate", "difficulty")
     for row in rows:
         rate = "-" if row["pass_rate"] is None else f"{row['pass_rate']:.2f}"
-        table.add_row(str(row["id"]), row["external_id"], row["split"], rate, row["difficulty"] or "-")
+        table.add_row(str(row["id"]), safe(row["external_id"]), safe(row["split"]), rate, safe(row["difficulty"] or "-"))
     console.print(table)

@@ -6,10 +6,9 @@ from typing import Any
 
 import typer
 from rich.table import Table
-from rich.text import Text
 
 from cli.api_client import api_client
-from cli.console import OutputFormat, OutputOption, console, print_json, readable_errors
+from cli.console import OutputFormat, OutputOption, console, print_json, readable_errors, safe, safe_text
 
 app = typer.Typer(help="Episodes: list with filters and search, show one with its turns.", no_args_is_help=True)
 
@@ -44,27 +43,30 @@ def ls(
         return
     table = Table("id", "run", "group·sample", "env", "status", "termination", "reward", "version", "turns", "tokens")
     for e in page["data"]:
-        table.add_row(str(e["id"]), str(e["run_id"]), f"{e['group_id']}·{e['sample_index']}", e["environment"],
-                      e["status"], e["termination_reason"] or "–", _reward(e["reward"]),
+        table.add_row(str(e["id"]), str(e["run_id"]), f"{e['group_id']}·{e['sample_index']}", safe(e["environment"]),
+                      safe(e["status"]), safe(e["termination_reason"] or "–"), _reward(e["reward"]),
                       "–" if e["policy_version"] is None else str(e["policy_version"]), str(e["num_turns"]),
                       str(e["num_tokens"]))
     console.print(table)
     if page["next_cursor"]:
-        console.print(f"more: --cursor {page['next_cursor']}", style="dim", highlight=False)
+        console.print(f"more: --cursor {safe(page['next_cursor'])}", style="dim", highlight=False)
 
 
 def _print_turn(turn: dict[str, Any]) -> None:
-    console.print(f"[bold]turn {turn['index']}[/] · {turn['num_tokens']} tokens · {turn['finish_reason'] or '–'}")
-    console.print(Text(turn["completion_text"]))
+    """Every stored string here was written by the policy or a tool: it goes through `safe_text`."""
+    console.print(f"[bold]turn {safe(turn['index'])}[/] · {safe(turn['num_tokens'])} tokens · "
+                  f"{safe(turn['finish_reason'] or '–')}", highlight=False)
+    console.print(safe_text(turn["completion_text"] or ""))
     call = turn["tool_call"]
     if call:
         exit_code = turn["exit_code"]
         style = "red" if exit_code not in (None, 0) else "green"
         truncated = f" · truncated {turn['truncated_bytes']} bytes" if turn["truncated"] else ""
-        console.print(Text(f"  → {call.get('name')} {call.get('arguments')}", style="cyan"))
-        console.print(Text(f"  exit {exit_code} · {turn['duration_s']} s{truncated}", style=style))
+        name, arguments = (call.get("name"), call.get("arguments")) if isinstance(call, dict) else (call, "")
+        console.print(safe_text(f"  → {name} {arguments}", style="cyan"))
+        console.print(safe_text(f"  exit {exit_code} · {turn['duration_s']} s{truncated}", style=style))
     if turn["observation"]:
-        console.print(Text("  " + turn["observation"].replace("\n", "\n  "), style="dim"))
+        console.print(safe_text("  " + str(turn["observation"]).replace("\n", "\n  "), style="dim"))
 
 
 @app.command("show")
@@ -80,10 +82,12 @@ def show(
         print_json(episode)
         return
     console.print(f"[bold]episode {episode['id']}[/] · run {episode['run_id']} · group {episode['group_id']} "
-                  f"sample {episode['sample_index']} · {episode['environment']} · task {episode['task_external_id']}")
-    console.print(f"{episode['status']} · {episode['termination_reason'] or '–'} · reward {_reward(episode['reward'])} "
-                  f"{episode['reward_components']}")
+                  f"sample {episode['sample_index']} · {safe(episode['environment'])} · "
+                  f"task {safe(episode['task_external_id'])}", highlight=False)
+    console.print(safe_text(f"{episode['status']} · {episode['termination_reason'] or '–'} · "
+                            f"reward {_reward(episode['reward'])} {episode['reward_components']}"))
     for layer in episode["verifier_layers"]:
-        console.print(f"  verifier {layer.get('name')}: {layer.get('score')} passed={layer.get('passed')}")
+        if isinstance(layer, dict):
+            console.print(safe_text(f"  verifier {layer.get('name')}: {layer.get('score')} passed={layer.get('passed')}"))
     for turn in episode["turns"]:
         _print_turn(turn)

@@ -8,7 +8,7 @@ import typer
 
 from cli import db, environments, episodes, services, tokens
 from cli import open as open_
-from cli.console import readable_errors
+from cli.console import CrucibleGroup, readable_errors, set_debug
 from cli.controller import controller, runs_app
 from cli.doctor import doctor
 from cli.follow import follow
@@ -21,7 +21,7 @@ from core.settings import get_settings
 
 app = typer.Typer(
     name="crucible", help="Train LLM agents with RL in real sandboxes.", no_args_is_help=True,
-    pretty_exceptions_enable=False,
+    pretty_exceptions_enable=False, cls=CrucibleGroup,
 )
 app.add_typer(db.app, name="db")
 app.add_typer(environments.env_app, name="env")
@@ -43,7 +43,10 @@ app.command()(services.worker)
 
 
 @app.callback()
-def _configure() -> None:
+def _configure(
+    debug: bool = typer.Option(False, "--debug", help="On failure, print the traceback, not one line."),
+) -> None:
+    set_debug(debug)
     with readable_errors():
         settings = get_settings()  # fail fast on bad settings, before any command runs
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -7,7 +7,7 @@ import typer
 from rich.table import Table
 
 from api.services.tokens import create_token, list_tokens, revoke_token
-from cli.console import OutputFormat, OutputOption, console, print_json, readable_errors
+from cli.console import OutputFormat, OutputOption, console, print_json, readable_errors, safe
 from core.db import session_scope
 from core.models import ApiToken
 
@@ -28,7 +28,7 @@ def create(name: str = typer.Argument(..., help="What the token is for."), outpu
     if output is OutputFormat.json:
         print_json(data)
         return
-    console.print(f"created token [bold]{data['id']}[/] ({name}); it is shown only this once:")
+    console.print(f"created token [bold]{data['id']}[/] ({safe(name)}); it is shown only this once:")
     console.print(token, highlight=False, soft_wrap=True)
     console.print("use it as CRUCIBLE_API_TOKEN, or paste it into the dashboard's login form", style="dim")
 
@@ -43,7 +43,7 @@ def ls(output: OutputFormat = OutputOption) -> None:
         return
     table = Table("id", "name", "prefix", "created", "last used", "revoked")
     for row in rows:
-        table.add_row(str(row["id"]), str(row["name"]), f"{row['prefix']}…", _when(row["created_at"]),
+        table.add_row(str(row["id"]), safe(row["name"]), f"{safe(row['prefix'])}…", _when(row["created_at"]),
                       _when(row["last_used_at"]), _when(row["revoked_at"]))
     console.print(table)
 
@@ -56,7 +56,7 @@ def revoke(ref: str = typer.Argument(..., help="Token id, name or prefix."), out
     if output is OutputFormat.json:
         print_json(data)
     else:
-        console.print(f"revoked token {data['id']} ({data['name']}, {data['prefix']}…)")
+        console.print(f"revoked token {data['id']} ({safe(data['name'])}, {safe(data['prefix'])}…)")
 
 
 def _when(value: object) -> str:

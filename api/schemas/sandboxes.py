@@ -19,7 +19,8 @@ class SandboxEventPublic(BaseModel):
     run_id: int | None
     episode_id: int | None
     duration_ms: float | None
-    detail: dict[str, Any]
+    detail: Any
+    """Usually a mapping (command, exit_code…); shown as stored whatever its shape."""
     created_at: datetime
 
 

@@ -110,3 +110,28 @@ def test_sparkline_scales_between_min_and_max() -> None:
     assert sparkline([0.0, 0.5, 1.0]) == "▁▅█"
     assert sparkline([None, 1.0]) == " ▁"
     assert sparkline([]) == ""
+
+
+HOSTILE = "ok\x1b]0;pwned\x07\x1b[2J\x1b[31mred\u009b31m\u202eevil[bold]markup[/bold]\rover"
+
+
+def test_episodes_show_escapes_terminal_control_sequences(cli_env: None, seeded: SeededRun) -> None:
+    """Model and tool output is stored text from an adversary: it must not reach the terminal raw."""
+    from sqlalchemy import update
+
+    from core.db import session_scope
+    from core.models import Episode, Turn
+
+    episode_id = seeded.episode_ids[0][1]
+    with session_scope() as session:
+        session.execute(update(Turn).where(Turn.episode_id == episode_id).values(
+            completion_text=HOSTILE, observation=HOSTILE, tool_call=["not", "a", "mapping"]))
+        session.execute(update(Episode).where(Episode.id == episode_id).values(verifier_layers=[{"name": HOSTILE}]))
+    result = runner.invoke(episodes.app, ["show", str(episode_id)])
+    assert result.exit_code == 0, result.output
+    for raw in ("\x1b", "\x07", "\u009b", "\u202e", "\r"):
+        assert raw not in result.output
+    assert "ok\\x1b]0;pwned\\x07\\x1b[2J" in result.output and "\\x9b31m\\u202eevil[bold]markup[/bold]" in result.output
+    as_json = runner.invoke(episodes.app, ["show", str(episode_id), "-o", "json"])
+    assert "\x1b" not in as_json.output and "\u009b" not in as_json.output
+    assert json.loads(as_json.output)["turns"][0]["completion_text"] == HOSTILE

@@ -47,3 +47,41 @@ def test_unknown_names_and_versions_are_404(client: TestClient) -> None:
     response = client.get("/v1/environments/calc?version=7")
     assert response.status_code == 404 and "no version 7 of environment named 'calc'" in response.json()["error"]["message"]
     assert client.get("/v1/environments/ghost/versions").status_code == 404
+
+
+def test_the_sandbox_section_is_validated_at_registration(client: TestClient) -> None:
+    """`memory: lots` used to register fine, then fail every episode at the worker as an infrastructure fault."""
+    for sandbox, message in (
+        ({"memory": "lots"}, 'sandbox: memory: expected a size like "512m" or "2g", got "lots"'),
+        ({"cpus": 0}, "sandbox: cpus: expected a number of cores between 0.01 and 256, got 0"),
+        ({"user": "0:0"}, 'sandbox: user: expected a non-root numeric "uid:gid"'),
+        ({"image": "other"}, "sandbox: expected no image here (the spec's `image` field names it), got 'other'"),
+        ({"bogus": 1}, "sandbox: bogus: expected one of the known fields"),
+    ):
+        response = client.post("/v1/environments", json={**SPEC, "sandbox": sandbox})
+        assert response.status_code == 422, sandbox
+        assert message in response.json()["error"]["message"]
+    assert client.get("/v1/environments").json()["data"] == []
+    ok = client.post("/v1/environments", json={**SPEC, "sandbox": {"memory": "1g", "pids": 128}})
+    assert ok.status_code == 201 and ok.json()["spec"]["sandbox"] == {"memory": "1g", "pids": 128}
+
+
+def test_a_named_network_needs_the_operators_consent(client: TestClient, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from core.settings import get_settings
+
+    networked = {**SPEC, "sandbox": {"network": "lab", "allow_network": True}}
+    response = client.post("/v1/environments", json=networked)
+    assert response.status_code == 422
+    assert response.json()["error"]["message"] == ("sandbox.network: expected a network the operator allows (none: "
+                                                   "CRUCIBLE_SANDBOX_NETWORKS is unset), got 'lab' with allow_network")
+    host = client.post("/v1/environments", json={**SPEC, "sandbox": {"network": "host", "allow_network": True}})
+    assert host.status_code == 422 and "are never allowed" in host.json()["error"]["message"]
+    monkeypatch.setenv("CRUCIBLE_SANDBOX_NETWORKS", "lab,eval")
+    get_settings.cache_clear()
+    try:
+        assert client.post("/v1/environments", json=networked).status_code == 201
+        other = client.post("/v1/environments", json={**SPEC, "sandbox": {"network": "prod", "allow_network": True}})
+        assert other.status_code == 422 and "(lab, eval), got 'prod'" in other.json()["error"]["message"]
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()

@@ -86,3 +86,35 @@ def test_tokens_are_ids_only_when_the_model_has_no_tokenizer(
 def test_a_running_episode_has_no_turns_yet(client: TestClient, seeded: SeededRun) -> None:
     episode = client.get(f"/v1/episodes/{seeded.episode_ids[2][3]}").json()
     assert episode["status"] == "running" and episode["turns"] == [] and episode["reward"] is None
+
+
+def test_unexpected_json_shapes_do_not_crash_the_episode_views(
+    client: TestClient, seeded: SeededRun, db_session: Session
+) -> None:
+    """Workers (and older versions of them) write these JSONB columns; a surprising shape once made
+    the episode API answer 500 and its page fail to render."""
+    from core.models import Episode, SandboxEvent, Turn
+
+    episode_id = seeded.episode_ids[0][0]
+    db_session.execute(update(Episode).where(Episode.id == episode_id).values(
+        reward_components=[1, 2], timings="slow", failures=[3, {"reason": "sandbox_error"}],
+        verifier_layers=["weird", {"score": "n/a"}, None]))
+    db_session.execute(update(Turn).where(Turn.episode_id == episode_id, Turn.index == 0).values(tool_call=["ls"]))
+    db_session.execute(update(Turn).where(Turn.episode_id == episode_id, Turn.index == 1).values(tool_call="raw"))
+    db_session.execute(update(SandboxEvent).where(SandboxEvent.episode_id == episode_id).values(detail=[1, 2]))
+    db_session.commit()
+
+    shown = client.get(f"/v1/episodes/{episode_id}")
+    assert shown.status_code == 200, shown.text
+    body = shown.json()
+    assert body["reward_components"] == {"raw": [1, 2]} and body["timings"] == {"raw": "slow"}
+    assert body["verifier_layers"][0] == {"name": None, "score": None, "passed": None, "duration_s": None,
+                                          "detail": "weird"}
+    assert body["failures"][0] == {"reason": None, "at": None, "worker": None, "message": 3}
+    assert body["turns"][0]["tool_call"] == {"name": "?", "arguments": ["ls"]}
+    assert client.get(f"/v1/episodes?run_id={seeded.run_id}").status_code == 200
+    events = client.get(f"/v1/episodes/{episode_id}/sandbox-events")
+    assert events.status_code == 200 and [1, 2] in [event["detail"] for event in events.json()["data"]]
+    page = client.get(f"/episodes/{episode_id}")
+    assert page.status_code == 200 and "weird" in page.text
+    assert client.get(f"/runs/{seeded.run_id}").status_code == 200

@@ -39,3 +39,17 @@ def test_postgres_urls_are_normalised_to_psycopg3() -> None:
 def test_unset_database_means_embedded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CRUCIBLE_DATABASE_URL", raising=False)
     assert load_settings().uses_embedded_database
+
+
+def test_sandbox_networks_are_a_comma_separated_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CRUCIBLE_SANDBOX_NETWORKS", " lab , eval,, ")
+    assert load_settings().sandbox_networks == ["lab", "eval"]
+    monkeypatch.delenv("CRUCIBLE_SANDBOX_NETWORKS")
+    assert load_settings().sandbox_networks == []
+
+
+def test_production_refuses_debug_logging() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(environment="production", log_level="DEBUG")
+    assert str(caught.value) == "CRUCIBLE_LOG_LEVEL: expected INFO or higher in production (no debug output), got 'DEBUG'"
+    assert load_settings(environment="production", log_level="INFO").environment == "production"
