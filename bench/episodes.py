@@ -47,8 +47,9 @@ def _task_payload(tmp: Path) -> dict[str, Any]:
     repo = tmp / "repo"
     repo.mkdir(parents=True, exist_ok=True)
     (repo / "app.py").write_text("VALUE = 1\n")
+    test = "import app\n\n\ndef test_value():\n    assert app.VALUE == 2\n"
     task = CodeRepoTask(repo=pack_directory(repo),
-                        hidden_tests=TestSpec(command="python3 -c 'import app; assert app.VALUE == 2'"))
+                        hidden_tests=TestSpec(paths=["test_app.py"], files={"test_app.py": test}))
     return task.model_dump(mode="json")
 
 

@@ -28,6 +28,7 @@ def ls(
     version: int | None = typer.Option(None, "--version", help="Policy version that generated the episode."),
     group: int | None = typer.Option(None, "--group", "-g", help="Episode group id."),
     search: str | None = typer.Option(None, "--search", "-q", help='Full-text search in turns: words, "a phrase", -not.'),
+    flag: str | None = typer.Option(None, "--flag", help="Only episodes the hack monitors flagged so (forged_exit…)."),
     limit: int = typer.Option(20, min=1, max=500, help="Rows per page."),
     cursor: str | None = typer.Option(None, help="Continue after a previous page (its next cursor)."),
     output: OutputFormat = OutputOption,
@@ -35,7 +36,7 @@ def ls(
     """Episode summaries, newest first."""
     params = {"run_id": run, "environment": environment, "status": status, "termination_reason": reason,
               "min_reward": min_reward, "max_reward": max_reward, "policy_version": version, "group_id": group,
-              "q": search, "limit": limit, "cursor": cursor}
+              "q": search, "flag": flag, "limit": limit, "cursor": cursor}
     with readable_errors():
         page = api_client().get("/v1/episodes", params=params)
     if output is OutputFormat.json:
@@ -44,7 +45,8 @@ def ls(
     table = Table("id", "run", "group·sample", "env", "status", "termination", "reward", "version", "turns", "tokens")
     for e in page["data"]:
         table.add_row(str(e["id"]), str(e["run_id"]), f"{e['group_id']}·{e['sample_index']}", safe(e["environment"]),
-                      safe(e["status"]), safe(e["termination_reason"] or "–"), _reward(e["reward"]),
+                      safe(e["status"]), safe(" ".join([e["termination_reason"] or "–", *e.get("flags", [])])),
+                      _reward(e["reward"]),
                       "–" if e["policy_version"] is None else str(e["policy_version"]), str(e["num_turns"]),
                       str(e["num_tokens"]))
     console.print(table)

@@ -5,12 +5,13 @@ An episode runner drives a kind like this:
     kind = get_kind(spec.kind)(spec)
     kind.setup(sandbox=sb, task=task)                  # put the repo / site in place
     result = kind.execute(sandbox=sb, call=tool_call)  # one tool call → observation
-    verdict = kind.verify(sandbox=sb, task=task, submitted=True, open_sandbox=pool.open_fresh)
+    verdict = kind.verify(sandbox=sb, task=task, submitted=True, open_sandbox=pool.open_fresh,
+                          actions=[call, ...])
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -59,16 +60,28 @@ class Verdict:
     reward: float
     layers: list[LayerResult] = field(default_factory=list)
     diff: str = ""
+    """What the agent changed, exactly as graded."""
+    flags: list[str] = field(default_factory=list)
+    """What the hack monitors saw (core.flags.EpisodeFlag values), sorted."""
 
     @property
     def components(self) -> dict[str, float]:
         return {layer.name: layer.score for layer in self.layers}
 
 
+class GraderFault(RuntimeError):
+    """Grading could not be done for a reason of the machine's (no fresh sandbox, the engine gone):
+    an infrastructure fault, retried. Whatever the agent caused is a Verdict, never this."""
+
+
 class Sandbox(Protocol):
     """The part of a sandbox an environment uses (see task_workers/sandbox)."""
 
     def step(self, command: str, *, timeout: float | None = None) -> Any: ...
+    def exec(self, argv: list[str], *, timeout_s: float = ..., stdin: bytes | None = None,
+             as_keeper: bool = False) -> Any:
+        """A one-off process outside the agent's shell; `as_keeper` runs it as a uid the agent is not."""
+        ...
     def put_files(self, files: dict[str, bytes], *, dest: str = ...) -> None: ...
     def put_archive(self, data: bytes, *, dest: str = ...) -> None: ...
     def get_file(self, path: str) -> bytes: ...
@@ -94,6 +107,8 @@ class EnvironmentKind(Protocol):
 
     def execute(self, *, sandbox: Sandbox, call: ToolCall, task: Any) -> ToolResult: ...
 
-    def verify(self, *, sandbox: Sandbox, task: Any, submitted: bool, open_sandbox: OpenSandbox) -> Verdict:
-        """Score the episode, layer by layer."""
+    def verify(self, *, sandbox: Sandbox, task: Any, submitted: bool, open_sandbox: OpenSandbox,
+               actions: Sequence[ToolCall]) -> Verdict:
+        """Score the episode, layer by layer; `actions` are the tool calls the agent made, in order.
+        Raises GraderFault only for faults of the machine."""
         ...

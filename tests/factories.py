@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from core.models import Environment, EpisodeGroup, Run, Task
+from core.store import insert_episode
 
 _ids = itertools.count(1)
 
@@ -53,3 +54,13 @@ def group(session: Session, **overrides: Any) -> EpisodeGroup:
     session.add(row)
     session.flush()
     return row
+
+
+def pending_episode(session: Session, *, env: Environment, the_task: Task, run_name: str) -> int:
+    """One single-sample run (scripted model) with one group and one pending episode, committed."""
+    the_run = run(session, name=run_name, model="scripted", group_size=1, batch_size=1)
+    the_group = group(session, env=env, task=the_task, run=the_run, group_index=0)
+    episode_id, _ = insert_episode(session, run_id=the_run.id, group_id=the_group.id, sample_index=0,
+                                   task_id=the_task.id, environment_id=env.id)
+    session.commit()
+    return episode_id

@@ -24,6 +24,7 @@ from api.schemas.runs import RunDetail, RunMetrics, RunStats
 from api.services import episodes, groups, run_charts, run_stats, runs, sandboxes
 from api.services.episodes import EpisodeFilters
 from core.errors import CrucibleError
+from core.flags import EpisodeFlag
 from core.termination import EpisodeStatus, TerminationReason
 
 STATIC_FILES = {"app.css": "text/css", "charts.js": "text/javascript", "run.js": "text/javascript",
@@ -100,7 +101,7 @@ def episodes_page(
     data, next_cursor = episodes.list_episodes(session, filters=filters, cursor=cursor, limit=DEFAULT_LIMIT)
     return render(request, "episodes.html", {
         "episodes": data, "next_cursor": next_cursor, "filters": vars(filters),
-        "statuses": list(EpisodeStatus), "reasons": list(TerminationReason),
+        "statuses": list(EpisodeStatus), "reasons": list(TerminationReason), "flags": list(EpisodeFlag),
     })
 
 

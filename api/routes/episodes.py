@@ -13,6 +13,7 @@ from api.schemas.common import ERROR_RESPONSES
 from api.schemas.episodes import EpisodeDetail, EpisodesPublic, TurnTokens
 from api.services import episodes
 from api.services.episodes import EpisodeFilters
+from core.flags import EpisodeFlag
 from core.termination import EpisodeStatus, TerminationReason
 
 router = APIRouter(prefix="/v1/episodes", tags=["episodes"], dependencies=[Depends(current_token)],
@@ -23,14 +24,14 @@ def episode_filters(
     run_id: OptionalId = None, environment: OptionalName = None, status: EpisodeStatus | None = None,
     termination_reason: TerminationReason | None = None, min_reward: OptionalReward = None,
     max_reward: OptionalReward = None, policy_version: OptionalInt = None, group_id: OptionalId = None,
-    task_id: OptionalId = None,
+    task_id: OptionalId = None, flag: EpisodeFlag | None = None,
     q: Annotated[str | None, Query(max_length=200, pattern=r"^[^\x00]*$",
                                    description="Full-text search in turns: words, \"a phrase\", -excluded.")] = None,
 ) -> EpisodeFilters:
     return EpisodeFilters(
         run_id=run_id, environment=environment, status=status, termination_reason=termination_reason,
         min_reward=min_reward, max_reward=max_reward, policy_version=policy_version, group_id=group_id,
-        task_id=task_id, q=q or None,
+        task_id=task_id, flag=flag, q=q or None,
     )
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
-from environments.base import OpenSandbox, Sandbox, ToolCall, ToolResult, Verdict
+from environments.base import GraderFault, OpenSandbox, Sandbox, ToolCall, ToolResult, Verdict
 from environments.code_repo import verifier
 from environments.code_repo.repo import install_repo
 from environments.code_repo.task import CodeRepoTask
@@ -28,6 +29,7 @@ class CodeRepoKind:
         if unknown:
             raise ValueError(f"tools: expected a subset of {', '.join(TOOL_SCHEMAS)}, got {sorted(unknown)}")
         self.tool_names = spec.tools or list(TOOL_SCHEMAS)
+        self.base: str | None = None
 
     def tools(self) -> list[dict[str, Any]]:
         return [TOOL_SCHEMAS[name] for name in self.tool_names]
@@ -40,7 +42,9 @@ class CodeRepoKind:
         return CodeRepoTask.model_validate(payload)
 
     def setup(self, *, sandbox: Sandbox, task: CodeRepoTask) -> None:
-        install_repo(sandbox, task)
+        # The base commit id is recorded here, outside the sandbox: grading diffs against it, never
+        # against a tag or ref the agent could move.
+        self.base = install_repo(sandbox, task)
 
     def execute(self, *, sandbox: Sandbox, call: ToolCall, task: CodeRepoTask) -> ToolResult:
         if call.name not in self.tool_names:
@@ -48,6 +52,9 @@ class CodeRepoKind:
             return ToolResult(observation=message, output=message, status="error")
         return execute_tool(sandbox=sandbox, call=call, task=task, timeout_s=self.spec.limits.tool_timeout_s)
 
-    def verify(self, *, sandbox: Sandbox, task: CodeRepoTask, submitted: bool, open_sandbox: OpenSandbox) -> Verdict:
-        return verifier.verify(sandbox=sandbox, task=task, submitted=submitted, open_sandbox=open_sandbox,
-                               weights=self.spec.verifier.weights)
+    def verify(self, *, sandbox: Sandbox, task: CodeRepoTask, submitted: bool, open_sandbox: OpenSandbox,
+               actions: Sequence[ToolCall]) -> Verdict:
+        if self.base is None:
+            raise GraderFault("verify: expected the base commit recorded by setup, got none")
+        return verifier.verify(sandbox=sandbox, task=task, base=self.base, submitted=submitted,
+                               open_sandbox=open_sandbox, actions=actions, config=self.spec.verifier)

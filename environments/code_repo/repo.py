@@ -1,33 +1,75 @@
-"""Put a task's repository into a sandbox's workspace as a git repo with a `crucible-base` tag,
-and read back what the agent changed."""
+"""The repository side of a code_repo episode: put the task's repository into a sandbox as a git repo
+with a deterministic base commit, and take the agent's work back out without trusting anything the
+agent could have changed.
+
+    base = install_repo(sandbox, task)            # the base commit id; the worker records it
+    tree = read_workspace(agent_sandbox)          # the agent's files (a tar), read as the keeper uid
+    git = check_git(agent_sandbox, base=base)     # did the agent rewrite history or delete .git?
+    diff = load_submission(grader, tree, base=base)   # fresh sandbox: base + the agent's files → diff
+
+The diff is computed in a fresh sandbox, by our own git, against the base commit id the worker
+recorded — not against a tag or ref inside the agent's sandbox, and not by a git whose config,
+hooks or attributes the agent wrote — so rewriting history changes nothing, and the stored diff is
+exactly the tree that is graded.
+"""
 
 from __future__ import annotations
 
 import fnmatch
+import io
 import shlex
+import tarfile
+from dataclasses import dataclass
 
 from environments.base import Sandbox
 from environments.code_repo.task import BUNDLE_REF, CodeRepoTask
 
 WORKSPACE = "/workspace"
 BASE_TAG = "crucible-base"
-IGNORED = ("__pycache__/", "'*.pyc'", ".pytest_cache/")
-GIT = "git -c user.name=crucible -c user.email=crucible@localhost -c init.defaultBranch=main"
+# Byproducts of running code are not part of a submission (nor are nested repositories).
+NOT_SUBMITTED = (".git", "__pycache__", "*.pyc", ".pytest_cache")
+# Fixed identity and dates: the same task gives the same base commit id in every sandbox.
+GIT_ENV = ("HOME=/nonexistent GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null GIT_TERMINAL_PROMPT=0 "
+           "GIT_AUTHOR_NAME=crucible GIT_AUTHOR_EMAIL=crucible@localhost GIT_COMMITTER_NAME=crucible "
+           "GIT_COMMITTER_EMAIL=crucible@localhost GIT_AUTHOR_DATE=2000-01-01T00:00:00Z "
+           "GIT_COMMITTER_DATE=2000-01-01T00:00:00Z")
+GIT = ("git -c safe.directory='*' -c core.hooksPath=/dev/null -c core.fsmonitor=false "
+       "-c core.excludesFile=/dev/null -c init.defaultBranch=main -c core.quotepath=false")
+# Attributes the agent wrote must not change what our git stores or shows: .git/info/attributes
+# outranks every .gitattributes in the tree.
+NEUTRAL_ATTRIBUTES = "* -text -filter -ident -working-tree-encoding !eol !diff !merge\n"
+MAX_SUBMISSION_BYTES = 64 << 20
+TRANSFER_TIMEOUT_S = 300.0
 
 
 class SetupError(RuntimeError):
     """The task could not be put in place: an infrastructure fault, never the agent's."""
 
 
+class SubmissionError(RuntimeError):
+    """The agent's work cannot be graded because of what the agent did (unreadable or oversized
+    workspace, a tree that cannot be unpacked): scored 0 with this message, never retried."""
+
+
 def _run(sandbox: Sandbox, command: str, *, timeout: float = 120) -> str:
-    step = sandbox.step(command, timeout=timeout)
+    # A subshell: the agent's persistent shell keeps its own HOME and variables.
+    step = sandbox.step(f"(export {GIT_ENV}; {command})", timeout=timeout)
     if step.exit_code != 0:
         raise SetupError(f"`{command}` exited {step.exit_code} ({step.status}): {step.output[-800:]}")
     return str(step.output)
 
 
-def install_repo(sandbox: Sandbox, task: CodeRepoTask) -> None:
-    """Unpack the snapshot into the workspace, add public test files, and commit that as the base."""
+def _exec(sandbox: Sandbox, script: str, *args: str, stdin: bytes | None = None, as_keeper: bool = False,
+          timeout_s: float = TRANSFER_TIMEOUT_S) -> tuple[int, bytes, str]:
+    """A one-off bash process outside the agent's shell; returns (exit code, stdout, stderr text)."""
+    result = sandbox.exec(["bash", "-c", f"export {GIT_ENV}; {script}", "crucible", *args], stdin=stdin, as_keeper=as_keeper,
+                          timeout_s=timeout_s)
+    return result.exit_code, bytes(result.output), bytes(result.stderr).decode(errors="replace").strip()[-800:]
+
+
+def install_repo(sandbox: Sandbox, task: CodeRepoTask) -> str:
+    """Unpack the snapshot into the workspace, add the public test files, commit that as the base
+    (tagged `crucible-base` for the agent's convenience) and return the base commit id."""
     snapshot = task.repo
     if snapshot.format == "tar":
         sandbox.put_files({"/tmp/crucible-repo.tar.gz": snapshot.data})
@@ -36,36 +78,155 @@ def install_repo(sandbox: Sandbox, task: CodeRepoTask) -> None:
     else:
         sandbox.put_files({"/tmp/crucible-repo.bundle": snapshot.data})
         _run(sandbox, f"cd {WORKSPACE} && {GIT} init -q && {GIT} fetch -q /tmp/crucible-repo.bundle "
-                      f"'{BUNDLE_REF}:refs/heads/main' && {GIT} checkout -q main && rm /tmp/crucible-repo.bundle")
+                      f"'{BUNDLE_REF}:{BUNDLE_REF}' && {GIT} checkout -q -B main {BUNDLE_REF} "
+                      f"&& {GIT} update-ref -d {BUNDLE_REF} && rm /tmp/crucible-repo.bundle")
     if task.public_tests and task.public_tests.files:
         sandbox.put_files({f"{WORKSPACE}/{path}": content.encode() for path, content in task.public_tests.files.items()})
-    # Byproducts of running code are not part of a submission.
-    _run(sandbox, f"cd {WORKSPACE} && printf '%s\\n' {' '.join(IGNORED)} >> .git/info/exclude")
-    _run(sandbox, f"cd {WORKSPACE} && {GIT} add -A && {GIT} commit -q --allow-empty -m 'crucible base' "
-                  f"&& {GIT} tag -f {BASE_TAG} >/dev/null")
+    excluded = " ".join(shlex.quote(pattern) for pattern in NOT_SUBMITTED[1:])
+    _run(sandbox, f"cd {WORKSPACE} && printf '%s\\n' {excluded} >> .git/info/exclude")
+    output = _run(sandbox, f"cd {WORKSPACE} && {GIT} add -A -f && {GIT} commit -q --allow-empty -m 'crucible base' "
+                           f"&& {GIT} tag -f {BASE_TAG} >/dev/null && {GIT} rev-parse HEAD")
+    return output.strip().splitlines()[-1]
 
 
-def workspace_diff(sandbox: Sandbox) -> str:
-    """Everything the agent changed since the base, untracked files included, as a binary-safe diff."""
-    return _run(sandbox, f"cd {WORKSPACE} && {GIT} add -A >/dev/null 2>&1; {GIT} diff --cached --binary {BASE_TAG}")
+_READ_WORKSPACE = r"""
+ws=$1; shift
+cd "$ws" || { echo "no workspace at $ws" >&2; exit 3; }
+excludes=(); for pattern in "$@"; do excludes+=(--exclude="$pattern"); done
+exec tar -c --numeric-owner "${excludes[@]}" -f - .
+"""
 
 
-def changed_paths(diff: str) -> list[str]:
-    paths = []
-    for line in diff.splitlines():
-        if line.startswith("diff --git a/"):
-            left, _, right = line[len("diff --git a/"):].partition(" b/")
-            paths.extend({left, right})
-    return sorted(set(paths))
+def stop_agent_processes(sandbox: Sandbox) -> None:
+    """SIGKILL every process of the agent's uid (its shell, anything it left running) so that the
+    workspace holds still while it is read. The keeper's processes cannot be signalled by it."""
+    _exec(sandbox, "kill -9 -1 2>/dev/null; exit 0", timeout_s=30)
 
 
-def protected_changes(diff: str, globs: list[str]) -> list[str]:
-    return [path for path in changed_paths(diff) if any(fnmatch.fnmatch(path, glob) for glob in globs)]
+def read_workspace(sandbox: Sandbox) -> bytes:
+    """The agent's files as a tar (no .git, no byproducts), read by the keeper uid, which the agent's
+    processes cannot signal or impersonate. Raises SubmissionError when the agent made it unreadable."""
+    stop_agent_processes(sandbox)
+    code, data, errors = _exec(sandbox, _READ_WORKSPACE, WORKSPACE, *NOT_SUBMITTED, as_keeper=True)
+    if code != 0:
+        raise SubmissionError(f"the workspace could not be read (tar exited {code}): {errors[-400:]}")
+    if len(data) > MAX_SUBMISSION_BYTES:
+        raise SubmissionError(f"the workspace holds {len(data) >> 20} MiB; expected at most "
+                              f"{MAX_SUBMISSION_BYTES >> 20} MiB to grade")
+    return data
 
 
-def apply_diff(sandbox: Sandbox, diff: str, *, name: str) -> None:
-    if not diff.strip():
-        return
-    target = f"/tmp/{name}.patch"
-    sandbox.put_files({target: diff.encode()})
-    _run(sandbox, f"cd {WORKSPACE} && {GIT} apply --binary --whitespace=nowarn {shlex.quote(target)}")
+_CHECK_GIT = r"""
+ws=$1 base=$2
+cd "$ws" 2>/dev/null || { echo "state=no-workspace"; exit 0; }
+[ -d .git ] || { echo "state=no-git"; exit 0; }
+export HOME=/nonexistent GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null GIT_TERMINAL_PROMPT=0 GIT_NO_REPLACE_OBJECTS=1
+g() { git -c safe.directory='*' -c core.hooksPath=/dev/null -c core.fsmonitor=false "$@" 2>/dev/null; }
+tag=$(g rev-parse -q --verify 'refs/tags/crucible-base^{commit}') || tag=missing
+g merge-base --is-ancestor "$base" HEAD && ancestor=yes || ancestor=no
+replaced=no; { [ -n "$(g for-each-ref refs/replace)" ] || [ -s .git/info/grafts ]; } && replaced=yes
+echo "state=repo tag=$tag ancestor=$ancestor replaced=$replaced"
+"""
+
+
+@dataclass(frozen=True)
+class GitState:
+    problems: list[str]
+    """What the agent did to the repository's history; empty when the base is intact."""
+
+
+def check_git(sandbox: Sandbox, *, base: str) -> GitState:
+    """Inspect the agent's .git (as the keeper, hooks and fsmonitor off): is the base commit still in
+    HEAD's history, does the base tag still name it, were objects replaced?"""
+    _, out, _ = _exec(sandbox, _CHECK_GIT, WORKSPACE, base, as_keeper=True, timeout_s=60)
+    fields = dict(item.partition("=")[::2] for item in out.decode(errors="replace").split())
+    state = fields.get("state")
+    if state == "no-workspace":
+        return GitState(["the workspace is gone"])
+    if state == "no-git":
+        return GitState(["the workspace is no longer a git repository (.git was deleted)"])
+    problems = []
+    if state != "repo":
+        problems.append("the repository could not be read")
+    if fields.get("tag") != base:
+        problems.append(f"the {BASE_TAG} tag was moved or deleted")
+    if fields.get("ancestor") != "yes":
+        problems.append("the base commit is no longer in HEAD's history")
+    if fields.get("replaced") == "yes":
+        problems.append("objects were replaced (refs/replace or grafts)")
+    return GitState(problems)
+
+
+_LOAD_SUBMISSION = r"""
+set -o pipefail
+ws=$1 base=$2 attributes=$3
+cd "$ws" || exit 3
+find . -mindepth 1 -maxdepth 1 ! -name .git -exec rm -rf {} + || exit 4
+tar -x --no-same-owner -f - || exit 5
+printf '%s' "$attributes" > .git/info/attributes || exit 6
+""" + GIT + r""" add -A -f >/dev/null || exit 7
+"""
+
+
+def load_submission(sandbox: Sandbox, tree: bytes, *, base: str) -> None:
+    """Replace a fresh sandbox's base checkout with the agent's files and stage them, so that the
+    index holds exactly base + the agent's change. SubmissionError when the tree cannot be unpacked."""
+    code, _, errors = _exec(sandbox, _LOAD_SUBMISSION, WORKSPACE, base, NEUTRAL_ATTRIBUTES, stdin=tree)
+    if code in (4, 5, 7):
+        raise SubmissionError(f"the submitted tree could not be unpacked (step {code}): {errors[-400:]}")
+    if code != 0:
+        raise SetupError(f"loading the submission: expected exit 0, got {code}: {errors[-400:]}")
+
+
+def staged_diff(sandbox: Sandbox, *, base: str) -> bytes:
+    """The staged change against the base commit id, binary-safe."""
+    code, data, errors = _exec(sandbox, f"cd {WORKSPACE} && {GIT} diff --cached --binary --no-color --no-ext-diff "
+                                        f"--no-textconv --no-renames {base}")
+    if code != 0:
+        raise SetupError(f"git diff: expected exit 0, got {code}: {errors[-400:]}")
+    return data
+
+
+def changed_files(sandbox: Sandbox, *, base: str) -> list[tuple[str, str]]:
+    """(status, path) of every staged change: A added, M modified, D deleted, T type changed."""
+    code, data, errors = _exec(sandbox, f"cd {WORKSPACE} && {GIT} diff --cached --name-status -z --no-renames {base}")
+    if code != 0:
+        raise SetupError(f"git diff --name-status: expected exit 0, got {code}: {errors[-400:]}")
+    fields = data.decode(errors="surrogateescape").split("\0")
+    return [(fields[i], fields[i + 1]) for i in range(0, len(fields) - 1, 2)]
+
+
+def base_files(sandbox: Sandbox, paths: list[str], *, base: str) -> dict[str, bytes]:
+    """The base commit's version of `paths` (each must exist in the base), in one `git archive`."""
+    if not paths:
+        return {}
+    code, data, errors = _exec(sandbox, f"cd {WORKSPACE} && {GIT} archive --format=tar {base} -- \"$@\"", *paths)
+    if code != 0:
+        raise SetupError(f"git archive: expected exit 0, got {code}: {errors[-400:]}")
+    return tar_files(data, set(paths))
+
+
+def tar_files(data: bytes, wanted: set[str]) -> dict[str, bytes]:
+    """The regular files of a tar whose normalised names are in `wanted`."""
+    files = {}
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        for member in tar:
+            name = member.name.removeprefix("./")
+            if member.isfile() and name in wanted:
+                extracted = tar.extractfile(member)
+                files[name] = extracted.read() if extracted else b""
+    return files
+
+
+def apply_patch(sandbox: Sandbox, patch: str, *, name: str) -> str | None:
+    """Apply a task's patch (SWE-bench's test_patch); the error text when it does not apply."""
+    if not patch.strip():
+        return None
+    code, _, errors = _exec(sandbox, f"cd {WORKSPACE} && {GIT} apply --binary --whitespace=nowarn -", stdin=patch.encode())
+    return None if code == 0 else f"the task's {name} does not apply to the submission: {errors[-400:]}"
+
+
+def matches(path: str, globs: list[str]) -> bool:
+    """A glob without "/" matches a file's name at any depth; one with "/" the whole path."""
+    name = path.rsplit("/", 1)[-1]
+    return any(fnmatch.fnmatchcase(name if "/" not in glob else path, glob) for glob in globs)

@@ -2,43 +2,88 @@
 
 from __future__ import annotations
 
-import base64
-import io
-import subprocess
-import tarfile
-from pathlib import Path
+import shlex
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from core.errors import ConfigError
+# The snapshot and its packers live beside their safety checks; re-exported here for the payload's users.
+from environments.code_repo.snapshot import BUNDLE_REF, RepoSnapshot, pack_directory, pack_git
 
-BUNDLE_REF = "refs/crucible/base"
-DEFAULT_PROTECTED = ["tests/*", "test/*", "*/tests/*", "test_*.py", "*/test_*.py", "*_test.py", "conftest.py", "*/conftest.py"]
+__all__ = ["BUNDLE_REF", "DEFAULT_PROTECTED", "CodeRepoTask", "RepoSnapshot", "TestSpec", "pack_directory", "pack_git"]
+
+# What an agent may not change, as globs: a glob without "/" matches a file's name at any depth, one
+# with "/" matches the whole path ("*" crosses directories). A spec's `verifier.protected_paths`
+# replaces this list; a task's `protected_paths` adds to it.
+DEFAULT_PROTECTED = [
+    # tests and their fixtures
+    "test_*.py", "*_test.py", "tests/*", "test/*", "*/tests/*", "*/test/*", "conftest.py",
+    # the test runner's configuration and what stands in for the runner or the interpreter's start-up
+    "pytest.ini", ".pytest.ini", "tox.ini", "noxfile.py", "pytest.py", "pytest/*", "_pytest/*", "*/_pytest/*",
+    "unittest.py", "unittest/*", "sitecustomize.py", "usercustomize.py", "*.pth",
+    # how git sees the tree
+    ".gitattributes", ".gitmodules",
+]
+_MAX_IDS = 20_000
 
 
-class RepoSnapshot(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    format: Literal["tar", "git_bundle"]
-    data_b64: str
-    """The tarball (of a directory) or `git bundle` (with HEAD at the base commit), base64."""
-
-    @property
-    def data(self) -> bytes:
-        return base64.b64decode(self.data_b64)
+def _is_safe_argument(value: str) -> bool:
+    """A test path or id goes on pytest's command line: no options, no escapes from the workspace."""
+    path = value.split("::", 1)[0]
+    return (bool(value) and len(value) <= 1000 and not value.startswith("-") and "\0" not in value
+            and not path.startswith("/") and ".." not in path.split("/"))
 
 
 class TestSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """One graded test layer. The grader owns the runner's invocation (see grader.py): the task names
+    what to collect and which test ids count, never the command."""
 
-    command: str
-    """Run from the workspace root; exit code 0 means every test passed."""
+    model_config = ConfigDict(extra="forbid")
+    __test__ = False  # not a pytest test class
+
+    paths: list[str] = Field(default_factory=list, max_length=_MAX_IDS)
+    """What pytest collects, relative to the workspace (files, directories, node ids). Empty: the files
+    of the named tests, or the whole workspace when none are named."""
+    tests: list[str] = Field(default_factory=list, max_length=_MAX_IDS)
+    """The pytest node ids this layer grades, each on its own (SWE-bench's FAIL_TO_PASS + PASS_TO_PASS).
+    Empty: every collected test counts."""
+    scoring: Literal["fraction", "all"] = "fraction"
+    """`fraction`: the share of graded tests that passed; `all`: 1 only when every one passed
+    (SWE-bench's "resolved")."""
+    pythonpath: list[str] = Field(default_factory=lambda: ["."], max_length=32)
+    """Directories (relative to the workspace) put on sys.path, as pytest's `pythonpath` setting."""
     files: dict[str, str] = Field(default_factory=dict)
     """Test files added before running (path relative to the workspace → content)."""
     patch: str | None = None
     """A unified diff applied before running (SWE-bench's test_patch)."""
-    timeout_s: float = Field(default=120, gt=0)
+    timeout_s: float = Field(default=120, gt=0, le=3600)
+
+    @field_validator("paths", "tests", "pythonpath")
+    @classmethod
+    def _arguments_are_safe(cls, values: list[str]) -> list[str]:
+        for value in values:
+            if not _is_safe_argument(value):
+                raise ValueError(f"expected a relative path or test id inside the workspace that is not an option, "
+                                 f"got {value[:200]!r}")
+        return values
+
+    @field_validator("files")
+    @classmethod
+    def _files_stay_inside(cls, files: dict[str, str]) -> dict[str, str]:
+        for path in files:
+            if not _is_safe_argument(path) or "::" in path:
+                raise ValueError(f"expected a relative file path inside the workspace, got {path[:200]!r}")
+        return files
+
+    def collect_paths(self) -> list[str]:
+        if self.paths:
+            return list(self.paths)
+        files = dict.fromkeys(test.split("::", 1)[0] for test in self.tests)
+        return list(files) or ["."]
+
+    def agent_command(self) -> str:
+        """What `run_tests` runs in the agent's own shell: informative only, never graded."""
+        return "python3 -m pytest -q -p no:cacheprovider " + " ".join(shlex.quote(p) for p in self.collect_paths())
 
 
 class CodeRepoTask(BaseModel):
@@ -46,41 +91,9 @@ class CodeRepoTask(BaseModel):
 
     repo: RepoSnapshot
     public_tests: TestSpec | None = None
-    """The agent may run these (`run_tests`); their files are in its workspace."""
+    """The agent may run these (`run_tests`); their files are in its workspace. Graded like the hidden
+    tests, in a fresh sandbox."""
     hidden_tests: TestSpec
     """Run only by the verifier, in a fresh sandbox, on the submitted diff."""
-    protected_paths: list[str] = Field(default_factory=lambda: list(DEFAULT_PROTECTED))
-    """Globs the agent must not change (test files); an edit there fails the rule layer."""
-
-
-def pack_directory(path: Path) -> RepoSnapshot:
-    """Tar a directory (without its .git) into a snapshot."""
-    if not path.is_dir():
-        raise ConfigError(f"repo: expected a directory, got {str(path)!r}")
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for child in sorted(path.rglob("*")):
-            relative = child.relative_to(path)
-            if ".git" in relative.parts or "__pycache__" in relative.parts:
-                continue
-            tar.add(child, arcname=str(relative), recursive=False)
-    return RepoSnapshot(format="tar", data_b64=base64.b64encode(buffer.getvalue()).decode())
-
-
-def pack_git(repo: Path, *, commit: str) -> RepoSnapshot:
-    """Bundle a local git repository at `commit` (history up to it, HEAD pointing at it)."""
-    if not (repo / ".git").exists() and not (repo / "HEAD").exists():
-        raise ConfigError(f"repo: expected a git repository, got {str(repo)!r}")
-    git = ["git", "-C", str(repo)]
-    try:
-        sha = subprocess.run([*git, "rev-parse", "--verify", f"{commit}^{{commit}}"],
-                             check=True, capture_output=True, text=True).stdout.strip()
-        # A bundle carries refs, not bare commits: name the base commit under a ref of our own.
-        subprocess.run([*git, "update-ref", BUNDLE_REF, sha], check=True, capture_output=True)
-        bundle = subprocess.run([*git, "bundle", "create", "-", BUNDLE_REF], check=True, capture_output=True).stdout
-    except subprocess.CalledProcessError as error:
-        stderr = error.stderr if isinstance(error.stderr, str) else error.stderr.decode(errors="replace")
-        raise ConfigError(f"repo {repo}: cannot bundle commit {commit!r}: {stderr.strip()}") from None
-    finally:
-        subprocess.run([*git, "update-ref", "-d", BUNDLE_REF], capture_output=True)
-    return RepoSnapshot(format="git_bundle", data_b64=base64.b64encode(bundle).decode())
+    protected_paths: list[str] = Field(default_factory=list, max_length=1000)
+    """Globs this task protects in addition to the environment's list."""

@@ -99,7 +99,8 @@ def _dispatch(*, sandbox: Sandbox, call: ToolCall, task: CodeRepoTask, timeout_s
     if call.name == "run_tests":
         if task.public_tests is None:
             return ToolResult(observation="this task has no public tests", status="error")
-        return _from_step(sandbox.step(task.public_tests.command, timeout=min(task.public_tests.timeout_s, timeout_s)))
+        return _from_step(sandbox.step(task.public_tests.agent_command(),
+                                       timeout=min(task.public_tests.timeout_s, timeout_s)))
     if call.name == "submit":
         return ToolResult(observation="submitted", exit_code=0, ends_episode=True)
     raise ToolInputError(f"tool: expected one of {', '.join(TOOL_SCHEMAS)}, got {call.name!r}")

@@ -1,93 +1,170 @@
-"""The code_repo verifier, in layers, each logged on its own:
+"""The code_repo verifier: rules → public tests → hidden tests, every layer logged on its own.
 
-1. `rules`: the agent submitted a non-empty change that leaves the test files alone and shows none of
-   the cheats the rules can spot. Failing it zeroes the later layers (they are not run).
-2. `public_tests`: the public tests pass in the agent's own sandbox.
-3. `hidden_tests`: the hidden tests pass in a FRESH sandbox holding the base repo plus the submitted
-   diff — never where the agent worked, so it cannot tamper with its grader.
+    verdict = verify(sandbox=agent_sb, task=task, base=base_sha, submitted=True, open_sandbox=fresh,
+                     actions=calls, config=spec.verifier)
 
-Reward = Σ weight(layer) × score(layer), weights from the environment spec.
+1. The agent's files are read out of its sandbox by the keeper uid (its processes stopped first);
+   its .git is only inspected (history rewritten? base tag moved? deleted?), never trusted.
+2. In a FRESH sandbox: the base commit (the id the worker recorded) + those files → the diff, by our
+   own git. That diff is the submission: stored as `final_diff`, and exactly what every layer grades.
+3. `rules`: a submission, a non-empty change, and no hack-monitor flag (monitors.py: protected paths,
+   runner configuration, runner shadowing, forged exits, result forging, skips, git history, the
+   agent's shell commands).
+4. `public_tests` in that fresh sandbox (nothing of the agent's has run there), `hidden_tests` in a
+   second fresh one, both through the trusted runner (grader.py), scored per test id.
+
+Flags cost what `verifier.flag_policy` says: `zero` (default; the test layers do not run), `penalize`
+(reward − flag_penalty), `record`. What the agent caused — an unreadable workspace, a tree that
+cannot be unpacked, a test patch its change conflicts with — is a Verdict of reward 0 with the reason;
+only faults of the machine raise GraderFault (retried).
 """
 
 from __future__ import annotations
 
-import re
 import time
+from collections.abc import Sequence
 
-from environments.base import LayerResult, OpenSandbox, Sandbox, Verdict
-from environments.code_repo.repo import WORKSPACE, apply_diff, install_repo, protected_changes, workspace_diff
-from environments.code_repo.task import CodeRepoTask, TestSpec
+from core.errors import CrucibleError
+from core.flags import EpisodeFlag
+from environments.base import GraderFault, LayerResult, OpenSandbox, Sandbox, ToolCall, Verdict
+from environments.code_repo import monitors
+from environments.code_repo.grader import run_tests
+from environments.code_repo.repo import (
+    WORKSPACE,
+    SetupError,
+    SubmissionError,
+    apply_patch,
+    base_files,
+    changed_files,
+    check_git,
+    install_repo,
+    load_submission,
+    read_workspace,
+    staged_diff,
+    tar_files,
+)
+from environments.code_repo.task import DEFAULT_PROTECTED, CodeRepoTask, TestSpec
+from environments.spec import VerifierConfig
 
 DEFAULT_WEIGHTS = {"rules": 0.0, "public_tests": 0.0, "hidden_tests": 1.0}
-
-# Added lines that short-circuit a test run rather than fix code.
-CHEATS = [
-    (re.compile(r"\bos\._exit\s*\("), "calls os._exit"),
-    (re.compile(r"\bsys\.exit\s*\(\s*0?\s*\)"), "calls sys.exit"),
-    (re.compile(r"\bpytest\.(skip|xfail)\s*\("), "skips tests"),
-    (re.compile(r"@(pytest\.mark\.skip|unittest\.skip)"), "skips tests"),
-    (re.compile(r"\bPYTEST_CURRENT_TEST\b"), "detects the test runner"),
-]
+CONFIG_FILES = {"tox.ini", "setup.cfg", "pyproject.toml"}
+MAX_DIFF_BYTES = 16 << 20
 
 
-def _added_lines(diff: str) -> list[str]:
-    return [line[1:] for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+def verify(
+    *, sandbox: Sandbox, task: CodeRepoTask, base: str, submitted: bool, open_sandbox: OpenSandbox,
+    actions: Sequence[ToolCall], config: VerifierConfig,
+) -> Verdict:
+    try:
+        return _verify(sandbox=sandbox, task=task, base=base, submitted=submitted, open_sandbox=open_sandbox,
+                       actions=actions, config=config)
+    except SubmissionError as error:
+        return _rejected(task, str(error))
+    except (SetupError, CrucibleError) as error:  # the engine, a sandbox that would not start, our own git
+        raise GraderFault(f"grading failed: {error}") from error
 
 
-def rules_layer(*, diff: str, submitted: bool, task: CodeRepoTask) -> LayerResult:
+def _verify(*, sandbox: Sandbox, task: CodeRepoTask, base: str, submitted: bool, open_sandbox: OpenSandbox,
+            actions: Sequence[ToolCall], config: VerifierConfig) -> Verdict:
+    started = time.monotonic()
+    git = check_git(sandbox, base=base)
+    tree = read_workspace(sandbox)
+    with open_sandbox() as grader:
+        diff, findings = _submission(grader, task=task, base=base, tree=tree, actions=actions, config=config)
+        if git.problems:
+            findings.add(EpisodeFlag.GIT_HISTORY_REWRITTEN, "; ".join(git.problems))
+        rules = _rules(submitted=submitted, diff=diff, findings=findings, started=started)
+        layers = [rules]
+        run_layers = rules.passed or (config.flag_policy != "zero" and submitted and diff.strip())
+        if task.public_tests is not None:
+            layers.append(_layer(grader, task.public_tests, "public_tests", findings) if run_layers
+                          else _not_run("public_tests"))
+    if run_layers:
+        with open_sandbox() as fresh:
+            layers.append(_hidden(fresh, task=task, base=base, tree=tree, diff=diff, findings=findings))
+    else:
+        layers.append(_not_run("hidden_tests"))
+    weights = {**DEFAULT_WEIGHTS, **config.weights} if config.weights else DEFAULT_WEIGHTS
+    reward = sum(weights.get(layer.name, 0.0) * layer.score for layer in layers)
+    flags = sorted(flag.value for flag in findings.flags)
+    if flags and config.flag_policy == "zero":
+        reward = 0.0
+    elif flags and config.flag_policy == "penalize":
+        reward -= config.flag_penalty
+    return Verdict(reward=reward, layers=layers, diff=diff, flags=flags)
+
+
+def _submission(grader: Sandbox, *, task: CodeRepoTask, base: str, tree: bytes, actions: Sequence[ToolCall],
+                config: VerifierConfig) -> tuple[str, monitors.Findings]:
+    """Base + the agent's files in `grader`; the diff and everything the monitors found in it."""
+    graded_base = install_repo(grader, task)
+    if graded_base != base:
+        raise SetupError(f"the grader's base commit is {graded_base}, the worker recorded {base}")
+    load_submission(grader, tree, base=base)
+    raw = staged_diff(grader, base=base)
+    if len(raw) > MAX_DIFF_BYTES:
+        raise SubmissionError(f"the change is {len(raw) >> 20} MiB; expected at most {MAX_DIFF_BYTES >> 20} MiB")
+    changes = changed_files(grader, base=base)
+    protected = [*(config.protected_paths if config.protected_paths is not None else DEFAULT_PROTECTED),
+                 *task.protected_paths]
+    pythonpath = [*(task.hidden_tests.pythonpath), *(task.public_tests.pythonpath if task.public_tests else [])]
+    findings = monitors.inspect_paths(changes, protected=protected, pythonpath=pythonpath)
+    inspected = [path for status, path in changes if path.endswith(".py") or path.rsplit("/", 1)[-1] in CONFIG_FILES]
+    new = tar_files(tree, {path for status, path in changes if status != "D" and path in inspected})
+    old = base_files(grader, [path for status, path in changes if status != "A" and path in inspected], base=base)
+    for path in inspected:
+        if path.endswith(".py") and path in new:
+            findings.merge(monitors.inspect_python(path, new=new[path], old=old.get(path)))
+        elif not path.endswith(".py"):
+            findings.merge(monitors.inspect_config(path, new=new.get(path), old=old.get(path)))
+    findings.merge(monitors.inspect_actions(actions))
+    return raw.decode(errors="replace"), findings
+
+
+def _rules(*, submitted: bool, diff: str, findings: monitors.Findings, started: float) -> LayerResult:
     problems = []
     if not submitted:
         problems.append("no submission")
     if not diff.strip():
         problems.append("empty change")
-    touched = protected_changes(diff, task.protected_paths)
-    if touched:
-        problems.append(f"edits test files: {', '.join(touched)}")
-    added = _added_lines(diff)
-    problems += sorted({why for pattern, why in CHEATS if any(pattern.search(line) for line in added)})
-    return LayerResult("rules", 0.0 if problems else 1.0, not problems, "; ".join(problems) or "ok")
+    if findings.flags:
+        problems.append("flagged: " + ", ".join(sorted(flag.value for flag in findings.flags)))
+    detail = "; ".join(problems) or "ok"
+    if findings.notes:
+        detail += "\n" + "\n".join(f"- {note}" for note in findings.notes[:100])
+    return LayerResult("rules", 0.0 if problems else 1.0, not problems, detail, time.monotonic() - started)
 
 
-def _run_tests(sandbox: Sandbox, spec: TestSpec, name: str) -> LayerResult:
+def _layer(sandbox: Sandbox, spec: TestSpec, name: str, findings: monitors.Findings) -> LayerResult:
     started = time.monotonic()
-    step = sandbox.step(f"cd {WORKSPACE} && {spec.command}", timeout=spec.timeout_s)
-    passed = step.exit_code == 0 and step.status in ("ok", "output_truncated")
-    detail = f"exit {step.exit_code} ({step.status})\n{step.output[-2000:]}"
-    return LayerResult(name, 1.0 if passed else 0.0, passed, detail, time.monotonic() - started)
+    run = run_tests(sandbox, spec)
+    for flag in run.flags:
+        findings.add(flag, f"{name}: {flag.description}")
+    return LayerResult(name, run.score, run.passed, run.detail, time.monotonic() - started)
 
 
-def hidden_layer(*, diff: str, task: CodeRepoTask, open_sandbox: OpenSandbox) -> LayerResult:
+def _hidden(fresh: Sandbox, *, task: CodeRepoTask, base: str, tree: bytes, diff: str,
+            findings: monitors.Findings) -> LayerResult:
+    """The hidden tests in a second fresh sandbox: base + the same files, checked to give the same diff."""
     started = time.monotonic()
     spec = task.hidden_tests
-    with open_sandbox() as fresh:
-        install_repo(fresh, task)
-        try:
-            apply_diff(fresh, diff, name="submission")
-        except RuntimeError as error:
-            return LayerResult("hidden_tests", 0.0, False, f"the submitted diff does not apply: {error}",
-                               time.monotonic() - started)
-        if spec.patch:
-            apply_diff(fresh, spec.patch, name="tests")
-        if spec.files:
-            fresh.put_files({f"{WORKSPACE}/{path}": content.encode() for path, content in spec.files.items()})
-        result = _run_tests(fresh, spec, "hidden_tests")
-    return LayerResult(result.name, result.score, result.passed, result.detail, time.monotonic() - started)
+    install_repo(fresh, task)
+    load_submission(fresh, tree, base=base)
+    if staged_diff(fresh, base=base).decode(errors="replace") != diff:
+        raise SetupError("the hidden-test sandbox's tree differs from the graded diff")
+    conflict = apply_patch(fresh, spec.patch or "", name="test patch")
+    if conflict:
+        return LayerResult("hidden_tests", 0.0, False, conflict, time.monotonic() - started)
+    if spec.files:
+        fresh.put_files({f"{WORKSPACE}/{path}": content.encode() for path, content in spec.files.items()})
+    return _layer(fresh, spec, "hidden_tests", findings)
 
 
-def verify(
-    *, sandbox: Sandbox, task: CodeRepoTask, submitted: bool, open_sandbox: OpenSandbox,
-    weights: dict[str, float],
-) -> Verdict:
-    diff = workspace_diff(sandbox)
-    rules = rules_layer(diff=diff, submitted=submitted, task=task)
-    layers = [rules]
-    if rules.passed:
-        if task.public_tests is not None:
-            layers.append(_run_tests(sandbox, task.public_tests, "public_tests"))
-        layers.append(hidden_layer(diff=diff, task=task, open_sandbox=open_sandbox))
-    else:
-        layers += [LayerResult(name, 0.0, False, "not run: the rules layer failed")
-                   for name in ("public_tests", "hidden_tests") if name != "public_tests" or task.public_tests]
-    weights = {**DEFAULT_WEIGHTS, **weights} if weights else DEFAULT_WEIGHTS
-    reward = sum(weights.get(layer.name, 0.0) * layer.score for layer in layers)
-    return Verdict(reward=reward, layers=layers, diff=diff)
+def _not_run(name: str) -> LayerResult:
+    return LayerResult(name, 0.0, False, "not run: the rules layer failed")
+
+
+def _rejected(task: CodeRepoTask, why: str) -> Verdict:
+    layers = [LayerResult("rules", 0.0, False, f"not gradable: {why}")]
+    layers += [_not_run(name) for name in ("public_tests", "hidden_tests") if name != "public_tests" or task.public_tests]
+    return Verdict(reward=0.0, layers=layers)

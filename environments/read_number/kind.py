@@ -1,8 +1,8 @@
 """The read_number environment kind: tools `bash` and `submit(answer)`; reward 1 for the exact number.
 
 An episode: the task's file is written into the workspace; the agent reads it (`bash`, e.g.
-`cat number.txt`) and calls `submit` with the number. `submit` stores the answer in the sandbox
-(under the workspace's `.crucible/`), where the verifier reads it back: the kind keeps no state.
+`cat number.txt`) and calls `submit` with the number. The verifier grades the answer of the `submit`
+call itself, never a file in the sandbox the agent could have written.
 
     name: read-number
     kind: read_number
@@ -13,9 +13,8 @@ An episode: the task's file is written into the workspace; the agent reads it (`
 
 from __future__ import annotations
 
-import base64
 import json
-import shlex
+from collections.abc import Sequence
 from typing import Any
 
 from environments.base import LayerResult, OpenSandbox, Sandbox, ToolCall, ToolResult, Verdict
@@ -23,7 +22,6 @@ from environments.read_number.task import ReadNumberTask
 from environments.spec import EnvironmentSpec
 
 WORKSPACE = "/workspace"
-ANSWER_FILE = f"{WORKSPACE}/.crucible/answer"
 SYSTEM_PROMPT = "Use the tools to find the number, then submit it."
 TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
     "bash": {"type": "function", "function": {
@@ -68,18 +66,16 @@ class ReadNumberKind:
                               status=step.status, duration_s=step.duration_s,
                               truncated_bytes=getattr(step, "truncated_bytes", 0))
         if call.name == "submit":
-            answer = call.arguments.get("answer")
-            text = answer if isinstance(answer, str) else json.dumps(answer)
-            encoded = base64.b64encode(text.encode()).decode()
-            sandbox.step(f"mkdir -p {WORKSPACE}/.crucible && printf %s {encoded} | base64 -d > {ANSWER_FILE}")
             return ToolResult(observation="submitted", exit_code=0, ends_episode=True)
         return _error(f"tool: expected one of {', '.join(TOOL_SCHEMAS)}, got {json.dumps(call.name)}")
 
-    def verify(self, *, sandbox: Sandbox, task: ReadNumberTask, submitted: bool, open_sandbox: OpenSandbox) -> Verdict:
+    def verify(self, *, sandbox: Sandbox, task: ReadNumberTask, submitted: bool, open_sandbox: OpenSandbox,
+               actions: Sequence[ToolCall]) -> Verdict:
         answer = ""
-        if submitted:
-            step = sandbox.step(f"cat {shlex.quote(ANSWER_FILE)} 2>/dev/null")
-            answer = step.output if step.exit_code == 0 else ""
+        submits = [call for call in actions if call.name == "submit"]
+        if submitted and submits:
+            value = submits[-1].arguments.get("answer")
+            answer = value if isinstance(value, str) else json.dumps(value)
         correct = answer.strip() == task.number
         layers = [
             LayerResult("submitted", 1.0 if submitted else 0.0, submitted, "" if submitted else "no submission"),

@@ -58,7 +58,7 @@ def test_import_crucible_and_swebench_tasks(db_session: Session, tmp_path: Path)
     repo = tmp_path / "repos" / "calc"
     repo.mkdir(parents=True)
     (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
-    hidden = {"command": "python3 -m pytest -q test_hidden.py",
+    hidden = {"paths": ["test_hidden.py"],
               "files": {"test_hidden.py": "from calc import add\ndef test():\n    assert add(2, 2) == 4\n"}}
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(json.dumps({"id": "add", "instruction": "fix add", "repo": "repos/calc",
@@ -81,7 +81,7 @@ def test_import_crucible_and_swebench_tasks(db_session: Session, tmp_path: Path)
     assert CodeRepoTask.model_validate(rows["add"].payload).repo.format == "tar"
     swe_task = CodeRepoTask.model_validate(rows["calc-1"].payload)
     assert swe_task.repo.format == "git_bundle"
-    assert "test_hidden.py::test" in swe_task.hidden_tests.command
+    assert swe_task.hidden_tests.tests == ["test_hidden.py::test"]
 
 
 def test_import_errors_name_the_line(db_session: Session, tmp_path: Path) -> None:

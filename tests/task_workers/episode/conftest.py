@@ -39,9 +39,8 @@ def calc_task_payload(tmp_path_factory: pytest.TempPathFactory) -> dict:
     (repo / "tests" / "test_calc.py").write_text(PUBLIC_TEST)
     task = CodeRepoTask(
         repo=pack_directory(repo),
-        public_tests=TestSpec(command="python3 -m pytest -q -p no:cacheprovider tests", timeout_s=60),
-        hidden_tests=TestSpec(command="python3 -m pytest -q -p no:cacheprovider test_hidden.py",
-                              files={"test_hidden.py": HIDDEN_TEST}, timeout_s=60),
+        public_tests=TestSpec(paths=["tests"], timeout_s=60),
+        hidden_tests=TestSpec(paths=["test_hidden.py"], files={"test_hidden.py": HIDDEN_TEST}, timeout_s=60),
     )
     return task.model_dump(mode="json")
 

@@ -30,7 +30,7 @@ def test_a_correct_fix_earns_the_hidden_test_reward(db_session, scripted, sandbo
     episode = _episode(db_session, episode_id)
     assert outcome.stored and episode.status == "completed"
     assert episode.termination_reason == "submitted"
-    assert episode.reward_components == {"rules": 1.0, "public_tests": 1.0, "hidden_tests": 1.0}
+    assert episode.reward_components == {"rules": 1.0, "public_tests": 1.0, "hidden_tests": 1.0}, episode.verifier_layers
     assert abs(episode.reward - 1.0) < 1e-9
     assert [layer["name"] for layer in episode.verifier_layers] == ["rules", "public_tests", "hidden_tests"]
     assert "return a + b" in db_session.get(Episode, episode_id).final_diff
@@ -77,7 +77,8 @@ def test_editing_a_test_file_is_caught_by_the_rules(db_session, scripted, sandbo
     assert episode.reward == 0.0
     rules = episode.verifier_layers[0]
     assert rules["name"] == "rules" and not rules["passed"]
-    assert "edits test files: tests/test_calc.py" in rules["detail"]
+    assert "flagged: protected_paths" in rules["detail"] and "tests/test_calc.py: changes a protected path" in rules["detail"]
+    assert episode.flags == ["protected_paths"]
     assert all(layer["detail"].startswith("not run") for layer in episode.verifier_layers[1:])
 
 
