@@ -142,9 +142,9 @@ def _ini(spec: TestSpec) -> str:
     return f"[pytest]\naddopts =\npythonpath = {paths}\n"
 
 
-def run_tests(sandbox: Sandbox, spec: TestSpec) -> TestRun:
+def run_tests(sandbox: Sandbox, spec: TestSpec, *, agent_files: frozenset[str] = frozenset()) -> TestRun:
     """Run one layer's tests in `sandbox` (which must hold base + the submission, and nothing the
-    agent ran) and grade them per test id."""
+    agent ran) and grade them per test id; tests in `agent_files` (what the agent changed) never count."""
     nonce = secrets.token_hex(8)
     directory = f"/tmp/crucible-grader-{nonce}"
     canary = f"test_crucible_canary_{nonce}.py"
@@ -164,7 +164,8 @@ def run_tests(sandbox: Sandbox, spec: TestSpec) -> TestRun:
     collected = sandbox.exec(["bash", "-c", _COLLECT, "collect", directory], as_keeper=True, timeout_s=60)
     log_line, _, report_text = bytes(collected.output).partition(b"\n")
     log = _decode_log(log_line)
-    return grade(spec, report_text, exit_code=ran.exit_code, timed_out=bool(ran.timed_out), nonce=nonce, log=log)
+    return grade(spec, report_text, exit_code=ran.exit_code, timed_out=bool(ran.timed_out), nonce=nonce, log=log,
+                 agent_files=agent_files)
 
 
 def _decode_log(line: bytes) -> str:
@@ -185,8 +186,10 @@ def _report(text: bytes) -> dict | None:
     return data
 
 
-def grade(spec: TestSpec, report_text: bytes, *, exit_code: int, timed_out: bool, nonce: str, log: str) -> TestRun:
-    """Score a run from its report (pure: tested on hostile reports directly)."""
+def grade(spec: TestSpec, report_text: bytes, *, exit_code: int, timed_out: bool, nonce: str, log: str,
+          agent_files: frozenset[str] = frozenset()) -> TestRun:
+    """Score a run from its report (pure: tested on hostile reports directly). Without named tests,
+    every collected test counts except those in files the agent wrote (it cannot grade itself)."""
     report = _report(report_text)
     tail = f"\n--- pytest output (tail) ---\n{log[-3000:]}" if log else ""
     if report is None:
@@ -208,7 +211,7 @@ def grade(spec: TestSpec, report_text: bytes, *, exit_code: int, timed_out: bool
         return TestRun(detail=f"failed run: the grader's must-pass canary was {canary[must_pass]!r} (tests did not "
                               f"run normally: collection-only, a broken plugin or configuration){tail}")
     real_collected = [n for n in collected if n.rpartition("::")[2] not in canary]
-    graded_ids = list(spec.tests) or real_collected
+    graded_ids = list(spec.tests) or [n for n in real_collected if n.split("::", 1)[0] not in agent_files]
     results = {test: outcomes.get(test, "not collected" if test not in collected else "not run") for test in graded_ids}
     flags: set[EpisodeFlag] = set()
     missing = [t for t, o in results.items() if o == "not collected"]

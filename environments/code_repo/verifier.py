@@ -70,18 +70,19 @@ def _verify(*, sandbox: Sandbox, task: CodeRepoTask, base: str, submitted: bool,
     git = check_git(sandbox, base=base)
     tree = read_workspace(sandbox)
     with open_sandbox() as grader:
-        diff, findings = _submission(grader, task=task, base=base, tree=tree, actions=actions, config=config)
+        diff, findings, changed = _submission(grader, task=task, base=base, tree=tree, actions=actions, config=config)
         if git.problems:
             findings.add(EpisodeFlag.GIT_HISTORY_REWRITTEN, "; ".join(git.problems))
         rules = _rules(submitted=submitted, diff=diff, findings=findings, started=started)
         layers = [rules]
         run_layers = rules.passed or (config.flag_policy != "zero" and submitted and diff.strip())
         if task.public_tests is not None:
-            layers.append(_layer(grader, task.public_tests, "public_tests", findings) if run_layers
+            layers.append(_layer(grader, task.public_tests, "public_tests", findings, changed) if run_layers
                           else _not_run("public_tests"))
     if run_layers:
         with open_sandbox() as fresh:
-            layers.append(_hidden(fresh, task=task, base=base, tree=tree, diff=diff, findings=findings))
+            layers.append(_hidden(fresh, task=task, base=base, tree=tree, diff=diff, findings=findings,
+                                  changed=changed))
     else:
         layers.append(_not_run("hidden_tests"))
     weights = {**DEFAULT_WEIGHTS, **config.weights} if config.weights else DEFAULT_WEIGHTS
@@ -95,8 +96,9 @@ def _verify(*, sandbox: Sandbox, task: CodeRepoTask, base: str, submitted: bool,
 
 
 def _submission(grader: Sandbox, *, task: CodeRepoTask, base: str, tree: bytes, actions: Sequence[ToolCall],
-                config: VerifierConfig) -> tuple[str, monitors.Findings]:
-    """Base + the agent's files in `grader`; the diff and everything the monitors found in it."""
+                config: VerifierConfig) -> tuple[str, monitors.Findings, frozenset[str]]:
+    """Base + the agent's files in `grader`; the diff, everything the monitors found in it, and the
+    paths the agent changed."""
     graded_base = install_repo(grader, task)
     if graded_base != base:
         raise SetupError(f"the grader's base commit is {graded_base}, the worker recorded {base}")
@@ -118,7 +120,7 @@ def _submission(grader: Sandbox, *, task: CodeRepoTask, base: str, tree: bytes, 
         elif not path.endswith(".py"):
             findings.merge(monitors.inspect_config(path, new=new.get(path), old=old.get(path)))
     findings.merge(monitors.inspect_actions(actions))
-    return raw.decode(errors="replace"), findings
+    return raw.decode(errors="replace"), findings, frozenset(path for _, path in changes)
 
 
 def _rules(*, submitted: bool, diff: str, findings: monitors.Findings, started: float) -> LayerResult:
@@ -135,16 +137,17 @@ def _rules(*, submitted: bool, diff: str, findings: monitors.Findings, started: 
     return LayerResult("rules", 0.0 if problems else 1.0, not problems, detail, time.monotonic() - started)
 
 
-def _layer(sandbox: Sandbox, spec: TestSpec, name: str, findings: monitors.Findings) -> LayerResult:
+def _layer(sandbox: Sandbox, spec: TestSpec, name: str, findings: monitors.Findings,
+           changed: frozenset[str]) -> LayerResult:
     started = time.monotonic()
-    run = run_tests(sandbox, spec)
+    run = run_tests(sandbox, spec, agent_files=changed)
     for flag in run.flags:
         findings.add(flag, f"{name}: {flag.description}")
     return LayerResult(name, run.score, run.passed, run.detail, time.monotonic() - started)
 
 
 def _hidden(fresh: Sandbox, *, task: CodeRepoTask, base: str, tree: bytes, diff: str,
-            findings: monitors.Findings) -> LayerResult:
+            findings: monitors.Findings, changed: frozenset[str]) -> LayerResult:
     """The hidden tests in a second fresh sandbox: base + the same files, checked to give the same diff."""
     started = time.monotonic()
     spec = task.hidden_tests
@@ -157,7 +160,7 @@ def _hidden(fresh: Sandbox, *, task: CodeRepoTask, base: str, tree: bytes, diff:
         return LayerResult("hidden_tests", 0.0, False, conflict, time.monotonic() - started)
     if spec.files:
         fresh.put_files({f"{WORKSPACE}/{path}": content.encode() for path, content in spec.files.items()})
-    return _layer(fresh, spec, "hidden_tests", findings)
+    return _layer(fresh, spec, "hidden_tests", findings, changed)
 
 
 def _not_run(name: str) -> LayerResult:

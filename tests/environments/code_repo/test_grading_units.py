@@ -78,6 +78,11 @@ def test_without_names_every_collected_test_counts_and_none_collected_fails() ->
     every = TestSpec(paths=["tests"])
     assert run(every, report({"tests/t.py::a": "passed", "tests/t.py::b": "error"})).score == 0.5
     assert run(every, report({})).score == 0.0
+    # Tests the agent wrote itself do not count: it cannot grade itself up.
+    padded = report({"tests/t.py::a": "failed", "tests/mine.py::x": "passed", "tests/mine.py::y": "passed"})
+    graded = grade(every, padded, exit_code=1, timed_out=False, nonce=NONCE, log="",
+                   agent_files=frozenset({"tests/mine.py"}))
+    assert graded.score == 0.0 and "mine.py" not in graded.detail
 
 
 @pytest.mark.parametrize("bad", ["-p", "--collect-only", "/etc/passwd", "../x.py", "a/../../b", "x\0y", "", "a" * 2000])
