@@ -28,7 +28,6 @@ from core.settings import get_settings
 
 Endpoint = TypeVar("Endpoint", bound=Callable[..., Any])
 STREAMED_ATTRIBUTE = "__crucible_streamed_upload__"
-_JSON_TYPES = ("application/json",)
 
 
 class BodyTooLarge(ApiError):
@@ -73,7 +72,7 @@ class BodyLimitMiddleware:
         if body is None:
             await _answer(send, 413, "too_large", f"body: expected at most {limit} bytes, got more")
             return
-        if body and headers.get("content-type", "").split(";")[0].strip().lower() in _JSON_TYPES:
+        if body and _parsed_as_json(headers.get("content-type", "")):
             problem = _json_problem(body)
             if problem is not None:
                 await _answer(send, 422, "limit_exceeded", problem, close=False)
@@ -86,6 +85,12 @@ class BodyLimitMiddleware:
             if match is Match.FULL:
                 return bool(getattr(getattr(route, "endpoint", None), STREAMED_ATTRIBUTE, False))
         return False
+
+
+def _parsed_as_json(content_type: str) -> bool:
+    """What FastAPI parses as JSON: no content type at all, application/json, or any `+json` type."""
+    media = content_type.split(";")[0].strip().lower()
+    return media in ("", "application/json") or media.endswith("+json")
 
 
 def _json_problem(body: bytes) -> str | None:

@@ -19,12 +19,12 @@ from contextlib import contextmanager
 from enum import StrEnum
 from typing import Any
 
-import click
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 from typer.core import TyperGroup
+from typer.exceptions import TyperException
 
 from core.errors import CrucibleError
 
@@ -122,10 +122,10 @@ def run_safely(fn: Callable[[], Any]) -> Any:
 class CrucibleGroup(TyperGroup):
     """The root command: any failure a command did not turn into a line itself becomes one line."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]
         try:
             return super().invoke(ctx)
-        except (typer.Exit, click.exceptions.Exit, click.ClickException, click.Abort):
+        except (typer.Exit, typer.Abort, TyperException):  # usage errors and exits speak for themselves
             raise
         except CrucibleError as error:
             if debug_enabled():

@@ -163,23 +163,22 @@ def pack_git(repo: Path, *, commit: str) -> RepoSnapshot:
     if not (repo / ".git").exists() and not (repo / "HEAD").exists():
         raise ConfigError(f"repo: expected a git repository, got {str(repo)!r}")
     try:
-        sha = _git(repo, "rev-parse", "--verify", "--end-of-options", f"{commit}^{{commit}}").strip()
-        objects = _git(repo, "rev-parse", "--path-format=absolute", "--git-path", "objects").strip()
+        sha = _git(repo, "rev-parse", "--verify", "--end-of-options", f"{commit}^{{commit}}").decode().strip()
+        objects = _git(repo, "rev-parse", "--path-format=absolute", "--git-path", "objects").decode().strip()
         with tempfile.TemporaryDirectory(prefix="crucible-pack-") as scratch:
             _git(Path(scratch), "init", "-q", "--bare")
             (Path(scratch) / "objects" / "info" / "alternates").write_text(objects + "\n")
             _git(Path(scratch), "update-ref", BUNDLE_REF, sha)
-            bundle = _git(Path(scratch), "bundle", "create", "-", BUNDLE_REF, binary=True)
+            bundle = _git(Path(scratch), "bundle", "create", "-", BUNDLE_REF)
     except subprocess.CalledProcessError as error:
         stderr = error.stderr if isinstance(error.stderr, str) else error.stderr.decode(errors="replace")
         raise ConfigError(f"repo {repo}: cannot bundle commit {commit!r}: {stderr.strip()[:300]}") from None
-    assert isinstance(bundle, bytes)
     snapshot = RepoSnapshot(format="git_bundle", data_b64=base64.b64encode(bundle).decode())
     check_snapshot(snapshot, where=f"repo {repo}")
     return snapshot
 
 
-def _git(directory: Path, *args: str, binary: bool = False) -> str | bytes:
+def _git(directory: Path, *args: str) -> bytes:
     result = subprocess.run(["git", *_GIT_SAFE, "-C", str(directory), *args], check=True, capture_output=True,
-                            text=not binary, env=_git_env(), timeout=600)
+                            env=_git_env(), timeout=600)
     return result.stdout

@@ -46,6 +46,15 @@ def test_deeply_nested_json_is_a_4xx(client: TestClient, depth: int) -> None:
         assert error["code"] == "limit_exceeded" and "expected" in error["message"] and "deep" in error["message"]
 
 
+@pytest.mark.parametrize("content_type", ["", "application/merge-patch+json", "application/json; charset=utf-8"])
+def test_every_body_fastapi_reads_as_json_is_checked(client: TestClient, content_type: str) -> None:
+    body = ('{"name": "deep", "kind": "code_repo", "sandbox": {"env": ' + _nested(1000) + "}}").encode()
+    headers = {"content-type": content_type} if content_type else {}
+    request = client.build_request("POST", "/v1/environments", content=body, headers=headers)
+    assert request.headers.get("content-type", "") == content_type  # none at all is read as JSON too
+    assert _error(client.send(request), 422)["code"] == "limit_exceeded"
+
+
 @pytest.mark.parametrize("raw", [b'"a\\ud800b"', b'"\\udfff"', b'"\xed\xa0\x80"'])
 def test_a_lone_surrogate_in_a_body_is_a_4xx(client: TestClient, raw: bytes) -> None:
     body = b'{"name": "sur", "kind": "code_repo", "description": ' + raw + b"}"

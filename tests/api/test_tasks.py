@@ -12,7 +12,7 @@ import json
 import os
 import subprocess
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -65,14 +65,15 @@ def _line(repo: Path | dict | str, task_id: str, split: str = "train") -> str:
                        "hidden_tests": {"paths": ["test_calc.py"]}})
 
 
-def _tarball(add: "callable[[tarfile.TarFile], None]") -> dict:  # type: ignore[valid-type]
+def _tarball(add: Callable[[tarfile.TarFile], None]) -> dict:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
         add(tar)
     return {"format": "tar", "data_b64": base64.b64encode(buffer.getvalue()).decode()}
 
 
-def _member(name: str, *, kind: bytes = tarfile.REGTYPE, link: str = "", data: bytes = b"x") -> "callable":  # type: ignore[valid-type]
+def _member(name: str, *, kind: bytes = tarfile.REGTYPE, link: str = "", data: bytes = b"x"
+            ) -> Callable[[tarfile.TarFile], None]:
     def add(tar: tarfile.TarFile) -> None:
         info = tarfile.TarInfo(name)
         info.type, info.linkname = kind, link
@@ -241,6 +242,8 @@ def test_an_upload_over_the_limit_is_413_while_it_streams(client: TestClient, ca
                                         "detail": None}
     declared = client.post(f"/v1/environments/{calc}/tasks", content=line * 200, headers={"content-type": "text/plain"})
     assert declared.status_code == 413 and "got a Content-Length of '" in declared.json()["error"]["message"]
+    multipart = client.post(f"/v1/environments/{calc}/tasks", files={"file": ("t.jsonl", line * 200)})
+    assert multipart.status_code == 413
     assert client.get("/v1/tasks").json()["data"] == []
 
 
