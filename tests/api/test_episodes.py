@@ -118,3 +118,5 @@ def test_unexpected_json_shapes_do_not_crash_the_episode_views(
     page = client.get(f"/episodes/{episode_id}")
     assert page.status_code == 200 and "weird" in page.text
     assert client.get(f"/runs/{seeded.run_id}").status_code == 200
+    group = client.get(f"/groups/{seeded.group_ids[0]}")
+    assert group.status_code == 200 and "[1, 2]" in group.text  # the group page shows components as stored
