@@ -7,10 +7,15 @@ format as vLLM) and real Docker sandboxes from a warm pool: episodes/s, and per 
 episode loop spends beyond the sandbox step itself (policy round trips, tokenizing, parsing, the
 shell session's framing). Target: ≤ 5 ms per turn.
 
-Part 2 — sync vs async on a long-tail workload (heavy-tailed policy latency, as with tool-heavy
-tasks): wall-clock until the same number of groups has been trained on, with the real controller
-deciding what to dispatch and a stand-in trainer that consumes complete batches (fixed step time)
-and bumps the policy version. Target: async ≥ 2× faster, staleness never above the bound.
+Part 2 — sync vs async at equal work on a long-tail workload (heavy-tailed policy latency, as with
+tool-heavy tasks), `--pairs` interleaved (sync, async) pairs in one process. Both modes: the real
+controller dispatching, the real episode runner in `--slots` worker threads with Docker sandboxes,
+the same tasks in the same dispatch order (checked), a stand-in trainer that consumes groups strictly
+in dispatch order (a batch waits for its slowest group in both modes), `--updates` updates of
+`--step-s` each, the same drop rule for stale groups (sync's bound is 0 by definition, async's
+`--staleness`). Reported per pair and as medians: wall-clock to the same counted trained samples,
+generation-side idle slot-seconds, trainer-side idle seconds, and the fraction of the ideal no-idle
+pipeline (formula in the output). The figure to quote is `speedup.median` (min–max).
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ import argparse
 import json
 import statistics
 import sys
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -27,12 +34,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sqlalchemy import select  # noqa: E402
+from sqlalchemy import func, select  # noqa: E402
+from sqlalchemy import update as sql_update  # noqa: E402
 
+from bench.pairs import interleave, paired_summary  # noqa: E402
 from bench.store import scratch_database  # noqa: E402
 from core.db import session_scope  # noqa: E402
 from core.models import Episode, EpisodeGroup, Run, Task, Turn  # noqa: E402
 from core.store import insert_episode  # noqa: E402
+from core.termination import GroupStatus  # noqa: E402
 from environments.code_repo.task import CodeRepoTask, TestSpec, pack_directory  # noqa: E402
 from environments.service import register_environment  # noqa: E402
 from environments.spec import parse_spec  # noqa: E402
@@ -126,7 +136,7 @@ def _orchestration_figures(ids: list[int], wall: float) -> dict[str, Any]:
     }
 
 
-# -- part 2: sync vs async on a long tail ---------------------------------------------------------
+# -- part 2: sync vs async on a long tail, at equal work ------------------------------------------
 
 def _pareto_delays(n: int, *, seed: int, alpha: float = 1.5, scale_s: float = 0.8, cap_s: float = 12.0) -> list[float]:
     """Heavy-tailed generation latencies, as with tool-heavy agent tasks: most episodes take about a
@@ -137,54 +147,90 @@ def _pareto_delays(n: int, *, seed: int, alpha: float = 1.5, scale_s: float = 0.
     return [round(min(cap_s, scale_s * rng.paretovariate(alpha)), 3) for _ in range(n)]
 
 
-class StandInTrainer:
-    """Consumes complete groups a batch at a time, takes `step_s` per update, bumps the policy version.
-    It stands in for the GRPO trainer here because this measures scheduling, not learning."""
+class InOrderTrainer:
+    """A stand-in GRPO trainer that consumes groups strictly in dispatch order (group_index): batch k is
+    groups k·B … k·B+B−1, waited for until every one is complete, however slow its tail — the same
+    groups, hence the same tasks, in both modes. Each update takes `step_s` (a sleep: this measures
+    scheduling, not learning). The staleness rule is the real trainer's (a group sampled more than the
+    run's bound behind is dropped); drops are counted and reported. Trained samples are counted from the
+    episodes of the groups it consumed, not computed."""
 
     def __init__(self, *, run_id: int, batch_size: int, bound: int, step_s: float, updates: int) -> None:
         self.run_id, self.batch_size, self.bound, self.step_s, self.updates = run_id, batch_size, bound, step_s, updates
         self.staleness: list[int] = []
         self.dropped = 0
-        self.done = __import__("threading").Event()
+        self.task_order: list[int] = []
+        self.busy_s = 0.0
+        self.finished_at = 0.0
+        self.done = threading.Event()
+
+    def _next_batch(self, session: Any, cursor: int) -> list[EpisodeGroup] | None:
+        groups = session.execute(
+            select(EpisodeGroup).where(EpisodeGroup.run_id == self.run_id, EpisodeGroup.group_index >= cursor)
+            .order_by(EpisodeGroup.group_index).limit(self.batch_size)
+        ).scalars().all()
+        if len(groups) < self.batch_size or any(g.status != GroupStatus.COMPLETE for g in groups):
+            return None  # the next group in dispatch order is not complete yet: wait for it
+        return list(groups)
 
     def run(self) -> None:
-        from sqlalchemy import update
-
-        version = 0
+        version, cursor = 0, 0
         while version < self.updates:
             with session_scope() as session:
-                groups = session.execute(
-                    select(EpisodeGroup).where(EpisodeGroup.run_id == self.run_id, EpisodeGroup.status == "complete")
-                    .order_by(EpisodeGroup.id).limit(self.batch_size).with_for_update(skip_locked=True)
-                ).scalars().all()
-                if len(groups) < self.batch_size:
+                groups = self._next_batch(session, cursor)
+                if groups is None:
                     session.rollback()
-                    time.sleep(0.02)
+                    time.sleep(0.01)
                     continue
+                cursor = groups[-1].group_index + 1
                 stale = [g for g in groups if version - g.policy_version > self.bound]
                 for group in stale:  # as the real trainer does: never learn from samples past the bound
-                    group.status = "dropped"
+                    group.status = GroupStatus.DROPPED
+                self.dropped += len(stale)
                 if stale:
-                    self.dropped += len(stale)
-                    continue
+                    continue  # the rest waits for the next batch, still in dispatch order
                 self.staleness += [version - g.policy_version for g in groups]
+                self.task_order += [g.task_id for g in groups]
+                started = time.monotonic()
                 time.sleep(self.step_s)  # the optimizer step
                 version += 1
                 for group in groups:
-                    group.status, group.consumed_step = "consumed", version
-                session.execute(update(Run).where(Run.id == self.run_id).values(policy_version=version))
+                    group.status, group.consumed_step = GroupStatus.CONSUMED, version
+                session.execute(sql_update(Run).where(Run.id == self.run_id).values(policy_version=version))
+            self.busy_s += time.monotonic() - started  # the update, its commit and the version bump
+        self.finished_at = time.monotonic()
         self.done.set()
 
 
-def _tail_run(*, mode: str, image: str, payload: dict[str, Any], delays: list[float], url: str,
-              concurrency: int, group_size: int, batch_size: int, updates: int, step_s: float) -> dict[str, Any]:
-    import threading
+class SlotClock:
+    """Records when each generation slot (a worker thread) ran an episode, on one monotonic clock."""
 
+    def __init__(self) -> None:
+        self.spans: list[tuple[int, float, float]] = []  # (episode id, start, end)
+        self._lock = threading.Lock()
+
+    def record(self, episode_id: int, start: float, end: float) -> None:
+        with self._lock:
+            self.spans.append((episode_id, start, end))
+
+    def busy_within(self, start: float, end: float, *, episodes: set[int] | None = None) -> float:
+        return sum(max(0.0, min(b, end) - max(a, start)) for eid, a, b in self.spans
+                   if episodes is None or eid in episodes)
+
+
+IDEAL = ("ideal no-idle pipeline: generation never waits for training, training never waits for a batch: "
+         "max(G + step_s, T + G/updates), G = slot-seconds of the trained episodes / slots, T = updates × step_s "
+         "(the last update cannot overlap generation; the first batch cannot overlap training)")
+
+
+def _tail_run(*, mode: str, label: str, image: str, payload: dict[str, Any], tasks: int, url: str, slots: int,
+              group_size: int, batch_size: int, updates: int, step_s: float, staleness: int) -> dict[str, Any]:
     from controller.config import ControllerConfig
     from controller.loop import Controller
     from controller.runs import create_run
     from core.db import get_engine
     from core.schemas import RunConfig
+    from environments.service import get_environment, spec_of
 
     with session_scope() as session:
         if session.execute(select(Task).where(Task.environment_name == "tail")).first() is None:
@@ -193,82 +239,144 @@ def _tail_run(*, mode: str, image: str, payload: dict[str, Any], delays: list[fl
                     "limits": {"max_turns": 5, "episode_timeout_s": 300}}
             register_environment(session, spec=parse_spec(spec))
             session.add_all([Task(environment_name="tail", external_id=f"tail-{i}", instruction=f"[script:tail-{i}]",
-                                  payload=payload) for i in range(len(delays))])
+                                  payload=payload) for i in range(tasks)])
+        # The same seed: the controller's task picks are deterministic in (seed, group index), so both
+        # modes dispatch the same tasks in the same order (checked: `task_order` is compared).
         run = create_run(session, config=RunConfig(
-            name=f"tail-{mode}", model="scripted", mode=mode, max_staleness=1, group_size=group_size,
-            batch_size=batch_size, environments=[{"name": "tail"}]))
+            name=f"tail-{label}", model="scripted", mode=mode, max_staleness=staleness, group_size=group_size,
+            batch_size=batch_size, environments=[{"name": "tail"}], seed=0))
         run_id, bound = run.id, run.max_staleness
     backend = make_backend("docker")
-    sandboxes = DockerSandboxes(backend=backend, events=InMemoryEventSink(), worker=f"bench-{mode}",
-                                min_size=concurrency, max_size=concurrency)
+    sandboxes = DockerSandboxes(backend=backend, events=InMemoryEventSink(), worker=f"bench-{label}",
+                                min_size=slots, max_size=slots)
     client = PolicyClient(base_url=url, tokenizer=tokenize)
-    pool = ThreadPoolExecutor(concurrency)
+    pool = ThreadPoolExecutor(slots)  # the generation side: `slots` episodes at once, in both modes
+    clock = SlotClock()
 
     def run_with_retries(episode_id: int) -> None:
         """What the Celery task does: an infrastructure fault is recorded and the episode run again."""
         from task_workers.episode.errors import InfrastructureFault
         from task_workers.episode.persist import record_fault
 
-        for attempt in range(4):
-            try:
-                run_episode(episode_id, policy=client, sandboxes=sandboxes, worker=f"bench-{mode}")
-                return
-            except InfrastructureFault as fault:
-                with session_scope() as session:
-                    record_fault(session, episode_id=episode_id, reason=fault.reason, message=str(fault),
-                                 worker=f"bench-{mode}", final=attempt == 3)
+        start = time.monotonic()
+        try:
+            for attempt in range(4):
+                try:
+                    run_episode(episode_id, policy=client, sandboxes=sandboxes, worker=f"bench-{label}")
+                    return
+                except InfrastructureFault as fault:
+                    with session_scope() as session:
+                        record_fault(session, episode_id=episode_id, reason=fault.reason, message=str(fault),
+                                     worker=f"bench-{label}", final=attempt == 3)
+        finally:
+            clock.record(episode_id, start, time.monotonic())
 
     class LocalDispatcher:  # the worker: threads running the real episode runner
         def send_task(self, name: str, args: list[int] | None = None, **_: Any) -> None:
             pool.submit(run_with_retries, args[0])
 
-    trainer = StandInTrainer(run_id=run_id, batch_size=batch_size, bound=bound, step_s=step_s, updates=updates)
+    trainer = InOrderTrainer(run_id=run_id, batch_size=batch_size, bound=bound, step_s=step_s, updates=updates)
     controller = Controller(engine=get_engine(), dispatcher=LocalDispatcher(), settings=ControllerConfig(),
-                            name=f"bench-{mode}")
+                            name=f"bench-{label}")
     try:
         with session_scope() as session:
-            from environments.service import get_environment, spec_of
-
             sandboxes.pool_for(spec_of(get_environment(session, name="tail"))).wait_ready(timeout=180)
         started = time.monotonic()
         threading.Thread(target=trainer.run, daemon=True).start()
         while not trainer.done.is_set():
             controller.step()
             trainer.done.wait(0.02)
-        wall = time.monotonic() - started
+        wall = trainer.finished_at - started
         with session_scope() as session:
-            session.execute(__import__("sqlalchemy").update(Run).where(Run.id == run_id).values(status="stopped"))
+            session.execute(sql_update(Run).where(Run.id == run_id).values(status="stopped"))
     finally:
         controller.close()
         pool.shutdown(wait=True)
         sandboxes.close()
         client.close()
+    return _tail_figures(run_id=run_id, trainer=trainer, clock=clock, started=started, wall=wall, slots=slots,
+                         bound=bound, step_s=step_s, updates=updates)
+
+
+def _tail_figures(*, run_id: int, trainer: InOrderTrainer, clock: SlotClock, started: float, wall: float,
+                  slots: int, bound: int, step_s: float, updates: int) -> dict[str, Any]:
+    ended = started + wall
     with session_scope() as session:
-        rows = session.execute(select(Episode.termination_reason, Episode.timings, Episode.failures)
-                               .where(Episode.run_id == run_id, Episode.status == "completed")).all()
-    totals = [timings["total"] for _, timings, _ in rows]
-    return {"wall_s": round(wall, 3), "updates": updates, "samples_trained": updates * batch_size * group_size,
-            "max_staleness": max(trainer.staleness), "staleness_bound": bound,
-            "episode_s": {"max": round(max(totals), 3), "mean": round(statistics.fmean(totals), 3)},
-            "reasons": sorted({reason for reason, _, _ in rows}), "retried": sum(bool(f) for _, _, f in rows),
-            "faults": [fault["message"][-240:] for _, _, failures in rows for fault in failures],
-            "dropped_stale_groups": trainer.dropped}
+        consumed = session.execute(select(Episode.id, Episode.status).join(EpisodeGroup, Episode.group_id ==
+                                                                           EpisodeGroup.id)
+                                   .where(EpisodeGroup.run_id == run_id, EpisodeGroup.status == GroupStatus.CONSUMED)
+                                   ).all()
+        generated = session.execute(select(func.count()).select_from(Episode).where(
+            Episode.run_id == run_id, Episode.status == "completed")).scalar_one()
+        faults = session.execute(select(Episode.failures).where(Episode.run_id == run_id)).scalars().all()
+    trained_ids = {eid for eid, status in consumed if status == "completed"}
+    trained_work = clock.busy_within(float("-inf"), float("inf"), episodes=trained_ids)
+    gen_busy = clock.busy_within(started, ended)
+    generation = trained_work / slots
+    ideal = max(generation + step_s, updates * step_s + generation / updates)
+    return {
+        "wall_s": round(wall, 3), "updates": updates, "samples_trained": len(trained_ids),
+        "episodes_completed_total": generated,
+        "generation_idle_s": round(slots * wall - gen_busy, 3),
+        "generation_idle_frac": round(1 - gen_busy / (slots * wall), 3),
+        "trainer_idle_s": round(wall - trainer.busy_s, 3), "trainer_busy_s": round(trainer.busy_s, 3),
+        "ideal_s": round(ideal, 3), "fraction_of_ideal": round(ideal / wall, 3),
+        "staleness_bound": bound, "max_staleness": max(trainer.staleness, default=0),
+        "dropped_stale_groups": trainer.dropped, "task_order": trainer.task_order,
+        "faults": sum(len(f or []) for f in faults),
+    }
 
 
-def sync_vs_async(*, image: str, tmp: Path, concurrency: int, updates: int) -> dict[str, Any]:
-    # As many tasks as trained groups: both modes train on the same tasks, each once.
-    delays = _pareto_delays(updates * 4, seed=7)
+def sync_vs_async(*, image: str, tmp: Path, pairs: int, slots: int, updates: int, staleness: int,
+                  step_s: float, group_size: int, batch_size: int) -> dict[str, Any]:
+    # One task per trained group in dispatch order, plus the groups async has in flight at the end.
+    tasks = (updates + staleness + 1) * batch_size
+    delays = _pareto_delays(tasks, seed=7)
     scripts = {f"tail-{i}": [{"text": tool_call("bash", command="true"), "delay_s": d}, tool_call("submit")]
                for i, d in enumerate(delays)}
     payload = _task_payload(tmp)
-    settings = {"concurrency": concurrency, "group_size": 2, "batch_size": 4, "updates": updates, "step_s": 2.0}
-    assert settings["batch_size"] == 4  # the task count above
+    settings = {"slots": slots, "group_size": group_size, "batch_size": batch_size, "updates": updates,
+                "step_s": step_s}
+    counter = iter(range(10**6))
+
+    def side(mode: str) -> Callable[[], dict[str, Any]]:
+        return lambda: _tail_run(mode=mode, label=f"{mode}-{next(counter)}", image=image, payload=payload,
+                                 tasks=tasks, url=url, staleness=staleness, **settings)
+
     with serve_in_process(scripts) as url:
-        results = {mode: _tail_run(mode=mode, image=image, payload=payload, delays=delays, url=url, **settings)
-                   for mode in ("sync", "async")}
-    return {**results, "workload": {"policy_delay_s": _ms_like(delays), **settings,
-                                    "trainer": "stand-in: fixed step_s per update, real controller dispatch"},
-            "async_speedup": round(results["sync"]["wall_s"] / results["async"]["wall_s"], 2), "target_speedup": 2.0}
+        runs = interleave(pairs=pairs, sides={"sync": side("sync"), "async": side("async")})
+    for run in runs["sync"] + runs["async"]:
+        run["speed"] = 1.0 / run["wall_s"]
+    summary = paired_summary(runs["async"], runs["sync"], key="speed")
+    same_tasks = all(a["task_order"] == s["task_order"] for a, s in zip(runs["async"], runs["sync"], strict=True))
+    same_samples = all(a["samples_trained"] == s["samples_trained"]
+                       for a, s in zip(runs["async"], runs["sync"], strict=True))
+    for run in runs["sync"] + runs["async"]:
+        run.pop("speed")
+        run["task_order"] = run["task_order"][:8] + (["…"] if len(run["task_order"]) > 8 else [])
+
+    def p50(mode: str, key: str) -> float:
+        return round(statistics.median(r[key] for r in runs[mode]), 3)
+
+    return {
+        "window": ("wall-clock from the first dispatch to the end of the last update, on both sides; the same "
+                   "controller, worker slots, tasks (same dispatch order), number of updates and drop rule"),
+        "consumption": "in dispatch order (group_index): a batch waits for its slowest group in both modes",
+        "staleness_bound": {"sync": 0, "async": staleness,
+                            "note": "sync mode is the bound 0 by definition; both enforce it with the same rule"},
+        "same_tasks_in_same_order": same_tasks, "same_samples_trained": same_samples,
+        "speedup": {"metric": "sync wall ÷ async wall to the same trained samples, per pair",
+                    "median": summary["ratio_median"], "min": summary["ratio_min"], "max": summary["ratio_max"],
+                    "per_pair": summary["ratios"], "pairs": summary["pairs"]},
+        "p50": {mode: {key: p50(mode, key) for key in ("wall_s", "generation_idle_s", "trainer_idle_s", "ideal_s",
+                                                       "fraction_of_ideal")} for mode in ("sync", "async")},
+        "ideal": IDEAL,
+        "runs": runs,
+        "workload": {"policy_delay_s": _ms_like(delays), "tasks": tasks, **settings,
+                     "trainer": "stand-in: in-order consumption, step_s per update (sleep), real controller dispatch, "
+                                "real episode runner and Docker sandboxes"},
+        "targets": {"speedup": 2.5, "fraction_of_ideal": 0.85},
+    }
 
 
 def _ms_like(delays: list[float]) -> dict[str, float]:
@@ -276,15 +384,25 @@ def _ms_like(delays: list[float]) -> dict[str, float]:
     return {"p50": ordered[len(ordered) // 2], "max": ordered[-1], "mean": round(statistics.fmean(ordered), 3)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=24)
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--part", choices=["all", "orchestration", "tail"], default="all")
-    parser.add_argument("--updates", type=int, default=5, help="part 2: trained batches to wait for")
-    parser.add_argument("--tail-concurrency", type=int, default=8, help="part 2: episodes run at once")
-    args = parser.parse_args()
+    parser.add_argument("--pairs", type=int, default=5, help="part 2: interleaved (sync, async) pairs")
+    parser.add_argument("--updates", type=int, default=4, help="part 2: trained batches per run")
+    parser.add_argument("--slots", type=int, default=8, help="part 2: episodes run at once (both modes)")
+    parser.add_argument("--staleness", type=int, default=1, help="part 2: async mode's staleness bound")
+    parser.add_argument("--step-s", type=float, default=1.0, help="part 2: seconds per (stand-in) update")
+    parser.add_argument("--group-size", type=int, default=2, help="part 2: episodes per group")
+    parser.add_argument("--batch-size", type=int, default=4, help="part 2: groups per update")
+    args = parser.parse_args(argv)
+    for name in ("episodes", "concurrency", "turns", "pairs", "updates", "slots", "group_size", "batch_size"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(args, name)}")
+    if args.staleness < 1 or args.step_s < 0:
+        parser.error(f"--staleness ≥ 1 and --step-s ≥ 0 expected, got {args.staleness} and {args.step_s}")
     import logging
     import tempfile
 
@@ -292,15 +410,18 @@ def main() -> None:
     from environments.images import build_images
 
     image = next(b.tag for b in build_images() if b.name == "code-repo")
-    result: dict[str, Any] = {"benchmark": "episodes"}
+    result: dict[str, Any] = {"benchmark": "episodes",
+                              "command": "bench/episodes.py " + " ".join(sys.argv[1:] if argv is None else argv)}
     with scratch_database("bench_episodes"), tempfile.TemporaryDirectory() as tmp:
         if args.part in ("all", "orchestration"):
             result["orchestration"] = orchestration(image=image, tmp=Path(tmp), episodes=args.episodes,
                                                     concurrency=args.concurrency, turns=args.turns)
         if args.part in ("all", "tail"):
-            result["sync_vs_async"] = sync_vs_async(image=image, tmp=Path(tmp), concurrency=args.tail_concurrency,
-                                                    updates=args.updates)
+            result["sync_vs_async"] = sync_vs_async(
+                image=image, tmp=Path(tmp), pairs=args.pairs, slots=args.slots, updates=args.updates,
+                staleness=args.staleness, step_s=args.step_s, group_size=args.group_size, batch_size=args.batch_size)
     print(json.dumps(result, indent=2))
+    return result
 
 
 if __name__ == "__main__":

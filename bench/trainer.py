@@ -1,21 +1,30 @@
-"""Benchmark the trainer on this machine; prints ONE JSON object.
+"""Update throughput, ours vs TRL's GRPOTrainer, at equal work; prints ONE JSON object.
 
-    .venv/bin/python bench/trainer.py [--steps 6] [--prompts 4] [--group 4] [--prompt-len 192] [--completion-len 64]
+    .venv/bin/python bench/trainer.py [--pairs 5] [--steps 6] [--prompts 4] [--group 4] \
+        [--prompt-len 192] [--completion-len 64] [--threads 1]
 
-1. Update throughput, ours vs TRL's GRPOTrainer, measured in the same run on the same tiny model,
-   batch (prompts × group sequences) and lengths (prompt + completion tokens), both DAPO loss, β=0,
-   one optimizer step per batch, plain PyTorch on CPU. TRL generates inside its training step, so
-   its update time is its training wall-clock minus the time inside `_generate_and_score_completions`;
-   ours is `trainer.step.update`. tokens/s = (prompt + completion) tokens through forward and backward.
-   Both with `--threads` torch threads (default 1: two threads thrash on a shared 2-core machine),
-   alternating `--repeats` times; medians.
-2. Weight sync: push + probe of the tiny model into a real vLLM (CPU) server, seconds per sync.
-3. Async vs sync wall-clock to the same number of updates: rollouts sampled from that vLLM server
-   (completions API, token ids + logprobs), updates with our engine, a verified sync after each.
-   sync: sample → update → sync, in turn; async (staleness 1): the next batch is sampled while the
-   current one trains. By default vLLM gets one CPU and the trainer the other (`--no-pin`: shared).
+What is compared (the `window` field of the output says it again):
+- The same tiny Qwen2 model (same initial weights for every measurement), the same pre-built batches
+  (`--steps` + 1 of them: prompts × group sequences of prompt + completion random tokens, no padding),
+  the same advantages (group-centred rewards), DAPO token-sum loss, β = 0, one epoch, one optimizer
+  step per batch (AdamW, lr 1e-5, constant, grad-norm clip 1.0), float32, plain PyTorch on CPU with
+  `--threads` torch threads on both sides.
+- Timed on both sides: exactly the optimizer update of one pre-built batch — forward (logprobs and
+  entropy of the completion tokens), loss, backward, gradient clipping, optimizer and scheduler step,
+  zeroing the gradients. Ours: `trainer.step.update(engine, samples)` (which also collates the
+  samples into tensors: that is counted against us). TRL: `GRPOTrainer.compute_loss` on the batch as
+  its `_generate_and_score_completions` returns it, `accelerator.backward`, `clip_grad_norm_`,
+  `optimizer.step`, `lr_scheduler.step`, `zero_grad` — the body of the Trainer's inner loop.
+- Not timed on either side: model loading, trainer construction, generation, batch building, the
+  first (warm-up) update of each measurement, teardown.
+- Work is counted, not computed: tokens are summed from what each side actually ran (ours
+  `UpdateResult.tokens_processed`, TRL the attention mask of the batch it was given), and the run
+  fails if the two counts differ.
+- The first update of every measurement starts from the same weights on the same batch; its loss
+  and pre-clip gradient norm are reported for both sides (`same_work_check`): they must agree.
 
-Needs `trl` (`pip install trl`, dev extra).
+Pairs are interleaved in one process (ours, TRL; then TRL, ours; …). The figure to quote is
+`speedup.ratio_median` with `ratio_min`–`ratio_max`. Needs `trl` (dev extra).
 """
 
 from __future__ import annotations
@@ -25,269 +34,233 @@ import contextlib
 import json
 import logging
 import os
+import platform
 import random
-import statistics
 import sys
 import tempfile
-import threading
 import time
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import httpx
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trainer.advantages import assign_advantages
+from bench.pairs import interleave, paired_summary
 from trainer.config import TrainerConfig
 from trainer.engine import TorchEngine
-from trainer.probe import probe_token_ids
-from trainer.rollouts import Group, Sample
-from trainer.serving import VllmServer
+from trainer.logprobs import sequence_logprobs
+from trainer.packing import micro_batches
+from trainer.rollouts import Sample
 from trainer.step import update
-from trainer.sync import PolicyServer, Publisher
 from trainer.tiny_model import make_tiny_model
-from trainer.weight_sync import make_weight_syncer
 
-CONFIG = {"optimizer": {"lr": 1e-5, "micro_batch_tokens": 1 << 16}}  # one micro-batch, like TRL's batch
-
-
-def _samples(rng: random.Random, *, prompts: int, group: int, prompt_len: int, completion_len: int,
-             vocab: int) -> list[Sample]:
-    samples, episode = [], 0
-    for g in range(prompts):
-        prompt = [rng.randrange(3, vocab) for _ in range(prompt_len)]
-        members = []
-        for _ in range(group):
-            completion = [rng.randrange(3, vocab) for _ in range(completion_len)]
-            members.append(Sample(
-                episode_id=episode, group_id=g, environment="bench", status="completed", termination="submitted",
-                reward=rng.random(), components={}, policy_version=0, token_ids=prompt + completion,
-                loss_mask=[0] * prompt_len + [1] * completion_len,
-                behaviour_logprobs=[0.0] * prompt_len + [-7.6] * completion_len))
-            episode += 1
-        for s in members:
-            s.score = s.reward
-        assign_advantages([Group(id=g, group_index=g, environment="bench", policy_version=0, samples=members)],
-                          scale_by_std=False)
-        samples += members
-    return samples
+LR, CLIP, MAX_GRAD_NORM = 1e-5, (0.2, 0.28), 1.0
+# One micro-batch holding the whole batch, as TRL's per-device batch does.
+CONFIG = {"optimizer": {"lr": LR, "max_grad_norm": MAX_GRAD_NORM, "micro_batch_tokens": 1 << 20},
+          "loss": {"clip_low": CLIP[0], "clip_high": CLIP[1], "kl_beta": 0.0}}
+WINDOW = ("both sides: exactly the optimizer update of one pre-built batch (forward with entropy, loss, backward, "
+          "grad clip, optimizer + scheduler step, zero grad); ours trainer.step.update (includes collating the "
+          "samples), TRL GRPOTrainer.compute_loss + accelerator.backward + clip_grad_norm_ + optimizer.step + "
+          "lr_scheduler.step + zero_grad; excluded on both: model load, trainer construction, generation, batch "
+          "building, the first (warm-up) update of each measurement, teardown")
 
 
-def ours_tokens_per_s(model_dir: Path, *, steps: int, **shape: int) -> dict[str, float]:
+@dataclass(frozen=True)
+class Batch:
+    """One pre-built batch, shared by both sides: token ids, advantages, behaviour logprobs."""
+
+    prompts: list[list[int]]  # (prompts, P)
+    completions: list[list[int]]  # (prompts × group, C), grouped
+    advantages: list[float]  # per completion: reward − group mean
+    behaviour: list[list[float]]  # per completion: the initial model's logprob of each completion token
+
+    @property
+    def group(self) -> int:
+        return len(self.completions) // len(self.prompts)
+
+    def samples(self) -> list[Sample]:
+        out = []
+        for index, (completion, advantage) in enumerate(zip(self.completions, self.advantages, strict=True)):
+            prompt = self.prompts[index // self.group]
+            sample = Sample(
+                episode_id=index, group_id=index // self.group, environment="bench", status="completed",
+                termination="submitted", reward=0.0, components={}, policy_version=0,
+                token_ids=prompt + completion, loss_mask=[0] * len(prompt) + [1] * len(completion),
+                behaviour_logprobs=[0.0] * len(prompt) + self.behaviour[index])
+            sample.advantage = advantage
+            out.append(sample)
+        return out
+
+    def trl_inputs(self) -> dict[str, torch.Tensor]:
+        """What TRL's `_generate_and_score_completions` returns for this batch (on-policy, β = 0: no
+        old or reference logprobs)."""
+        prompt_ids = torch.tensor([self.prompts[i // self.group] for i in range(len(self.completions))])
+        completion_ids = torch.tensor(self.completions)
+        completion_mask = torch.ones_like(completion_ids)
+        return {"prompt_ids": prompt_ids, "prompt_mask": torch.ones_like(prompt_ids), "completion_ids": completion_ids,
+                "completion_mask": completion_mask, "advantages": torch.tensor(self.advantages),
+                "num_items_in_batch": completion_mask.sum()}
+
+
+def build_batches(model_dir: Path, *, count: int, prompts: int, group: int, prompt_len: int,
+                  completion_len: int, seed: int = 0) -> list[Batch]:
+    """`count` batches of random tokens; behaviour logprobs from the initial weights, so the first
+    update is exactly on-policy on both sides (TRL has no behaviour correction without vLLM)."""
+    rng = random.Random(seed)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    vocab = model.config.vocab_size
+    out = []
+    for _ in range(count):
+        prompt_ids = [[rng.randrange(3, vocab) for _ in range(prompt_len)] for _ in range(prompts)]
+        completions = [[rng.randrange(3, vocab) for _ in range(completion_len)] for _ in range(prompts * group)]
+        advantages = []
+        for _ in range(prompts):
+            rewards = [rng.random() for _ in range(group)]
+            mean = sum(rewards) / group
+            advantages += [r - mean for r in rewards]  # DAPO/Dr.GRPO: centred, not scaled by the std
+        draft = Batch(prompts=prompt_ids, completions=completions, advantages=advantages,
+                      behaviour=[[0.0] * completion_len for _ in completions])
+        samples = draft.samples()
+        logps = sequence_logprobs(model, micro_batches(samples, max_tokens=1 << 20))
+        behaviour = [logps[s.episode_id][prompt_len - 1:].tolist() for s in samples]
+        out.append(Batch(prompts=prompt_ids, completions=completions, advantages=advantages, behaviour=behaviour))
+    return out
+
+
+def measure_ours(model_dir: Path, batches: list[Batch]) -> dict[str, Any]:
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     config = TrainerConfig.model_validate(CONFIG)
     engine = TorchEngine(model=model, config=config)
-    rng = random.Random(0)
-    vocab = model.config.vocab_size
-    update(engine, _samples(rng, vocab=vocab, **shape), config=config)  # warm-up
+    prepared = [batch.samples() for batch in batches]  # outside the window, as TRL's inputs are
+    first = update(engine, prepared[0], config=config)  # warm-up, and the same-work check
     tokens, seconds = 0, 0.0
-    for _ in range(steps):
-        result = update(engine, _samples(rng, vocab=vocab, **shape), config=config)
-        tokens, seconds = tokens + result.tokens_processed, seconds + result.seconds
-    return {"tokens_per_s": tokens / seconds, "seconds_per_step": seconds / steps}
+    for samples in prepared[1:]:
+        started = time.perf_counter()
+        result = update(engine, samples, config=config)
+        seconds += time.perf_counter() - started
+        tokens += result.tokens_processed
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "updates": len(prepared) - 1,
+            "first_loss": first.loss, "first_grad_norm": first.grad_norms[0]}
 
 
-def trl_tokens_per_s(model_dir: Path, *, steps: int, prompts: int, group: int, prompt_len: int,
-                     completion_len: int) -> dict[str, float]:
+def _trl_trainer(model_dir: Path, *, updates: int, group: int, batch_rows: int) -> Any:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    # " the" is one token and stays one when repeated: every prompt is exactly prompt_len tokens.
-    rows = [{"prompt": " the" * prompt_len} for _ in range(prompts * (steps + 1))]
     args = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="bench-trl-"), use_cpu=True, bf16=False, report_to=[],
-        per_device_train_batch_size=prompts * group, num_generations=group, max_completion_length=completion_len,
-        generation_kwargs={"min_new_tokens": completion_len}, loss_type="dapo", beta=0.0, epsilon=0.2,
-        epsilon_high=0.28, scale_rewards="none", learning_rate=1e-5, max_steps=steps + 1, logging_steps=10**6,
-        save_strategy="no", dataloader_num_workers=0, gradient_accumulation_steps=1, seed=0, max_grad_norm=1.0,
+        per_device_train_batch_size=batch_rows, num_generations=group, loss_type="dapo", beta=0.0,
+        epsilon=CLIP[0], epsilon_high=CLIP[1], scale_rewards="none", learning_rate=LR, lr_scheduler_type="constant",
+        weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=MAX_GRAD_NORM, max_steps=updates,
+        logging_steps=10**6, save_strategy="no", dataloader_num_workers=0, gradient_accumulation_steps=1, seed=0,
         disable_tqdm=True,
     )
-    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=lambda completions, **_: [random.random()
-                                                                                   for _ in completions],
-                          args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
-    timing: dict[str, Any] = {"generation": [], "tokens": [], "steps": []}
-    generate = trainer._generate_and_score_completions
-    step = trainer.training_step
-
-    def timed_generate(inputs: Any) -> Any:
-        started = time.perf_counter()
-        out = generate(inputs)
-        timing["generation"].append(time.perf_counter() - started)
-        timing["tokens"].append(int(out["prompt_mask"].sum() + out["completion_mask"].sum()))
-        return out
-
-    def timed_step(*a: Any, **k: Any) -> Any:
-        timing["steps"].append(time.perf_counter())
-        return step(*a, **k)
-
-    trainer._generate_and_score_completions = timed_generate  # type: ignore[method-assign]
-    trainer.training_step = timed_step  # type: ignore[method-assign]
-    started = time.perf_counter()
-    with contextlib.redirect_stdout(sys.stderr):  # the Trainer prints its logs: stdout is for the one JSON
-        trainer.train()
-    total = time.perf_counter() - started
-    # Leave out the first step (warm-up): time from the second step's start to the end.
-    warm = timing["steps"][1] - started
-    update_s = (total - warm) - sum(timing["generation"][1:])
-    tokens = sum(timing["tokens"][1:])
-    return {"tokens_per_s": tokens / update_s, "seconds_per_step": update_s / steps,
-            "generation_s_per_step": statistics.fmean(timing["generation"][1:])}
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=lambda completions, **_: [0.0] * len(completions),
+                          args=args, train_dataset=Dataset.from_list([{"prompt": "x"}] * batch_rows),
+                          processing_class=tokenizer)
+    trainer.create_optimizer_and_scheduler(num_training_steps=updates)
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train(), which is not run here
+    return trainer
 
 
-def _rollouts(server: VllmServer, *, prompts: list[list[int]], group: int, completion_len: int,
-              rng: random.Random) -> list[Sample]:
-    """One batch sampled by vLLM: every prompt `group` times, token ids and behaviour logprobs."""
-    body = {"model": server.model_name, "prompt": prompts, "n": group, "max_tokens": completion_len,
-            "ignore_eos": True, "temperature": 1.0, "logprobs": 0, "return_token_ids": True}
-    response = httpx.post(f"{server.api_url}/completions", json=body, timeout=300)
-    response.raise_for_status()
-    samples = []
-    for index, choice in enumerate(response.json()["choices"]):
-        prompt = prompts[choice["index"] // group] if "index" in choice else prompts[index // group]
-        ids, logprobs = choice["token_ids"], choice["logprobs"]["token_logprobs"]
-        samples.append(Sample(
-            episode_id=index, group_id=index // group, environment="bench", status="completed",
-            termination="submitted", reward=rng.random(), components={}, policy_version=0,
-            token_ids=prompt + ids, loss_mask=[0] * len(prompt) + [1] * len(ids),
-            behaviour_logprobs=[0.0] * len(prompt) + logprobs))
-    groups = [Group(id=g, group_index=g, environment="bench", policy_version=0, samples=samples[g * group:(g + 1) *
-                                                                                                  group])
-              for g in range(len(prompts))]
-    for s in samples:
-        s.score = s.reward
-    assign_advantages(groups, scale_by_std=False)
-    return samples
+def _trl_update(trainer: Any, inputs: dict[str, torch.Tensor]) -> tuple[float, float]:
+    """The Trainer's inner-loop body on one batch: (loss, pre-clip grad norm)."""
+    model = trainer.model
+    model.train()
+    loss = trainer.compute_loss(model, inputs)
+    trainer.accelerator.backward(loss)
+    norm = trainer.accelerator.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+    trainer.optimizer.step()
+    trainer.lr_scheduler.step()
+    model.zero_grad()
+    return float(loss.detach()), float(norm)
 
 
-def pipeline_seconds(server: VllmServer, publisher: Publisher, model_dir: Path, *, mode: str, updates: int,
-                     prompts: int, group: int, prompt_len: int, completion_len: int) -> float:
-    """Wall-clock of `updates` sample → update → verified-sync rounds; async overlaps the next sampling."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    config = TrainerConfig.model_validate(CONFIG)
-    engine = TorchEngine(model=model, config=config)
-    rng = random.Random(1)
-    batches = [[[rng.randrange(3, 2000) for _ in range(prompt_len)] for _ in range(prompts)] for _ in range(updates)]
-    publisher.push(engine=engine, version=0)
-    started = time.perf_counter()
-    if mode == "sync":
-        for version, batch in enumerate(batches, start=1):
-            samples = _rollouts(server, prompts=batch, group=group, completion_len=completion_len, rng=rng)
-            update(engine, samples, config=config)
-            publisher.push(engine=engine, version=version)
-        return time.perf_counter() - started
-    ready: list[list[Sample]] = []
-    lock = threading.Condition()
-
-    def sample_ahead() -> None:  # staleness 1: batch k+1 is sampled while batch k trains
-        for batch in batches:
-            samples = _rollouts(server, prompts=batch, group=group, completion_len=completion_len, rng=rng)
-            with lock:
-                while len(ready) >= 1:
-                    lock.wait()
-                ready.append(samples)
-                lock.notify_all()
-
-    thread = threading.Thread(target=sample_ahead, daemon=True)
-    thread.start()
-    for version in range(1, updates + 1):
-        with lock:
-            while not ready:
-                lock.wait()
-            samples = ready.pop(0)
-            lock.notify_all()
-        update(engine, samples, config=config)
-        publisher.push(engine=engine, version=version)
-    thread.join()
-    return time.perf_counter() - started
+def measure_trl(model_dir: Path, batches: list[Batch]) -> dict[str, Any]:
+    trainer = _trl_trainer(model_dir, updates=len(batches), group=batches[0].group,
+                           batch_rows=len(batches[0].completions))
+    prepared = [batch.trl_inputs() for batch in batches]
+    with contextlib.redirect_stdout(sys.stderr):  # stdout is for the one JSON object
+        first_loss, first_norm = _trl_update(trainer, prepared[0])  # warm-up, and the same-work check
+        tokens, seconds = 0, 0.0
+        for inputs in prepared[1:]:
+            started = time.perf_counter()
+            _trl_update(trainer, inputs)
+            seconds += time.perf_counter() - started
+            tokens += int(inputs["prompt_mask"].sum() + inputs["completion_mask"].sum())
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "updates": len(prepared) - 1,
+            "first_loss": first_loss, "first_grad_norm": first_norm}
 
 
-def main() -> None:
+def _same_work(ours: list[dict[str, Any]], trl: list[dict[str, Any]]) -> dict[str, Any]:
+    """Equal counted tokens in every pair (else the comparison is void), and the first update's loss
+    and gradient norm on each side."""
+    for a, b in zip(ours, trl, strict=True):
+        if a["tokens"] != b["tokens"] or a["updates"] != b["updates"]:
+            raise SystemExit(f"unequal work in pair {a['pair']}: ours {a['tokens']} tokens in {a['updates']} "
+                             f"updates, TRL {b['tokens']} in {b['updates']}")
+    loss_gap = max(abs(a["first_loss"] - b["first_loss"]) for a, b in zip(ours, trl, strict=True))
+    norm_rel = max(abs(a["first_grad_norm"] - b["first_grad_norm"]) / max(b["first_grad_norm"], 1e-12)
+                   for a, b in zip(ours, trl, strict=True))
+    return {"tokens_per_pair_each_side": ours[0]["tokens"], "updates_per_pair_each_side": ours[0]["updates"],
+            "first_loss": {"ours": ours[0]["first_loss"], "trl": trl[0]["first_loss"], "max_abs_diff": loss_gap},
+            "first_grad_norm": {"ours": ours[0]["first_grad_norm"], "trl": trl[0]["first_grad_norm"],
+                                "max_rel_diff": norm_rel}}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=6, help="Measured updates per trainer (after one warm-up).")
+    parser.add_argument("--pairs", type=int, default=5, help="Interleaved (ours, TRL) measurements.")
+    parser.add_argument("--steps", type=int, default=6, help="Timed updates per measurement (after one warm-up).")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--prompt-len", type=int, default=192)
     parser.add_argument("--completion-len", type=int, default=64)
-    parser.add_argument("--syncs", type=int, default=8)
-    parser.add_argument("--pipeline-updates", type=int, default=6)
-    parser.add_argument("--pipeline-prompts", type=int, default=8)
-    parser.add_argument("--pipeline-group", type=int, default=8)
-    parser.add_argument("--pipeline-completion-len", type=int, default=128)
-    parser.add_argument("--no-pin", dest="pin", action="store_false",
-                        help="Do not give vLLM and the trainer a CPU each in the async/sync comparison.")
-    parser.add_argument("--repeats", type=int, default=3, help="Alternating ours/TRL measurements; medians.")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads for both trainers (on 2 shared cores, 2 threads thrash: 5-10x slower).")
-    args = parser.parse_args()
+    parser.add_argument("--threads", type=int, default=1, help="torch threads, both sides.")
+    args = parser.parse_args(argv)
+    for name in ("pairs", "steps", "prompts", "group", "prompt_len", "completion_len", "threads"):
+        if getattr(args, name) < (2 if name == "group" else 1):
+            parser.error(f"--{name.replace('_', '-')}: expected a positive integer (group ≥ 2), "
+                         f"got {getattr(args, name)}")
     logging.disable(logging.WARNING)
+    warnings.filterwarnings("ignore")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.set_num_threads(args.threads)
     shape = {"prompts": args.prompts, "group": args.group, "prompt_len": args.prompt_len,
              "completion_len": args.completion_len}
-    out: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads()},
-                           "shape": shape}
     with tempfile.TemporaryDirectory() as tmp:
         info = make_tiny_model(out_dir=Path(tmp) / "model", seed=0)
-        out["model"] = {"parameters": info.parameters, "vocab": info.vocab_size}
-        out["update"] = _update_throughput(info.path, args=args, shape=shape)
-        out.update(_served(info.path, Path(tmp), args=args, shape=shape))
-    sys.stdout.write(json.dumps(out, default=lambda v: round(v, 4) if isinstance(v, float) else str(v)) + "\n")
+        batches = build_batches(info.path, count=args.steps + 1, **shape)
+        runs = interleave(pairs=args.pairs, sides={"ours": lambda: measure_ours(info.path, batches),
+                                                   "trl": lambda: measure_trl(info.path, batches)})
+    check = _same_work(runs["ours"], runs["trl"])
+    summary = paired_summary(runs["ours"], runs["trl"], key="tokens_per_s")
+    import trl
 
-
-def _update_throughput(model_dir: Path, *, args: argparse.Namespace, shape: dict[str, int]) -> dict[str, Any]:
-    """Ours and TRL's, alternating (the machine's other load drifts), medians of `repeats` each."""
-    ours, theirs = [], []
-    for _ in range(args.repeats):
-        ours.append(ours_tokens_per_s(model_dir, steps=args.steps, **shape))
-        theirs.append(trl_tokens_per_s(model_dir, steps=args.steps, **shape))
-    ours_median = statistics.median(r["tokens_per_s"] for r in ours)
-    trl_median = statistics.median(r["tokens_per_s"] for r in theirs)
-    return {"ours_tokens_per_s": ours_median, "trl_grpo_tokens_per_s": trl_median,
-            "speedup_vs_trl": round(ours_median / trl_median, 2),
-            "ours_runs": [r["tokens_per_s"] for r in ours], "trl_runs": [r["tokens_per_s"] for r in theirs],
-            "trl_generation_s_per_step": statistics.median(r["generation_s_per_step"] for r in theirs)}
-
-
-def _served(model_dir: Path, tmp: Path, *, args: argparse.Namespace, shape: dict[str, int]) -> dict[str, Any]:
-    import shutil
-
-    served = Path(shutil.copytree(model_dir, tmp / "served"))
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    cpus = sorted(os.sched_getaffinity(0))
-    placement = "shared"
-    if args.pin and len(cpus) >= 2:  # vLLM's OpenMP threads on the first CPU, this process on the second
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(cpus[0])
-        placement = f"vLLM on CPU {cpus[0]}, trainer on CPU {cpus[1]}"
-    with VllmServer(model_dir=served, served_model_name="tiny", max_model_len=1024) as server:
-        if placement != "shared":
-            os.sched_setaffinity(0, {cpus[1]})  # after the start: the server must not inherit it
-        policy = PolicyServer(api_url=server.api_url, base_url=server.base_url, model_name=server.model_name,
-                              model_dir=served)
-        publisher = Publisher(server=policy, syncer=make_weight_syncer("reload", base_url=server.base_url,
-                                                                       model_dir=served),
-                              probe_ids=probe_token_ids(tokenizer))
-        engine = TorchEngine(model=AutoModelForCausalLM.from_pretrained(model_dir),
-                             config=TrainerConfig.model_validate(CONFIG))
-        push, total = [], []
-        for version in range(args.syncs):
-            started = time.perf_counter()
-            report = publisher.push(engine=engine, version=version)
-            push.append(report.seconds)
-            total.append(time.perf_counter() - started)
-        sync = {"push_s_median": statistics.median(push), "push_and_probe_s_median": statistics.median(total),
-                "probe_mean_abs_diff": report.probe.mean_abs_diff, "syncs": args.syncs}
-        pipeline = {"prompts": args.pipeline_prompts, "group": args.pipeline_group, "prompt_len": shape["prompt_len"],
-                    "completion_len": args.pipeline_completion_len}
-        seconds = {mode: pipeline_seconds(server, publisher, model_dir, mode=mode, updates=args.pipeline_updates,
-                                          **pipeline) for mode in ("sync", "async")}
-        publisher.close()
-    return {"weight_sync": sync, "async_vs_sync": {
-        "updates": args.pipeline_updates, "sync_s": seconds["sync"], "async_s": seconds["async"],
-        "speedup": round(seconds["sync"] / seconds["async"], 2), "placement": placement, "shape": pipeline}}
+    out = {
+        "benchmark": "trainer_update_vs_trl_grpo",
+        "command": "bench/trainer.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+                    "trl": trl.__version__, "python": platform.python_version()},
+        "model": {"parameters": info.parameters, "vocab": info.vocab_size},
+        "shape": {**shape, "tokens_per_update": args.prompts * args.group * (args.prompt_len + args.completion_len)},
+        "window": WINDOW,
+        "order": "interleaved in one process: pair 0 ours then TRL, pair 1 TRL then ours, alternating",
+        "speedup": {"metric": "ours tokens/s ÷ TRL tokens/s, per pair", "median": summary["ratio_median"],
+                    "min": summary["ratio_min"], "max": summary["ratio_max"], "per_pair": summary["ratios"],
+                    "pairs": summary["pairs"]},
+        "ours_tokens_per_s_p50": round(summary["a_p50"], 1), "trl_tokens_per_s_p50": round(summary["b_p50"], 1),
+        "ours_tokens_per_s": [round(r["tokens_per_s"], 1) for r in runs["ours"]],
+        "trl_tokens_per_s": [round(r["tokens_per_s"], 1) for r in runs["trl"]],
+        "same_work_check": check,
+    }
+    sys.stdout.write(json.dumps(out) + "\n")
+    return out
 
 
 if __name__ == "__main__":
