@@ -49,11 +49,11 @@ def ls(output: OutputFormat = OutputOption) -> None:
         rows = [_env_json(row) for row in list_environments(session)]
         counts = dict(session.execute(select(Task.environment_name, func.count()).group_by(Task.environment_name)).all())
     if output is OutputFormat.json:
-        print_json([{**row, "tasks": counts.get(row["name"], 0)} for row in rows])
+        print_json([{**row, "tasks": counts.get(str(row["name"]), 0)} for row in rows])
         return
     table = Table("name", "version", "kind", "tasks", "registered")
     for row in rows:
-        table.add_row(safe(row["name"]), str(row["version"]), safe(row["kind"]), str(counts.get(row["name"], 0)),
+        table.add_row(safe(row["name"]), str(row["version"]), safe(row["kind"]), str(counts.get(str(row["name"]), 0)),
                       f"{row['created_at']:%Y-%m-%d %H:%M}")
     console.print(table)
 

@@ -17,7 +17,7 @@ import hashlib
 import posixpath
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
@@ -106,7 +106,7 @@ class SandboxSpec(BaseModel):
     """Open-file limit (soft = hard); clamped to the engine's own hard limit if that is lower."""
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any]) -> SandboxSpec:
+    def from_mapping(cls, data: Mapping[str, Any]) -> Self:
         """Build from a config mapping (environment spec, JSON label)."""
         return cls(**dict(data))
 
