@@ -25,7 +25,15 @@ from task_workers.sandbox import labels as L
 from task_workers.sandbox.backend import ContainerInfo, ExecResult, register_backend
 from task_workers.sandbox.docker_client import docker_api
 from task_workers.sandbox.errors import BackendUnavailable, ImageNotFound, SandboxDead, SandboxError
-from task_workers.sandbox.layout import CONTROL_CAPS, CONTROL_USER, SHM_SIZE, sandbox_env, tmpfs_mounts
+from task_workers.sandbox.layout import (
+    CONTROL_CAPS,
+    CONTROL_USER,
+    SHM_SIZE,
+    is_privileged,
+    privileged_argv,
+    sandbox_env,
+    tmpfs_mounts,
+)
 from task_workers.sandbox.spec import SandboxSpec
 from task_workers.sandbox.stream import ExecStream, StreamTimeout
 
@@ -158,6 +166,8 @@ class DockerBackend:
     ) -> ExecResult:
         # `timeout -k` inside the container: a host-side deadline alone would leave the process running.
         wrapped = ["timeout", "-k", "2", f"{timeout_s:g}", *argv]
+        if is_privileged(user):
+            wrapped = privileged_argv(wrapped)
         stream = self.open_exec(container_id, argv=wrapped, user=user, env={}, workdir=workdir)
         try:
             if stdin:

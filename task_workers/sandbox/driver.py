@@ -80,7 +80,7 @@ if [[ -n $__crucible_src && -r $__crucible_src.env ]]; then  # started empty: un
     cd -- "$__crucible_d" 2>/dev/null
   fi
 else
-  eval "$__crucible_base"  # the driver's environment (HOME, PATH, the spec's variables)
+  eval "$__crucible_base"  # the container's environment (HOME, PATH, the spec's variables)
 fi
 unset __crucible_src __crucible_d __crucible_base
 # `builtin`: a user function named read/eval/printf/pwd/export must not hijack the loop.
@@ -134,7 +134,16 @@ exec {__cmdw}<>"$__ctl/cmd.fifo" {__rcr}<>"$__ctl/rc.fifo" {__zz}<>"$__ctl/sleep
 if __p=$(type -P setpriv); then __as_agent=("$__p" "--reuid=$__uid" "--regid=$__gid" --clear-groups --)
 elif __p=$(type -P chroot); then __as_agent=("$__p" "--userspec=$__uid:$__gid" --groups= --skip-chdir /)
 else exit 74; fi
-export -p >"$__ctl/base.env" && IFS= read -r -d '' __base <"$__ctl/base.env"
+# The agent's environment is the container's (image ENV + the spec's variables), as PID 1 got it;
+# the driver itself runs without it (see layout.privileged_argv).
+__base=
+while IFS= read -r -d '' __kv; do
+  __n=${__kv%%=*}
+  [[ $__kv == *=* && $__n == [A-Za-z_]* && $__n != *[!A-Za-z0-9_]* ]] || continue
+  printf -v __q '%q' "${__kv#*=}"
+  __base+="export $__n=$__q"$'\n'
+done </proc/1/environ
+unset __kv __n __q
 __oomf=
 for __f in /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events; do
   [[ -r $__f ]] && { __oomf=$__f; break; }
@@ -185,7 +194,7 @@ __nap() { read -t "$1" -u "$__zz" __ignored; }  # sleep without a fork: nothing 
 __ensure_ush() {
   if [[ -n $__ush_pid ]]; then kill -0 "$__ush_pid" 2>/dev/null && return 0; wait "$__ush_pid" 2>/dev/null; fi
   __make_room
-  # `env -i`: the user shell restores exactly the checkpointed environment, or the driver's own.
+  # `env -i`: the user shell restores exactly the checkpointed environment, or the container's.
   umask "$__umask0"
   env -i setsid nice -n 19 "${__as_agent[@]}" "$__bin/bash" --noprofile --norc -c "$__ush_src" crucible-shell \
     "$__out" "$__ustate" "$__restore" "$__base" \
@@ -239,7 +248,7 @@ __wait_rc() {  # $1 seq, $2 token, $3 timeout ms -> __rc, __st
       # The host sends nothing while a command runs, so input now means it hung up (its end of the
       # attached stream closed: a SIGKILLed `crucible sandbox exec`, a host that gave up): the command
       # must not outlive the caller that was waiting for it.
-      __kill_ush; exit 0
+      __kill_ush; : >"$__f"; exit 0  # (and its output gives its space back)
     elif part+=$line; ! kill -0 "$__ush_pid" 2>/dev/null; then
       wait "$__ush_pid" 2>/dev/null; __rc=$? __st=exited __ush_pid=
       [[ -n $forged ]] && __st=control_tampered

@@ -30,6 +30,21 @@ SHELL_STATE_PREFIX = "/dev/shm/.crucible-shell"
 # keep them from gaining one. Docker adds these to the bounding set only; a non-root exec gets none.
 CONTROL_USER = "0:0"
 CONTROL_CAPS = ("SETUID", "SETGID", "KILL")
+# What a process of ours that is not the agent's starts with. The container's environment comes from
+# the image and the environment spec, and its PATH may name the agent's own directories (a venv in
+# /workspace, say): a root or keeper process that searched it, or honoured LD_PRELOAD or BASH_ENV,
+# would run the agent's files with our privileges. So: an empty environment, a PATH on the read-only
+# root filesystem, and an absolute argv[0] so that not even the engine searches the container's PATH.
+SAFE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def privileged_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
+    """`argv` for a control or keeper exec: run with a clean environment and a safe PATH."""
+    return ["/usr/bin/env", "-i", f"PATH={SAFE_PATH}", "LANG=C.UTF-8", *argv]
+
+
+def is_privileged(user: str) -> bool:
+    return user in (CONTROL_USER, KEEPER_USER)
 # Owner of the pristine git baseline (written by a keeper exec, read by the agent's reset script):
 # an unprivileged uid that is not the agent's, so the agent cannot change the baseline.
 KEEPER_USER = "65534:65534"

@@ -22,7 +22,7 @@ from enum import StrEnum
 
 from task_workers.sandbox.driver import DRIVER, RESET_PRELUDE, USER_SHELL
 from task_workers.sandbox.errors import SessionError
-from task_workers.sandbox.layout import CAPTURE_DIR, CONTROL_DIR, SHELL_STATE_PREFIX
+from task_workers.sandbox.layout import CAPTURE_DIR, CONTROL_DIR, SHELL_STATE_PREFIX, privileged_argv
 from task_workers.sandbox.stream import ExecStream, StreamClosed, StreamTimeout
 
 log = logging.getLogger(__name__)
@@ -130,11 +130,11 @@ class ShellSession:
         return self._stream is not None and not self._stream.eof
 
     def start(self) -> None:
-        argv = [
+        argv = privileged_argv([  # the driver is root's: nothing of the container's environment reaches it
             "bash", "--noprofile", "--norc", "-c", DRIVER, "crucible-driver", self.nonce,
             str(self._head), str(self._tail), CONTROL_DIR, CAPTURE_DIR, self._restore_from, USER_SHELL,
             self._uid, self._gid, SHELL_STATE_PREFIX, RESET_PRELUDE, str(self._capture_size),
-        ]
+        ])
         self._stream = self._open_stream(argv)
         try:
             reply = self._read_reply(0, deadline=time.monotonic() + self._start_timeout_s)

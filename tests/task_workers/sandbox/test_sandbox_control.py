@@ -132,3 +132,34 @@ def test_a_full_control_tmpfs_is_a_fault_and_fails_the_health_check(sandbox: San
 def test_no_process_of_the_agent_holds_a_capability(sandbox: Sandbox) -> None:
     result = sandbox.step("grep -h '^CapEff' /proc/$$/status /proc/self/status; id -u")
     assert result.stdout == "CapEff:\t0000000000000000\nCapEff:\t0000000000000000\n1000\n"
+
+
+SHIMMED = ("stat", "head", "tail", "timeout", "tar", "cat", "test", "rm", "mkdir", "mkfifo", "install", "mv",
+           "env", "setsid", "nice", "setpriv", "kill", "basename")
+
+
+def test_our_processes_never_run_the_agents_files(backend: SandboxBackend, base_spec: SandboxSpec) -> None:
+    # An environment whose PATH starts in the workspace (a venv, say) and whose BASH_ENV is the
+    # agent's file: every program the root driver, a control exec or a keeper exec runs must still be
+    # the image's own. The shims log who ran them, then run the real program.
+    spec = base_spec.model_copy(update={"env": (("BASH_ENV", "/workspace/env.sh"), ("PATH", "/workspace/bin:/usr/bin:/bin"))})
+    sandbox = create_sandbox(backend=backend, spec=spec)
+    try:
+        # One log per uid (root may not append to the agent's file in sticky /tmp: protected_regular).
+        log = ": >>/tmp/ran-as.$(/usr/bin/id -u)"
+        shim = f'#!/bin/sh\n{log}\nexec /usr/bin/"$(/usr/bin/basename "$0")" "$@"\n'
+        files = {f"bin/{name}": shim.encode() for name in SHIMMED}
+        sandbox.put_files({**files, "env.sh": f"{log}\n".encode()})
+        assert sandbox.step("chmod +x bin/*; cat env.sh").exit_code == 0  # (the agent runs shims: fine)
+        sandbox.step("seq 1 5000")  # output: the driver forks stat, head, tail
+        assert history(sandbox)  # a control exec (tar)
+        sandbox.close_session()
+        sandbox.step("echo new session")  # driver start: mkdir, mkfifo, install, env, setsid, nice, setpriv
+        assert _lease(sandbox)
+        from task_workers.sandbox.reaper import Reaper
+
+        assert Reaper(backend=backend)._read_lease(backend.get(sandbox.container_id)) is not None  # keeper exec
+        ran_as = sandbox.exec(["/usr/bin/ls", "/tmp"], as_keeper=True).output.decode().split()
+        assert [name for name in ran_as if name.startswith("ran-as.")] == ["ran-as.1000"], ran_as
+    finally:
+        sandbox.destroy()
