@@ -66,7 +66,9 @@ def render(snap: dict[str, Any], progress: Progress, tasks: dict[str, Any]) -> G
                            (str(run["policy_version"]), "bold"), f" · {summary['training_steps']} training steps")
     spark = Text.assemble(f"reward by {snap['axis']}  ", (sparkline(snap["reward"]), "green"), f"  mean {mean}")
     reasons = ", ".join(f"{reason} {count}" for reason, count in sorted(snap["termination"].items())) or "–"
-    return Group(header, progress, spark, Text(f"latest terminations: {reasons}", style="dim"))
+    waiting = run.get("waiting_for_trainer")  # a train run with nobody training it says so
+    note = [Text(waiting, style="bold yellow")] if waiting else []
+    return Group(header, *note, progress, spark, Text(f"latest terminations: {reasons}", style="dim"))
 
 
 def _progress() -> tuple[Progress, dict[str, Any]]:
