@@ -59,6 +59,8 @@ def test_the_agent_cannot_write_list_or_delete_the_control_files(sandbox: Sandbo
         f"echo 0 > {CONTROL_DIR}/sessions/*/rc.fifo",
         f"ls {CAPTURE_DIR}/*/",
         f"echo x > {CAPTURE_DIR}/forged",
+        f"dd if=/dev/zero of={CONTROL_DIR}/fill bs=1M count=64",
+        f"dd if=/dev/zero of={CAPTURE_DIR}/fill bs=1M count=64",
         f"rm -rf {CONTROL_DIR}/* {CAPTURE_DIR}/*",
         f"cp /bin/true {CONTROL_DIR}/bin/bash",
     ]
