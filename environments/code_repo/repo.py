@@ -16,9 +16,7 @@ exactly the tree that is graded.
 from __future__ import annotations
 
 import fnmatch
-import io
 import shlex
-import tarfile
 from dataclasses import dataclass
 
 from environments.base import Sandbox
@@ -90,10 +88,12 @@ def install_repo(sandbox: Sandbox, task: CodeRepoTask) -> str:
 
 
 _READ_WORKSPACE = r"""
-ws=$1; shift
+set -o pipefail
+ws=$1 cap=$2; shift 2
 cd "$ws" || { echo "no workspace at $ws" >&2; exit 3; }
 excludes=(); for pattern in "$@"; do excludes+=(--exclude="$pattern"); done
-exec tar -c --numeric-owner "${excludes[@]}" -f - .
+# Capped inside the sandbox: a sparse file of a terabyte must not reach the worker's memory.
+tar -c --numeric-owner "${excludes[@]}" -f - . | head -c "$cap"
 """
 
 
@@ -107,12 +107,13 @@ def read_workspace(sandbox: Sandbox) -> bytes:
     """The agent's files as a tar (no .git, no byproducts), read by the keeper uid, which the agent's
     processes cannot signal or impersonate. Raises SubmissionError when the agent made it unreadable."""
     stop_agent_processes(sandbox)
-    code, data, errors = _exec(sandbox, _READ_WORKSPACE, WORKSPACE, *NOT_SUBMITTED, as_keeper=True)
+    code, data, errors = _exec(sandbox, _READ_WORKSPACE, WORKSPACE, str(MAX_SUBMISSION_BYTES + 1), *NOT_SUBMITTED,
+                               as_keeper=True)
+    if len(data) > MAX_SUBMISSION_BYTES:
+        raise SubmissionError(f"the workspace holds more than {MAX_SUBMISSION_BYTES >> 20} MiB (sparse files count "
+                              "at their full size); expected at most that to grade")
     if code != 0:
         raise SubmissionError(f"the workspace could not be read (tar exited {code}): {errors[-400:]}")
-    if len(data) > MAX_SUBMISSION_BYTES:
-        raise SubmissionError(f"the workspace holds {len(data) >> 20} MiB; expected at most "
-                              f"{MAX_SUBMISSION_BYTES >> 20} MiB to grade")
     return data
 
 
@@ -161,9 +162,9 @@ _LOAD_SUBMISSION = r"""
 set -o pipefail
 ws=$1 base=$2 attributes=$3
 cd "$ws" || exit 3
+printf '%s' "$attributes" > .git/info/attributes || exit 3
 find . -mindepth 1 -maxdepth 1 ! -name .git -exec rm -rf {} + || exit 4
 tar -x --no-same-owner -f - || exit 5
-printf '%s' "$attributes" > .git/info/attributes || exit 6
 """ + GIT + r""" add -A -f >/dev/null || exit 7
 """
 
@@ -172,6 +173,7 @@ def load_submission(sandbox: Sandbox, tree: bytes, *, base: str) -> None:
     """Replace a fresh sandbox's base checkout with the agent's files and stage them, so that the
     index holds exactly base + the agent's change. SubmissionError when the tree cannot be unpacked."""
     code, _, errors = _exec(sandbox, _LOAD_SUBMISSION, WORKSPACE, base, NEUTRAL_ATTRIBUTES, stdin=tree)
+    # Past the first step only the agent's tree is in play: a full disk or an odd tree is its doing.
     if code in (4, 5, 7):
         raise SubmissionError(f"the submitted tree could not be unpacked (step {code}): {errors[-400:]}")
     if code != 0:
@@ -196,26 +198,52 @@ def changed_files(sandbox: Sandbox, *, base: str) -> list[tuple[str, str]]:
     return [(fields[i], fields[i + 1]) for i in range(0, len(fields) - 1, 2)]
 
 
-def base_files(sandbox: Sandbox, paths: list[str], *, base: str) -> dict[str, bytes]:
-    """The base commit's version of `paths` (each must exist in the base), in one `git archive`."""
+@dataclass(frozen=True)
+class Blob:
+    mode: str
+    """git's file mode: 100644, 100755, 120000 (a symbolic link: the data is its target), 160000."""
+    data: bytes
+
+
+def staged_blobs(sandbox: Sandbox, paths: list[str], *, base: str | None = None) -> dict[str, Blob]:
+    """What the grader's index (or, with `base`, the base commit) holds at `paths`: read from git's
+    objects, never from the tree, so links and hard links cannot hide a file's content."""
     if not paths:
         return {}
-    code, data, errors = _exec(sandbox, f"cd {WORKSPACE} && {GIT} archive --format=tar {base} -- \"$@\"", *paths)
+    code, listing, errors = _exec(sandbox, f"cd {WORKSPACE} && {GIT} ls-files -s -z -- \"$@\"" if base is None
+                                  else f"cd {WORKSPACE} && {GIT} ls-tree -r -z {base} -- \"$@\"", *paths)
     if code != 0:
-        raise SetupError(f"git archive: expected exit 0, got {code}: {errors[-400:]}")
-    return tar_files(data, set(paths))
+        raise SetupError(f"git ls-files: expected exit 0, got {code}: {errors[-400:]}")
+    entries = {}  # path -> (mode, sha)
+    for record in listing.decode(errors="surrogateescape").split("\0"):
+        meta, _, path = record.partition("\t")
+        fields = meta.split()
+        if path and len(fields) >= 3 and fields[0] != "160000":  # a submodule link has no blob here
+            entries[path] = (fields[0], fields[1] if base is None else fields[2])
+    if not entries:
+        return {}
+    shas = "".join(f"{sha}\n" for _, sha in entries.values()).encode()
+    code, data, errors = _exec(sandbox, f"cd {WORKSPACE} && {GIT} cat-file --batch", stdin=shas)
+    if code != 0:
+        raise SetupError(f"git cat-file: expected exit 0, got {code}: {errors[-400:]}")
+    blobs, offset = {}, 0
+    for path, (mode, _) in entries.items():
+        header_end = data.index(b"\n", offset)
+        size = int(data[offset:header_end].split()[2])
+        blobs[path] = Blob(mode, data[header_end + 1:header_end + 1 + size])
+        offset = header_end + 1 + size + 1
+    return blobs
 
 
-def tar_files(data: bytes, wanted: set[str]) -> dict[str, bytes]:
-    """The regular files of a tar whose normalised names are in `wanted`."""
-    files = {}
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-        for member in tar:
-            name = member.name.removeprefix("./")
-            if member.isfile() and name in wanted:
-                extracted = tar.extractfile(member)
-                files[name] = extracted.read() if extracted else b""
-    return files
+_MODULES = "import pkgutil, sys; print(*sorted({m.name for m in pkgutil.iter_modules()} | set(sys.builtin_module_names)))"
+
+
+def installed_modules(sandbox: Sandbox) -> frozenset[str]:
+    """The top-level modules the grader's interpreter imports without the workspace (stdlib, packages)."""
+    code, out, errors = _exec(sandbox, f"cd / && python3 -I -c {shlex.quote(_MODULES)}", timeout_s=60)
+    if code != 0:
+        raise SetupError(f"listing installed modules: expected exit 0, got {code}: {errors[-400:]}")
+    return frozenset(out.decode().split())
 
 
 def apply_patch(sandbox: Sandbox, patch: str, *, name: str) -> str | None:

@@ -28,20 +28,21 @@ from core.errors import CrucibleError
 from core.flags import EpisodeFlag
 from environments.base import GraderFault, LayerResult, OpenSandbox, Sandbox, ToolCall, Verdict
 from environments.code_repo import monitors
-from environments.code_repo.grader import run_tests
+from environments.code_repo.grader import collect_test_ids, put_or_reject, run_tests
 from environments.code_repo.repo import (
     WORKSPACE,
+    Blob,
     SetupError,
     SubmissionError,
     apply_patch,
-    base_files,
     changed_files,
     check_git,
     install_repo,
+    installed_modules,
     load_submission,
     read_workspace,
+    staged_blobs,
     staged_diff,
-    tar_files,
 )
 from environments.code_repo.task import DEFAULT_PROTECTED, CodeRepoTask, TestSpec
 from environments.spec import VerifierConfig
@@ -49,6 +50,8 @@ from environments.spec import VerifierConfig
 DEFAULT_WEIGHTS = {"rules": 0.0, "public_tests": 0.0, "hidden_tests": 1.0}
 CONFIG_FILES = {"tox.ini", "setup.cfg", "pyproject.toml"}
 MAX_DIFF_BYTES = 16 << 20
+MAX_INSPECTED_BYTES = 4 << 20
+SYMLINK_MODE = "120000"
 
 
 def verify(
@@ -70,14 +73,15 @@ def _verify(*, sandbox: Sandbox, task: CodeRepoTask, base: str, submitted: bool,
     git = check_git(sandbox, base=base)
     tree = read_workspace(sandbox)
     with open_sandbox() as grader:
+        public = _on_base(grader, task=task, base=base, spec=task.public_tests)
         diff, findings, changed = _submission(grader, task=task, base=base, tree=tree, actions=actions, config=config)
         if git.problems:
             findings.add(EpisodeFlag.GIT_HISTORY_REWRITTEN, "; ".join(git.problems))
         rules = _rules(submitted=submitted, diff=diff, findings=findings, started=started)
         layers = [rules]
-        run_layers = rules.passed or (config.flag_policy != "zero" and submitted and diff.strip())
-        if task.public_tests is not None:
-            layers.append(_layer(grader, task.public_tests, "public_tests", findings, changed) if run_layers
+        run_layers = rules.passed or (config.flag_policy != "zero" and submitted and bool(diff.strip()))
+        if public is not None:
+            layers.append(_layer(grader, public, "public_tests", findings, changed) if run_layers
                           else _not_run("public_tests"))
     if run_layers:
         with open_sandbox() as fresh:
@@ -92,16 +96,25 @@ def _verify(*, sandbox: Sandbox, task: CodeRepoTask, base: str, submitted: bool,
         reward = 0.0
     elif flags and config.flag_policy == "penalize":
         reward -= config.flag_penalty
-    return Verdict(reward=reward, layers=layers, diff=diff, flags=flags)
+    return Verdict(reward=reward, layers=layers, diff=diff.decode(errors="replace"), flags=flags)
+
+
+def _on_base(sandbox: Sandbox, *, task: CodeRepoTask, base: str, spec: TestSpec | None) -> TestSpec | None:
+    """Install the base in `sandbox`; a layer that names no tests gets the ids it collects on the
+    base, so that a submission can neither add tests to pass nor hide the ones that fail."""
+    graded_base = install_repo(sandbox, task)
+    if graded_base != base:
+        raise SetupError(f"the grader's base commit is {graded_base}, the worker recorded {base}")
+    if spec is None or spec.tests:
+        return spec
+    ids = collect_test_ids(sandbox, spec)
+    return spec.model_copy(update={"tests": ids}) if ids else spec
 
 
 def _submission(grader: Sandbox, *, task: CodeRepoTask, base: str, tree: bytes, actions: Sequence[ToolCall],
-                config: VerifierConfig) -> tuple[str, monitors.Findings, frozenset[str]]:
-    """Base + the agent's files in `grader`; the diff, everything the monitors found in it, and the
-    paths the agent changed."""
-    graded_base = install_repo(grader, task)
-    if graded_base != base:
-        raise SetupError(f"the grader's base commit is {graded_base}, the worker recorded {base}")
+                config: VerifierConfig) -> tuple[bytes, monitors.Findings, frozenset[str]]:
+    """Load the agent's files over the base in `grader`; the diff, everything the monitors found in
+    it, and the paths the agent changed."""
     load_submission(grader, tree, base=base)
     raw = staged_diff(grader, base=base)
     if len(raw) > MAX_DIFF_BYTES:
@@ -110,20 +123,31 @@ def _submission(grader: Sandbox, *, task: CodeRepoTask, base: str, tree: bytes, 
     protected = [*(config.protected_paths if config.protected_paths is not None else DEFAULT_PROTECTED),
                  *task.protected_paths]
     pythonpath = [*(task.hidden_tests.pythonpath), *(task.public_tests.pythonpath if task.public_tests else [])]
-    findings = monitors.inspect_paths(changes, protected=protected, pythonpath=pythonpath)
-    inspected = [path for status, path in changes if path.endswith(".py") or path.rsplit("/", 1)[-1] in CONFIG_FILES]
-    new = tar_files(tree, {path for status, path in changes if status != "D" and path in inspected})
-    old = base_files(grader, [path for status, path in changes if status != "A" and path in inspected], base=base)
-    for path in inspected:
-        if path.endswith(".py") and path in new:
-            findings.merge(monitors.inspect_python(path, new=new[path], old=old.get(path)))
-        elif not path.endswith(".py"):
-            findings.merge(monitors.inspect_config(path, new=new.get(path), old=old.get(path)))
-    findings.merge(monitors.inspect_actions(actions))
-    return raw.decode(errors="replace"), findings, frozenset(path for _, path in changes)
+    # Contents come from git's objects (the index, the base commit), never from the tree: a link
+    # or a hard link cannot show the monitors one file and the interpreter another.
+    new = staged_blobs(grader, [path for status, path in changes if status != "D"])
+    old = staged_blobs(grader, [path for status, path in changes if status != "A"], base=base)
+    try:
+        findings = monitors.inspect_paths(changes, protected=protected, pythonpath=pythonpath,
+                                          installed=installed_modules(grader))
+        for path, blob in new.items():
+            if blob.mode == SYMLINK_MODE:
+                findings.add(EpisodeFlag.RESULT_FORGING, f"{path}: adds a symbolic link (to {blob.data[:100]!r})")
+            elif path.rsplit("/", 1)[-1] in CONFIG_FILES:
+                findings.merge(monitors.inspect_config(path, new=blob.data, old=_data(old.get(path))))
+            elif len(blob.data) <= MAX_INSPECTED_BYTES:  # any file that parses as Python is read as Python
+                findings.merge(monitors.inspect_python(path, new=blob.data, old=_data(old.get(path))))
+        findings.merge(monitors.inspect_actions(actions))
+    except Exception as error:  # hostile input the monitors choke on is the agent's doing, never a crash
+        raise SubmissionError(f"the monitors could not read the change ({type(error).__name__}: {error})") from None
+    return raw, findings, frozenset(path for _, path in changes)
 
 
-def _rules(*, submitted: bool, diff: str, findings: monitors.Findings, started: float) -> LayerResult:
+def _data(blob: Blob | None) -> bytes | None:
+    return None if blob is None else blob.data
+
+
+def _rules(*, submitted: bool, diff: bytes, findings: monitors.Findings, started: float) -> LayerResult:
     problems = []
     if not submitted:
         problems.append("no submission")
@@ -146,21 +170,33 @@ def _layer(sandbox: Sandbox, spec: TestSpec, name: str, findings: monitors.Findi
     return LayerResult(name, run.score, run.passed, run.detail, time.monotonic() - started)
 
 
-def _hidden(fresh: Sandbox, *, task: CodeRepoTask, base: str, tree: bytes, diff: str,
+def _hidden(fresh: Sandbox, *, task: CodeRepoTask, base: str, tree: bytes, diff: bytes,
             findings: monitors.Findings, changed: frozenset[str]) -> LayerResult:
-    """The hidden tests in a second fresh sandbox: base + the same files, checked to give the same diff."""
+    """The hidden tests in a second fresh sandbox: base + the same files, checked to give the same diff
+    byte for byte; the test ids of a layer that names none are collected on base + the test files."""
     started = time.monotonic()
     spec = task.hidden_tests
-    install_repo(fresh, task)
+    if spec.tests:
+        install_repo(fresh, task)
+    else:
+        _on_base(fresh, task=task, base=base, spec=None)
+        if apply_patch(fresh, spec.patch or "", name="test patch") is None:
+            _add_test_files(fresh, spec)
+            ids = collect_test_ids(fresh, spec)
+            spec = spec.model_copy(update={"tests": ids}) if ids else spec
     load_submission(fresh, tree, base=base)
-    if staged_diff(fresh, base=base).decode(errors="replace") != diff:
+    if staged_diff(fresh, base=base) != diff:
         raise SetupError("the hidden-test sandbox's tree differs from the graded diff")
     conflict = apply_patch(fresh, spec.patch or "", name="test patch")
     if conflict:
         return LayerResult("hidden_tests", 0.0, False, conflict, time.monotonic() - started)
-    if spec.files:
-        fresh.put_files({f"{WORKSPACE}/{path}": content.encode() for path, content in spec.files.items()})
+    _add_test_files(fresh, spec)
     return _layer(fresh, spec, "hidden_tests", findings, changed)
+
+
+def _add_test_files(sandbox: Sandbox, spec: TestSpec) -> None:
+    if spec.files:
+        put_or_reject(sandbox, {f"{WORKSPACE}/{path}": content.encode() for path, content in spec.files.items()})
 
 
 def _not_run(name: str) -> LayerResult:
