@@ -49,7 +49,7 @@ async def _spooled_upload(request: Request) -> BinaryIO:
 
 
 @router.post("/v1/environments/{name}/tasks", status_code=201, response_model=TasksImported, openapi_extra=UPLOAD_BODY,
-             responses={413: ERROR_RESPONSES[422] | {"description": "The upload is too large."}})
+             responses={413: ERROR_RESPONSES[413] | {"description": "The upload is larger than CRUCIBLE_API_MAX_UPLOAD_BYTES."}})
 @streamed_upload
 async def upload_tasks(
     name: EnvironmentName, request: Request, session: SessionDep,

@@ -28,8 +28,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: _described("The body cannot be parsed (not UTF-8 JSON, a broken multipart form)."),
     401: _described("No token, or an unknown or revoked one."),
     404: _described("The id names nothing."),
-    422: _described("A parameter or body field is invalid."),
-    503: _described("The database does not answer."),
+    413: _described("The body is larger than CRUCIBLE_API_MAX_BODY_BYTES (uploads: CRUCIBLE_API_MAX_UPLOAD_BYTES)."),
+    422: _described("A parameter or body field is invalid, or the body breaks a limit (nesting, encoding, size)."),
+    503: _described("The database does not answer, or the server is at CRUCIBLE_API_MAX_CONNECTIONS."),
 }
 MUTATION_RESPONSES: dict[int | str, dict[str, Any]] = {
     **ERROR_RESPONSES, 409: _described("The resource's state does not allow it."),
