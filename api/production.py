@@ -28,7 +28,3 @@ def check_ready_to_serve(session: Session, settings: Settings) -> None:
     except Unauthorized as error:
         raise ConfigError(f"CRUCIBLE_API_TOKEN: expected a live API token in production, got one that is not "
                           f"({error})") from None
-
-
-def is_production(settings: Settings) -> bool:
-    return settings.environment == "production"

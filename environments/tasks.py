@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
@@ -19,6 +19,9 @@ from sqlalchemy.orm import Session
 from core.errors import ConfigError
 from core.models import Task
 from environments.service import get_environment
+
+if TYPE_CHECKING:
+    from environments.code_repo.importing import TaskRecord
 
 TaskFormat = Literal["crucible", "swebench"]
 
@@ -29,7 +32,7 @@ def _check_kind(session: Session, environment: str) -> None:
         raise ConfigError(f"environment {environment!r} is a {env.kind} environment; only code_repo imports tasks yet")
 
 
-def _store(session: Session, *, environment: str, records: Iterable) -> int:  # type: ignore[type-arg]
+def _store(session: Session, *, environment: str, records: Iterable[TaskRecord]) -> int:
     count = 0
     for record in records:
         statement = insert(Task).values(

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from core.config_files import DataLimitError, check_data
 from core.errors import ConfigError
 from environments.code_repo.snapshot import (
+    MAX_SNAPSHOT_BYTES,
     RepoSnapshot,
     check_snapshot,
     pack_directory,
@@ -41,6 +42,8 @@ MAX_ID_CHARS = 256
 MAX_SPLIT_CHARS = 64
 MAX_INSTRUCTION_CHARS = 256 * 2**10
 MAX_LINE_DEPTH = 16
+MAX_LINE_STRING = MAX_SNAPSHOT_BYTES * 4 // 3 + 4
+"""The longest string a line may hold: a base64 repository archive at its own limit."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ def json_lines(lines: Iterable[str], *, source: str) -> Iterator[tuple[int, str,
         if not isinstance(data, dict):
             raise ConfigError(f"{where}: expected a JSON object, got {type(data).__name__}")
         try:
-            check_data(data, source=where, max_depth=MAX_LINE_DEPTH)
+            check_data(data, source=where, max_depth=MAX_LINE_DEPTH, max_string=MAX_LINE_STRING)
         except DataLimitError as error:
             raise ConfigError(str(error)) from None
         yield number, where, data

@@ -115,6 +115,15 @@ def test_show_elides_the_repo_tarball_unless_asked(client: TestClient, calc: str
         assert tar.getnames() == ["calc.py"]
 
 
+def test_an_upload_larger_than_memory_spooling_is_read_from_disk(client: TestClient, calc: str, repo: Path) -> None:
+    (repo / "blob.bin").write_bytes(os.urandom(1_500_000))  # incompressible: the upload passes 1 MiB
+    body = "\n".join(_line(repo, f"t{i}") for i in range(2))
+    assert len(body) > 2**21
+    response = _upload(client, calc, body)
+    assert response.status_code == 201, response.text[:300]
+    assert response.json()["imported"] == 2
+
+
 def test_tasks_are_paged_by_id(client: TestClient, calc: str, repo: Path) -> None:
     _upload(client, calc, "\n".join(_line(repo, f"t{i}") for i in range(5)))
     seen, cursor = [], None
