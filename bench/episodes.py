@@ -166,7 +166,8 @@ class InOrderTrainer:
 
     def _next_batch(self, session: Any, cursor: int) -> list[EpisodeGroup] | None:
         groups = session.execute(
-            select(EpisodeGroup).where(EpisodeGroup.run_id == self.run_id, EpisodeGroup.group_index >= cursor)
+            select(EpisodeGroup).where(EpisodeGroup.run_id == self.run_id, EpisodeGroup.group_index >= cursor,
+                                       EpisodeGroup.status != GroupStatus.DROPPED)
             .order_by(EpisodeGroup.group_index).limit(self.batch_size)
         ).scalars().all()
         if len(groups) < self.batch_size or any(g.status != GroupStatus.COMPLETE for g in groups):
@@ -182,13 +183,13 @@ class InOrderTrainer:
                     session.rollback()
                     time.sleep(0.01)
                     continue
-                cursor = groups[-1].group_index + 1
                 stale = [g for g in groups if version - g.policy_version > self.bound]
                 for group in stale:  # as the real trainer does: never learn from samples past the bound
                     group.status = GroupStatus.DROPPED
                 self.dropped += len(stale)
                 if stale:
-                    continue  # the rest waits for the next batch, still in dispatch order
+                    continue  # the rest joins the next batch, still in dispatch order (replacements come last)
+                cursor = groups[-1].group_index + 1
                 self.staleness += [version - g.policy_version for g in groups]
                 self.task_order += [g.task_id for g in groups]
                 started = time.monotonic()

@@ -64,3 +64,23 @@ def test_the_stand_in_trainer_waits_for_the_next_group_in_dispatch_order(db_sess
     db_session.commit()
     assert [g.group_index for g in trainer._next_batch(db_session, 0)] == [0, 1]
     assert [g.group_index for g in trainer._next_batch(db_session, 2)] == [2, 3]
+
+
+def test_a_stale_group_is_dropped_and_the_rest_stay_in_dispatch_order(db_session: Session) -> None:
+    """The drop rule is the real trainer's; dropping must not skip the batch's fresh groups. The
+    stand-in's own loop, on the database, with bound 0 so a group sampled before update 1 is stale after."""
+    from bench.episodes import InOrderTrainer
+
+    run = make_run(db_session, model="/models/none", group_size=1, batch_size=2)
+    env, task = make_environment(db_session)
+    for index, version in enumerate([0, 0, 0, 1, 1]):
+        db_session.add(EpisodeGroup(run_id=run.id, group_index=index, task_id=task.id, environment_id=env.id,
+                                    size=1, policy_version=version, status="complete"))
+    db_session.commit()
+    trainer = InOrderTrainer(run_id=run.id, batch_size=2, bound=0, step_s=0.0, updates=2)
+    trainer.run()
+    db_session.expire_all()
+    rows = db_session.query(EpisodeGroup).filter(EpisodeGroup.run_id == run.id).order_by(EpisodeGroup.group_index)
+    assert [(g.status, g.consumed_step) for g in rows] == [
+        ("consumed", 1), ("consumed", 1), ("dropped", None), ("consumed", 2), ("consumed", 2)]
+    assert trainer.dropped == 1 and trainer.staleness == [0, 0, 0, 0]
