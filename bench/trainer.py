@@ -224,9 +224,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--threads", type=int, default=1, help="torch threads, both sides.")
     args = parser.parse_args(argv)
     for name in ("pairs", "steps", "prompts", "group", "prompt_len", "completion_len", "threads"):
-        if getattr(args, name) < (2 if name == "group" else 1):
-            parser.error(f"--{name.replace('_', '-')}: expected a positive integer (group ≥ 2), "
-                         f"got {getattr(args, name)}")
+        least = 2 if name == "group" else 1  # a group of one has no relative advantage
+        if getattr(args, name) < least:
+            parser.error(f"--{name.replace('_', '-')}: expected an integer ≥ {least}, got {getattr(args, name)}")
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
