@@ -43,6 +43,10 @@ QUIET = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
 @dataclass(frozen=True)
 class DemoSettings:
     rl_minutes: float = 5.0
+    rl_steps: int | None = None
+    """Stop the RL phase after this many trainer steps (before the minutes run out); None: the minutes."""
+    vllm_startup_s: float = 240.0
+    """How long vLLM may take to answer /health (a loaded machine needs more)."""
     sft_steps: int = 1000
     seed: int = 0
     workdir: Path | None = None
@@ -164,6 +168,15 @@ def register(settings: DemoSettings) -> dict[str, int]:
     return {"train": len(train), "test": len(test)}
 
 
+def _die_with_parent() -> None:
+    """In a child before exec: SIGTERM it when the demo dies, even by SIGKILL (`__exit__` never runs
+    then, and a worker, controller or trainer left behind would keep a machine busy for nothing)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+
+
 @dataclass
 class Processes:
     """vLLM, one task worker and the controller, started in that order and always stopped."""
@@ -173,13 +186,14 @@ class Processes:
     console: Console
     children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     server: Any = None
+    startup_timeout_s: float = 240.0
 
     def __enter__(self) -> Processes:
         from trainer.serving import VllmServer
 
         started = _stage(self.console, "vLLM on CPU serving the warmed-up model")
         self.server = VllmServer(model_dir=self.served_dir, served_model_name="policy", max_model_len=1024,
-                                 log_path=self.workdir / "logs" / "vllm.log")
+                                 log_path=self.workdir / "logs" / "vllm.log", startup_timeout_s=self.startup_timeout_s)
         self.server.start()
         self.console.print(f"  {self.server.api_url} healthy after {time.monotonic() - started:.0f} s")
         env = {"CRUCIBLE_POLICY_URL": self.server.api_url, "CRUCIBLE_POLICY_TOKENIZER": str(self.served_dir),
@@ -191,7 +205,8 @@ class Processes:
     def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         log = (self.workdir / "logs" / f"{name}.log").open("ab")
         self.children[name] = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=log,
-                                               stderr=subprocess.STDOUT, start_new_session=True)
+                                               stderr=subprocess.STDOUT, start_new_session=True,
+                                               preexec_fn=_die_with_parent)
         self.console.print(f"  started {name} (pid {self.children[name].pid}, log {log.name})")
 
     def check_alive(self) -> None:
@@ -296,8 +311,10 @@ def _step_rows(run_id: int, after: int) -> list[tuple[int, dict[str, Any]]]:
     return [(step, dict(values)) for step, values in rows]
 
 
-def watch_training(procs: Processes, *, run_id: int, minutes: float, console: Console) -> list[dict[str, Any]]:
-    """Print each step as it lands until the budget is spent; then stop the run and the trainer."""
+def watch_training(procs: Processes, *, run_id: int, minutes: float, console: Console,
+                   max_steps: int | None = None) -> list[dict[str, Any]]:
+    """Print each step as it lands until the budget (minutes, or `max_steps` steps) is spent; then stop
+    the run and the trainer."""
     from controller.runs import stop_run
     from core.db import session_scope
 
@@ -305,7 +322,7 @@ def watch_training(procs: Processes, *, run_id: int, minutes: float, console: Co
     console.print("  step  success  reward  groups  dropped  mismatch_kl  tok/s   sync_s  elapsed")
     curve: list[dict[str, Any]] = []
     last = 0
-    while time.monotonic() - started < minutes * 60:
+    while time.monotonic() - started < minutes * 60 and (max_steps is None or len(curve) < max_steps):
         procs.check_alive()
         if procs.children["trainer"].poll() is not None:
             raise RuntimeError(f"the trainer exited early; see {procs.workdir}/logs/trainer.log")
@@ -342,12 +359,16 @@ def demo(
     workdir: Path | None = typer.Option(None, help="Default: <data dir>/demo/<timestamp>."),
 ) -> None:
     """Watch a tiny model learn a multi-turn tool task with real RL (about 15 minutes on 2 cores)."""
+    settings = DemoSettings(rl_minutes=rl_minutes, sft_steps=sft_steps, seed=seed, workdir=workdir)
+    run_demo(settings, console=default_console)
+
+
+def run_demo(settings: DemoSettings, *, console: Console) -> dict[str, Any]:
+    """Every stage of the demo with these settings; returns what it writes to result.json."""
     import shutil
 
-    console = default_console
     for name, value in QUIET.items():  # for this process and every one it starts
         os.environ.setdefault(name, value)
-    settings = DemoSettings(rl_minutes=rl_minutes, sft_steps=sft_steps, seed=seed, workdir=workdir)
     began = time.monotonic()
     path = prepare(settings, console=console)
     warm = warm_up(settings, workdir=path, console=console)
@@ -356,10 +377,11 @@ def demo(
     served = path / "served"
     shutil.copytree(warm, served, dirs_exist_ok=True)
     (path / "logs").mkdir(exist_ok=True)
-    with Processes(workdir=path, served_dir=served, console=console) as procs:
+    with Processes(workdir=path, served_dir=served, console=console, startup_timeout_s=settings.vllm_startup_s) as procs:
         before = evaluate(procs, settings=settings, model=str(served), label="before", console=console)
         run_id = launch_training(procs, settings=settings, model=str(warm))
-        curve = watch_training(procs, run_id=run_id, minutes=settings.rl_minutes, console=console)
+        curve = watch_training(procs, run_id=run_id, minutes=settings.rl_minutes, console=console,
+                               max_steps=settings.rl_steps)
         after = evaluate(procs, settings=settings, model=str(served), label="after", console=console)
     result = {"run_id": run_id, "held_out_success_before": before, "held_out_success_after": after,
               "delta_points": round(100 * (after - before), 1), "minutes": round((time.monotonic() - began) / 60, 1),
@@ -368,3 +390,4 @@ def demo(
     console.print(f"\n[bold]held-out success: {before:.0%} → {after:.0%} ({result['delta_points']:+.1f} points)[/] "
                   f"in {result['minutes']} min. Run {run_id} stays in the store (`crucible run show {run_id}`); "
                   f"curve and numbers in {path / 'result.json'}")
+    return result
