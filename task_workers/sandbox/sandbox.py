@@ -5,10 +5,13 @@
     sandbox.reset()                                     # ResetFailed -> destroy and replace
     sandbox.destroy(reason="done")                      # idempotent
 
-Death policy: if the shell's driver dies mid-step (the agent ran `kill -9 -1`, the OOM killer chose
-it) and the container still runs, a new session starts at once from the last checkpoint (cwd and
-exported variables) and the step reports exit 137 with a note; only a container that is gone or
-cannot start a process gives `sandbox_dead` (and marks the sandbox unhealthy, so pools retire it).
+Death policy: the agent can kill its own shell (the driver restarts it, see driver.py) but not the
+driver, which is root's. If the driver dies mid-step anyway (the OOM killer chose it) and the
+container still runs, a new session starts at once from the last checkpoint (cwd and exported
+variables) and the step reports exit 137 with a note; only a container that is gone or cannot start
+a process gives `sandbox_dead` (and marks the sandbox unhealthy, so pools retire it). A control
+channel that is full or was tampered with gives `sandbox_dead` / `control_fault` and marks it
+unhealthy too (see shell.step_result).
 """
 
 from __future__ import annotations
