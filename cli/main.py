@@ -10,6 +10,7 @@ from cli import db, environments, episodes, services, tokens
 from cli import open as open_
 from cli.console import CrucibleGroup, readable_errors, set_debug
 from cli.controller import controller, runs_app
+from cli.cost import cost
 from cli.doctor import doctor
 from cli.follow import follow
 from cli.images import app as images_app
@@ -37,6 +38,7 @@ app.add_typer(episodes.app, name="episodes")
 app.add_typer(tokens.app, name="token")
 app.command("open")(open_.open_)
 runs_app.command("follow")(follow)
+runs_app.command("cost")(cost)
 app.command()(doctor)
 app.command()(services.api)
 app.command()(services.worker)

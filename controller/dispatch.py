@@ -28,7 +28,7 @@ from controller.progress import RunProgress, run_progress
 from controller.runs import ACTIVE_STATUSES, finish_run, get_run
 from core.models import Environment, Episode, EpisodeGroup, Run
 from core.schemas import RunConfig
-from core.termination import EpisodeStatus, RunStatus
+from core.termination import EpisodeStatus, GroupStatus, RunStatus
 from environments.spec import Limits
 
 
@@ -90,7 +90,7 @@ def create_group(session: Session, *, run: Run, config: RunConfig, settings: Con
     now = database_now(session)
     group = EpisodeGroup(
         run_id=run.id, group_index=index, task_id=pick.task_id, environment_id=pick.environment.id,
-        size=run.group_size, policy_version=run.policy_version, status="running",
+        size=run.group_size, policy_version=run.policy_version, status=GroupStatus.RUNNING,
     )
     session.add(group)
     session.flush()

@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from core.models import Environment, Episode, EpisodeGroup, Run, RunEnvironment
+from core.termination import GroupStatus
 
-
-class GroupStatus(StrEnum):
-    RUNNING = "running"  # dispatched, some episode still pending or running
-    COMPLETE = "complete"  # every episode ended; waiting for the trainer
-    CONSUMED = "consumed"  # trained on
-    DROPPED = "dropped"  # the trainer discarded it (zero variance, too stale)
+__all__ = ["GroupStatus", "RunProgress", "describe_run", "run_progress"]
 
 
 @dataclass(frozen=True)
@@ -71,7 +66,7 @@ def describe_run(session: Session, run: Run, *, detail: bool = False) -> dict[st
     view: dict[str, Any] = {
         "id": run.id, "name": run.name, "status": run.status, "purpose": run.purpose, "model": run.model,
         "mode": run.mode, "group_size": run.group_size, "batch_size": run.batch_size,
-        "max_staleness": run.max_staleness, "policy_version": run.policy_version,
+        "max_staleness": run.max_staleness, "policy_version": run.policy_version, "sync_error": run.sync_error,
         "environments": [
             {"name": env.name, "version": env.version, "kind": env.kind, "weight": weight}
             for env, weight in run_environments(session, run_id=run.id)

@@ -35,8 +35,14 @@ def resolve_config(config: RunConfig, pinned: list[Environment]) -> RunConfig:
         for share, env in zip(config.environments, pinned, strict=True)
     ]
     inflight = config.max_inflight_groups or (staleness + 1) * config.batch_size
+    # Normalisation is decided for the run (how many environments it mixes), never per batch.
+    loss = config.trainer.loss
+    normalization = loss.normalization_for(environments=len(pinned))
+    trainer = config.trainer.model_copy(
+        update={"loss": loss.model_copy(update={"normalize_rewards_per_environment": normalization})})
     return config.model_copy(
-        update={"environments": shares, "max_staleness": staleness, "max_inflight_groups": inflight}
+        update={"environments": shares, "max_staleness": staleness, "max_inflight_groups": inflight,
+                "trainer": trainer}
     )
 
 

@@ -44,6 +44,15 @@ class EpisodeStatus(StrEnum):
     CANCELLED = "cancelled"
 
 
+class GroupStatus(StrEnum):
+    """Where a GRPO group is in its life: the one spelling controller, workers, trainer and API share."""
+
+    RUNNING = "running"  # dispatched, some episode still pending or running
+    COMPLETE = "complete"  # every episode ended; waiting for the trainer
+    CONSUMED = "consumed"  # trained on
+    DROPPED = "dropped"  # the trainer discarded it (zero variance, too stale, non-finite loss)
+
+
 class RunStatus(StrEnum):
     PENDING = "pending"
     RUNNING = "running"

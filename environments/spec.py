@@ -13,11 +13,16 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from core.config_files import load_model_file, parse_model
+from core.errors import ConfigError
+from core.schemas.sandbox import SandboxSpec, describe_errors
+
+SANDBOX_IMAGE_PLACEHOLDER = "crucible/placeholder:validate"
+"""The sandbox section has no image of its own (the spec's `image` is resolved at build time)."""
 
 
 class Limits(BaseModel):
@@ -44,8 +49,14 @@ class VerifierConfig(BaseModel):
 
     weights: dict[str, float] = Field(default_factory=dict)
     """Reward = sum of weight * layer score. Layers not named get weight 0 (logged, not rewarded)."""
-    hidden_tests_in_fresh_sandbox: bool = True
-    """Grade the submitted diff in a new sandbox so the agent cannot tamper with its grader."""
+    protected_paths: list[str] | None = Field(default=None, max_length=1000)
+    """Globs the agent may not change (code_repo); None: the kind's defaults (tests, conftest.py,
+    runner configuration, runner-shadowing modules, .gitattributes). A task may add more."""
+    flag_policy: Literal["zero", "penalize", "record"] = "zero"
+    """What a hack-monitor flag costs: `zero` the reward (the test layers do not run), `penalize`
+    (subtract `flag_penalty` from the reward), or `record` it only."""
+    flag_penalty: float = Field(default=1.0, ge=0, le=100)
+    """Subtracted from a flagged episode's reward under `flag_policy: penalize`."""
 
 
 class EnvironmentSpec(BaseModel):
@@ -54,20 +65,34 @@ class EnvironmentSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=128, pattern=r"^[a-z0-9][a-z0-9._-]*$")
-    kind: str = Field(min_length=1)
+    kind: str = Field(min_length=1, max_length=64)
     """Environment kind from the registry (`code_repo`, …); also the Celery queue its episodes use."""
-    description: str = ""
-    image: str = "code-repo"
-    sandbox: dict[str, Any] = Field(default_factory=dict)
-    """Sandbox limits (cpus, memory, pids, workspace size…), validated by the sandbox spec."""
-    tools: list[str] | None = None
+    description: str = Field(default="", max_length=4096)
+    image: str = Field(default="code-repo", min_length=1, max_length=256)
+    sandbox: dict[str, Any] = Field(default_factory=dict, max_length=64)
+    """Sandbox limits (cpus, memory, pids, workspace size…), validated against the sandbox spec here,
+    at submission, so a bad value is refused at registration rather than by every episode's worker."""
+    tools: list[Annotated[str, Field(min_length=1, max_length=128)]] | None = Field(default=None, max_length=256)
     """Subset of the kind's tools to offer; None offers all of them."""
     limits: Limits = Field(default_factory=Limits)
     verifier: VerifierConfig = Field(default_factory=VerifierConfig)
-    system_prompt: str | None = None
-    tool_parser: str = "hermes"
+    system_prompt: str | None = Field(default=None, max_length=256 * 1024)
+    tool_parser: str = Field(default="hermes", max_length=64)
     """How tool calls are read out of completion text (environments.parsing.PARSERS). The token-in
     completions API that keeps prompts token-exact bypasses vLLM's own tool parsers, so the worker parses."""
+
+    @field_validator("sandbox")
+    @classmethod
+    def _sandbox_is_valid(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if "image" in value:
+            raise ValueError(f"expected no image here (the spec's `image` field names it), got {value['image']!r}")
+        try:
+            SandboxSpec(image=SANDBOX_IMAGE_PLACEHOLDER, **value)
+        except ValidationError as error:
+            raise ValueError(describe_errors(error)) from None
+        except TypeError as error:  # a non-string key cannot be a field name
+            raise ValueError(f"expected field names as keys, got {error}") from None
+        return value
 
     @model_validator(mode="after")
     def _parser_is_known(self) -> EnvironmentSpec:
@@ -88,6 +113,18 @@ class EnvironmentSpec(BaseModel):
     def content_hash(self) -> str:
         canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def check_network_policy(spec: EnvironmentSpec, *, allowed: list[str]) -> None:
+    """At submission: a sandbox may join a named network only if the operator listed it
+    (CRUCIBLE_SANDBOX_NETWORKS). Checked at registration, not on every parse of a stored spec."""
+    network = str(spec.sandbox.get("network", "none"))
+    if network == "none" and not spec.sandbox.get("allow_network"):
+        return
+    if network not in allowed:
+        listed = ", ".join(allowed) if allowed else "none: CRUCIBLE_SANDBOX_NETWORKS is unset"
+        raise ConfigError(f"sandbox.network: expected a network the operator allows ({listed}), got {network!r}"
+                          + (" with allow_network" if spec.sandbox.get("allow_network") else ""))
 
 
 def parse_spec(data: Any, *, source: str = "environment spec") -> EnvironmentSpec:

@@ -1,7 +1,7 @@
 """Rewards → scores → group-relative advantages.
 
     shaped = shaped_reward(sample, loss=cfg)             # reward + DAPO overlong penalty
-    normalize_per_environment(groups, mode="auto")       # z-score per environment when a batch mixes them
+    normalize_per_environment(groups, mode="on")         # z-score per environment (the run's mode)
     assign_advantages(groups, scale_by_std=False)        # A_i = s_i − mean(s) [ / std(s) ]
 
 One advantage per episode, broadcast to every token it sampled (uniform credit over its turns).
@@ -46,13 +46,16 @@ def has_variance(scores: list[float]) -> bool:
 
 def normalize_per_environment(groups: list[Group], *, mode: str) -> dict[str, tuple[float, float]]:
     """z-score every sample's score within its environment across the batch, so an environment with
-    large or shifted rewards does not dominate the gradient. `mode`: auto (only when the batch mixes
-    environments), on, off. Returns each environment's (mean, std) before normalising."""
+    large or shifted rewards does not dominate the gradient. `mode`: on or off, decided once for the
+    run (LossConfig.normalization_for), never by what one batch holds. Returns each environment's
+    (mean, std) before normalising."""
+    if mode not in ("on", "off"):
+        raise ValueError(f"normalization mode: expected 'on' or 'off' (resolved per run), got {mode!r}")
     by_env: dict[str, list[Sample]] = defaultdict(list)
     for group in groups:
         for sample in group.samples:
             by_env[sample.environment].append(sample)
-    if mode == "off" or (mode == "auto" and len(by_env) < 2):
+    if mode == "off":
         return {}
     stats = {}
     for env, samples in by_env.items():

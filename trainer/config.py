@@ -2,113 +2,20 @@
 
     config = trainer_config(run.config.get("trainer", {}))   # ConfigError naming the field on a bad value
 
-Defaults follow the "Recommended design" of the research notes (research/trainer.md): DAPO
-token-level aggregation with clip-higher, Dr. GRPO advantages (no std scaling), decoupled
-correction with a truncated importance weight, no KL.
+The schema lives in `core.schemas.trainer` so that a run config is refused at submission (API/CLI)
+for a bad trainer value, not when the trainer starts.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from core.config_files import parse_model
+from core.schemas.trainer import DeepSpeedConfig, LoraConfig, LossConfig, OptimizerConfig, TrainerConfig
 
-from core.errors import ConfigError
-
-
-class LossConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    clip_low: float = Field(default=0.2, ge=0.0, lt=1.0)
-    """PPO clip below 1 on u = π_θ/π_prox (DAPO's ε_low)."""
-    clip_high: float = Field(default=0.28, ge=0.0)
-    """PPO clip above 1 (DAPO's clip-higher ε_high): leaves room for rare tokens to grow."""
-    tis_cap: float = Field(default=2.0, gt=0.0)
-    """Truncated importance weight min(π_prox/π_behav, cap): vLLM-vs-trainer and staleness correction."""
-    kl_beta: float = Field(default=0.0, ge=0.0)
-    """Weight of the k3 KL to the frozen initial policy; 0 keeps no reference model at all."""
-    scale_advantages_by_std: bool = False
-    """GRPO's (R − mean)/std; off gives Dr. GRPO's unbiased R − mean."""
-    normalize_rewards_per_environment: Literal["auto", "on", "off"] = "auto"
-    """z-score each environment's rewards within a batch; auto: only when the batch mixes environments."""
-    overlong_max_tokens: int | None = Field(default=None, ge=1)
-    """DAPO overlong shaping: sampled tokens beyond max − buffer cost up to −1 reward; None turns it off."""
-    overlong_buffer_tokens: int = Field(default=256, ge=1)
-    """Length of DAPO's soft-penalty buffer below `overlong_max_tokens`."""
-
-
-class OptimizerConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    lr: float = Field(default=1e-5, gt=0.0)
-    """AdamW learning rate, constant after warm-up."""
-    warmup_steps: int = Field(default=0, ge=0)
-    """Linear warm-up from 0 over this many steps."""
-    weight_decay: float = Field(default=0.0, ge=0.0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    max_grad_norm: float = Field(default=1.0, gt=0.0)
-    """Global gradient-norm clip."""
-    epochs: int = Field(default=1, ge=1, le=16)
-    """Passes over each batch; >1 makes the PPO clip bite (π_θ moves away from π_prox)."""
-    minibatches: int = Field(default=1, ge=1, le=256)
-    """Optimizer steps per epoch; each takes an equal share of the batch's sequences."""
-    micro_batch_tokens: int = Field(default=8192, ge=64)
-    """Padded tokens per forward/backward; gradients accumulate across micro-batches."""
-
-
-class LoraConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    rank: int = Field(default=8, ge=1, le=256)
-    alpha: float = Field(default=16.0, gt=0.0)
-    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
-    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-
-
-class DeepSpeedConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    stage: Literal[2, 3] = 2
-    """ZeRO stage: 2 partitions optimizer state and gradients, 3 the parameters too."""
-    extra: dict[str, Any] = Field(default_factory=dict)
-    """Merged into the generated DeepSpeed config (e.g. offload settings)."""
-
-
-class TrainerConfig(BaseModel):
-    """`runs.config["trainer"]`: loss, optimizer and the training backend."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    loss: LossConfig = Field(default_factory=LossConfig)
-    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
-    lora: LoraConfig | None = None
-    """Train a LoRA adapter instead of every weight (vLLM receives the merged weights)."""
-    deepspeed: DeepSpeedConfig | None = None
-    """Train under DeepSpeed ZeRO; None is plain PyTorch on one device."""
-    weight_sync: Literal["reload", "nccl"] = "reload"
-    """How new weights reach vLLM (trainer.weight_sync registry)."""
-    probe_tolerance: float = Field(default=1e-3, gt=0.0)
-    """Mean |Δlogprob| the probe may show after a push before the sync counts as failed."""
-    keep_checkpoints: int = Field(default=2, ge=1)
-    """Checkpoints kept on disk; older ones are deleted after a newer one is complete."""
-    seed: int = 0
-
-    @model_validator(mode="after")
-    def _lora_and_zero3(self) -> TrainerConfig:
-        if self.lora is not None and self.deepspeed is not None and self.deepspeed.stage == 3:
-            raise ValueError("lora with deepspeed stage 3: expected stage 2 (ZeRO-3 partitions the base weights)")
-        return self
+__all__ = ["DeepSpeedConfig", "LoraConfig", "LossConfig", "OptimizerConfig", "TrainerConfig", "trainer_config"]
 
 
 def trainer_config(data: Any, *, source: str = "trainer config") -> TrainerConfig:
     """Validate `data` (a run's `config["trainer"]`); ConfigError with one line per bad field."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping of fields, got {type(data).__name__}")
-    try:
-        return TrainerConfig.model_validate(data)
-    except ValidationError as error:
-        parts = []
-        for item in error.errors():
-            where = ".".join(str(part) for part in item["loc"]) or "trainer"
-            parts.append(f"{where}: {item['msg'].removeprefix('Value error, ')} (got {item.get('input')!r})")
-        raise ConfigError(f"{source}: " + "; ".join(parts)) from None
+    return parse_model(TrainerConfig, data, source=source)

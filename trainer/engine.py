@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import torch
 
 from trainer.config import TrainerConfig
+from trainer.errors import NonFiniteStep
 from trainer.lora import is_lora, merged_state_dict
 
 ENGINE_STATE = "engine.pt"
@@ -32,7 +33,8 @@ class PolicyEngine(Protocol):
         """Accumulate gradients of `loss` (not scaled any further)."""
 
     def step(self) -> float:
-        """Clip, apply the optimizer and the schedule, zero the gradients; the pre-clip grad norm."""
+        """Clip, apply the optimizer and the schedule, zero the gradients; the pre-clip grad norm.
+        NonFiniteStep when the norm is NaN/inf (plain PyTorch checks before applying anything)."""
         ...
 
     def lr(self) -> float: ...
@@ -83,6 +85,9 @@ class TorchEngine:
 
     def step(self) -> float:
         norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+        if not torch.isfinite(norm):  # NaN/inf gradients: apply nothing (the trainer skips the step)
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteStep(f"gradient norm: expected a finite number, got {float(norm)}; nothing applied")
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -10,6 +10,7 @@ A single process with no launcher gets a one-rank gloo group on a free loopback 
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ import torch
 
 from trainer.config import TrainerConfig
 from trainer.engine import export_weights, warmup_factor
+from trainer.errors import NonFiniteStep
 
 CHECKPOINT_TAG = "zero"
 
@@ -92,7 +94,10 @@ class DeepSpeedEngine:
     def step(self) -> float:
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
-        return float(norm) if norm is not None else float("nan")
+        value = float(norm) if norm is not None else float("nan")
+        if not math.isfinite(value):  # DeepSpeed has applied it: the trainer restores the last checkpoint
+            raise NonFiniteStep(f"gradient norm: expected a finite number, got {value}")
+        return value
 
     def lr(self) -> float:
         return float(self.engine.get_lr()[0])

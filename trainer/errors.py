@@ -4,7 +4,9 @@
     ├── ConfigError                    a tiny-model or server option out of range
     ├── ServiceUnavailable
     │   └── ServerStartError           vLLM did not become healthy; carries the log tail
-    └── WeightSyncError                a push failed, or the probe shows vLLM disagrees with the trainer
+    ├── WeightSyncError                a push failed, or the probe shows vLLM disagrees with the trainer
+    ├── NonFiniteStep                  a loss or gradient norm was NaN/inf: the step is skipped
+    └── TrainerAlreadyRunning          another trainer holds the run's lock
 """
 
 from core.errors import CrucibleError, ServiceUnavailable
@@ -16,3 +18,11 @@ class ServerStartError(ServiceUnavailable):
 
 class WeightSyncError(CrucibleError):
     """New weights did not reach the policy server, or it scores the probe differently."""
+
+
+class NonFiniteStep(CrucibleError):
+    """A micro-batch loss or a gradient norm was not finite: nothing of the step may be kept."""
+
+
+class TrainerAlreadyRunning(CrucibleError):
+    """Another trainer process holds the run's advisory lock: one trainer per run."""

@@ -4,9 +4,16 @@
 
 One step (see `train_one_step`): in ONE transaction, claim complete groups (row locks held) →
 score → advantages → update (optimizer step) → checkpoint written as pending → the groups marked
-consumed/dropped and the training_steps row inserted → commit. Then the checkpoint is promoted,
-the weights pushed to vLLM and probed, and only then the policy version published (a
-policy_versions row, runs.policy_version bumped). A failed probe raises and publishes nothing.
+consumed/dropped, each trained episode's advantage and score stored, the tasks' pass rates moved
+and the training_steps row inserted → commit. Then the checkpoint is promoted, the weights loaded
+into vLLM under a provisional tag and probed, and only then tagged and the policy version published
+(a policy_versions row, runs.policy_version bumped). A failed probe rolls vLLM back to the previous
+weights and tag, records why on the run (`runs.sync_error`) and raises.
+
+One trainer per run (a Postgres advisory lock; a second exits with TrainerAlreadyRunning). A step
+whose loss or gradient norm is not finite is skipped: nothing of it is kept or checkpointed, its
+groups are dropped as `non_finite` and `optim/skipped_steps` reports it. A policy server that
+reports a version other than the run's (restarted: "default") is re-synced before the next step.
 
 A step trains on `batch_size` groups. Groups it drops (zero variance, stale, no trainable sample) are
 committed as dropped at once so the controller dispatches replacements (DAPO dynamic sampling); a
@@ -24,28 +31,35 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
-from core.db import session_factory
-from core.errors import CrucibleError
-from core.models import Run, TrainingStep
+from core.config_files import parse_model
+from core.db import get_engine, session_factory
+from core.errors import ConfigError, CrucibleError
+from core.models import Run, RunEnvironment, TrainingStep
+from core.schemas.run import Curriculum, Sampling
 from core.termination import RunStatus
-from trainer import faults, metrics
+from trainer import cost, faults, metrics
 from trainer.checkpoint import CheckpointStore, TrainerState
 from trainer.config import TrainerConfig, trainer_config
 from trainer.engine import PolicyEngine, make_engine
+from trainer.errors import NonFiniteStep, WeightSyncError
 from trainer.selection import BatchPlan
 from trainer.step import UpdateResult, advantages, generate, score, update
 from trainer.store import (
+    TrainedValue,
     consumed_groups,
     get_run,
+    hold_trainer_lock,
     inflight_groups,
     last_step,
     mark_dropped,
     more_groups_possible,
     publish_version,
     record_step,
+    record_sync_error,
+    update_pass_rates,
 )
 from trainer.sync import Publisher
 
@@ -66,10 +80,19 @@ class StepOutcome:
     metrics: dict[str, float | None]
 
 
+def run_sampling(run: Run) -> Sampling:
+    """The sampling settings episodes were drawn with; ConfigError if the trainer cannot reproduce them
+    (a temperature of 0, top_p < 1, top_k, min_p, penalties): its logprobs would not be the sampler's."""
+    raw = run.config.get("sampling", {}) if isinstance(run.config, dict) else {}
+    sampling = parse_model(Sampling, raw, source=f"run {run.id} config.sampling")
+    if problems := sampling.unreproducible():
+        raise ConfigError(f"run {run.id} config.sampling: " + "; ".join(problems))
+    return sampling
+
+
 def sampling_temperature(run: Run) -> float:
-    """The temperature episodes were sampled at (the episode runner reads the same key)."""
-    sampling = run.config.get("sampling") if isinstance(run.config, dict) else None
-    return float((sampling or {}).get("temperature", 1.0))
+    """The temperature episodes were sampled at (validated: > 0 and reproducible)."""
+    return run_sampling(run).temperature
 
 
 def load_policy(model_dir: str, *, config: TrainerConfig) -> torch.nn.Module:
@@ -92,19 +115,35 @@ class Trainer:
         self.publisher = publisher
         self.poll_s = poll_s
         self._sessions = session_factory(db)
-        with self._sessions() as session:
-            run = get_run(session, run_id=run_id)
-            self.model_dir, self.batch_size = run.model, run.batch_size
-            self.max_staleness, self.temperature = run.max_staleness, sampling_temperature(run)
-            self.config = trainer_config(run.config.get("trainer") or {}, source=f"run {run_id} config.trainer")
+        self._lock = hold_trainer_lock(db or get_engine(), run_id=run_id)  # before any work: one trainer per run
+        try:
+            self._load_settings()
+        except BaseException:
+            self._lock.release()
+            raise
         torch.manual_seed(self.config.seed)
         self.engine: PolicyEngine = make_engine(model=load_policy(self.model_dir, config=self.config),
                                                 config=self.config)
         self.reference = self._reference()
+        self.cost = cost.CostMeter(policy=self.engine.module, reference=self.reference)  # cost/* per step
         self.checkpoints = CheckpointStore(checkpoint_root, keep=self.config.keep_checkpoints)
         self.step = 0
         self.consumed = 0
         self._dropped_while_waiting = BatchPlan()  # reported with the next step's metrics
+        self._skipped_steps = 0  # non-finite steps since the last recorded one, reported with it
+
+    def _load_settings(self) -> None:
+        with self._sessions() as session:
+            run = get_run(session, run_id=self.run_id)
+            self.model_dir, self.batch_size = run.model, run.batch_size
+            self.max_staleness, self.temperature = run.max_staleness, sampling_temperature(run)
+            self.config = trainer_config(run.config.get("trainer") or {}, source=f"run {self.run_id} config.trainer")
+            environments = session.execute(select(func.count()).where(RunEnvironment.run_id == self.run_id)).scalar_one()
+            # Decided once for the run: a batch that happens to hold one environment is normalised alike.
+            self.normalization = self.config.loss.normalization_for(environments=max(int(environments), 1))
+            curriculum = run.config.get("curriculum", {}) if isinstance(run.config, dict) else {}
+            self.pass_rate_update = parse_model(Curriculum, curriculum or {},
+                                                source=f"run {self.run_id} config.curriculum").pass_rate_update
 
     def _reference(self) -> torch.nn.Module | None:
         if self.config.loss.kl_beta <= 0:
@@ -152,13 +191,38 @@ class Trainer:
                 self._remember_drops(plan)
                 return None
             timings = {"generate": time.perf_counter() - started}
-            result = self._learn(plan, timings)
+            try:
+                result = self._learn(plan, timings)
+            except NonFiniteStep as error:
+                self._skip(session, plan, error)
+                return None
             outcome = self._commit(session, plan, result, timings)
         faults.crash_point("commit", step=outcome.step)
         self.checkpoints.promote(outcome.step)
         faults.crash_point("promote", step=outcome.step)
         self._publish(step=outcome.step, publish=True)
         return outcome
+
+    def _skip(self, session: Session, plan: BatchPlan, error: NonFiniteStep) -> None:
+        """A non-finite loss or gradient norm: keep nothing of the step (the weights and optimizer go
+        back to the last checkpoint), drop its groups as `non_finite`, report it with the next step."""
+        log.error("run %d: step %d skipped, %s; its %d groups are dropped", self.run_id, self.step + 1, error,
+                  len(plan.groups))
+        self._restore_engine()
+        for group in plan.groups:
+            plan.dropped[group.id] = "non_finite"
+        plan.groups = []
+        mark_dropped(session, group_ids=list(plan.dropped))
+        session.commit()
+        self._remember_drops(plan)
+        self._skipped_steps += 1
+
+    def _restore_engine(self) -> None:
+        latest = self.checkpoints.latest()
+        if latest is not None:
+            self.engine.load(latest[0])
+        else:  # before the first checkpoint: the run's starting weights and a fresh optimizer
+            self.engine = make_engine(model=load_policy(self.model_dir, config=self.config), config=self.config)
 
     def _remember_drops(self, plan: BatchPlan) -> None:
         """Keep what the committed drops looked like (their rewards, their reasons) for the next step's
@@ -184,10 +248,11 @@ class Trainer:
 
     def _learn(self, plan: BatchPlan, timings: dict[str, float]) -> UpdateResult:
         started = time.perf_counter()
-        score(plan, loss=self.config.loss)
+        score(plan, normalization=self.normalization)
         scored = time.perf_counter()
         advantages(plan, loss=self.config.loss)
         timings.update(score=scored - started, advantages=time.perf_counter() - scored)
+        self.cost.begin()
         result = update(self.engine, plan.samples, config=self.config, temperature=self.temperature,
                         reference=self.reference)
         timings["update"] = result.seconds
@@ -204,10 +269,17 @@ class Trainer:
         self.checkpoints.write_pending(engine=self.engine, state=state)
         timings["checkpoint"] = time.perf_counter() - started
         faults.crash_point("pending", step=step)
-        values = metrics.step_metrics(plan=self._metrics_view(plan), result=result, timings=timings)
+        view = self._metrics_view(plan)
+        values = metrics.step_metrics(plan=view, result=result, timings=timings)
+        values[metrics.SKIPPED_STEPS], self._skipped_steps = float(self._skipped_steps), 0
+        values.update(self.cost.record(session, samples=plan.samples, update_seconds=result.seconds,
+                                       update_tokens=result.tokens_processed, timings=timings))
         started = time.perf_counter()
+        trained = [TrainedValue(episode_id=s.episode_id, advantage=s.advantage, score=s.score) for s in plan.samples]
         record_step(session, run_id=self.run_id, step=step, policy_version=step, consumed=group_ids,
-                    dropped=list(plan.dropped), metrics=values)
+                    dropped=list(plan.dropped), metrics=values, trained=trained)
+        update_pass_rates(session, weight=self.pass_rate_update,
+                          outcomes=[(s.task_id, s.reward, s.policy_version) for s in view.scored])
         session.commit()
         values[metrics.timing_key("commit")] = round(time.perf_counter() - started, 6)
         self.step, self.consumed = step, state.consumed_groups
@@ -218,8 +290,15 @@ class Trainer:
 
     # ---- sync and publish ---------------------------------------------------------------------
     def _publish(self, *, step: int, publish: bool) -> None:
-        """Push + probe the weights as version `step`; when `publish`, record the version after."""
-        report = self.publisher.push(engine=self.engine, version=step)
+        """Push + probe the weights as version `step`; when `publish`, record the version after. A
+        failed probe (vLLM rolled back) is recorded on the run before it propagates."""
+        try:
+            report = self.publisher.push(engine=self.engine, version=step)
+        except WeightSyncError as error:
+            with self._sessions() as session:
+                record_sync_error(session, run_id=self.run_id, error=f"version {step}: {error}"[-4000:])
+                session.commit()
+            raise
         log.info("run %d: version %d synced in %.3f s, probe %s", self.run_id, step, report.seconds, report.probe)
         if not publish:
             return
@@ -227,6 +306,7 @@ class Trainer:
                                      probe_diff=report.probe.mean_abs_diff)
         path = self.checkpoints.root / f"step-{step:06d}"
         with self._sessions() as session:
+            record_sync_error(session, run_id=self.run_id, error=None)
             publish_version(session, run_id=self.run_id, version=step, step=step, checkpoint_path=str(path),
                             sync_seconds=report.seconds, probe_kl=report.probe.kl)
             row = session.execute(select(TrainingStep).where(
@@ -236,6 +316,17 @@ class Trainer:
             session.commit()
 
     # ---- the loop -----------------------------------------------------------------------------
+    def resync_if_needed(self) -> bool:
+        """Re-push the current weights when the server does not report the run's version (a restarted
+        vLLM says "default" and serves whatever its directory held); True if it re-synced."""
+        served = self.publisher.served_version()
+        if served == str(self.step):
+            return False
+        log.warning("run %d: the policy server reports version %r, expected %d (restarted?); re-syncing",
+                    self.run_id, served, self.step)
+        self._publish(step=self.step, publish=False)
+        return True
+
     def finished(self) -> bool:
         with self._sessions() as session:
             return get_run(session, run_id=self.run_id).status in FINISHED
@@ -246,6 +337,7 @@ class Trainer:
         self.resume()
         done = 0
         while not stop.is_set() and (max_steps is None or done < max_steps):
+            self.resync_if_needed()
             if self.train_one_step() is not None:
                 done += 1
             elif self.finished():
@@ -256,3 +348,4 @@ class Trainer:
 
     def close(self) -> None:
         self.publisher.close()
+        self._lock.release()

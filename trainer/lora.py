@@ -8,13 +8,22 @@ import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model
 
+from core.errors import ConfigError
 from trainer.config import LoraConfig
 
 
 def apply_lora(model: torch.nn.Module, *, config: LoraConfig) -> PeftModel:
+    """Every option applied: rank, alpha, dropout, targets (a target the model lacks is refused,
+    where peft would skip it silently as long as another one matches)."""
+    leaves = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = [target for target in config.target_modules if target not in leaves]
+    if missing:
+        raise ConfigError(f"lora.target_modules: expected module names of the model, got {missing} "
+                          f"(it has e.g. {sorted(leaves - {''})[:12]})")
     peft_config = PeftLoraConfig(
-        r=config.rank, lora_alpha=config.alpha,  # type: ignore[arg-type]  # peft accepts floats lora_dropout=config.dropout,
-        target_modules=list(config.target_modules), bias="none", task_type="CAUSAL_LM",
+        r=config.rank, lora_alpha=config.alpha,  # type: ignore[arg-type]  # peft accepts floats
+        lora_dropout=config.dropout, target_modules=list(config.target_modules), bias="none",
+        task_type="CAUSAL_LM",
     )
     return get_peft_model(model, peft_config)  # type: ignore[arg-type]
 

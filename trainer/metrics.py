@@ -2,9 +2,10 @@
 Renaming one is a breaking change (dashboards and the demo read them).
 
 Fixed names are constants below; the templated families are:
-    reward/{env}/mean, reward/{env}/std, reward/{env}/{component}/mean
+    reward/{env}/mean, reward/{env}/std, reward/{env}/{component}/mean, rollout/flagged/{flag}
     batch/dropped/{reason}, batch/left_out/{reason}, rollout/termination/{reason}
     policy/staleness/hist/{lag}, timing_s/{stage}
+The step's cost (cost/…: time and tokens per stage, FLOPs, FLOP/s, MFU) is named in `trainer.cost`.
 """
 
 from __future__ import annotations
@@ -40,8 +41,12 @@ TOKENS, SAMPLED_TOKENS = "batch/tokens", "batch/sampled_tokens"
 ADV_MEAN, ADV_STD = "batch/advantage/mean", "batch/advantage/std"
 STALENESS_MEAN, STALENESS_MAX = "policy/staleness/mean", "policy/staleness/max"
 TURNS_MEAN = "rollout/turns/mean"
+FLAGGED = "rollout/flagged_frac"
+"""Fraction of the step's scored episodes the hack monitors flagged (rollout/flagged/{flag}: by flag)."""
 TRUNCATED = "rollout/truncated_frac"
 TOKENS_PER_S = "throughput/tokens_per_s"
+SKIPPED_STEPS = "optim/skipped_steps"
+"""Steps skipped since the previous recorded one because a loss or gradient norm was not finite."""
 SYNC_SECONDS = "sync/seconds"
 PROBE_KL, PROBE_DIFF = "sync/probe_kl", "sync/probe_mean_abs_diff"
 STAGES = ("generate", "score", "advantages", "update", "checkpoint", "commit", "sync")
@@ -105,6 +110,10 @@ def batch_metrics(plan: BatchPlan) -> dict[str, float]:
         out[TRUNCATED] = sum(s.truncated for s in samples) / len(samples)
         for reason, count in Counter(str(s.termination) for s in plan.scored).items():
             out[f"rollout/termination/{reason}"] = count / len(plan.scored)
+    if plan.scored:
+        out[FLAGGED] = sum(bool(s.flags) for s in plan.scored) / len(plan.scored)
+        for flag, count in Counter(flag for s in plan.scored for flag in s.flags).items():
+            out[f"rollout/flagged/{flag}"] = count / len(plan.scored)
     if plan.staleness:
         out[STALENESS_MEAN], out[STALENESS_MAX] = statistics.fmean(plan.staleness), max(plan.staleness)
         for lag, count in Counter(plan.staleness).items():

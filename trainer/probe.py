@@ -18,6 +18,7 @@ import httpx
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from core.schemas.run import Sampling
 from trainer.errors import WeightSyncError
 
 # A short tool-use episode: it covers the chat template, tool-call framing, code and prose tokens.
@@ -78,7 +79,8 @@ def server_logprobs(
 ) -> list[float]:
     """vLLM's log p(token[t] | token[:t]) for t = 1..T-1, via completions `prompt_logprobs=0`."""
     body = {
-        "model": model_name, "prompt": token_ids, "max_tokens": 1, "temperature": 1.0,
+        "model": model_name, "prompt": token_ids, "max_tokens": 1,
+        **Sampling().model_dump(),  # every sampling parameter neutral: no server default may apply
         "prompt_logprobs": 0,  # 0: only the prompt token's own logprob, no top-k alternatives
     }
     try:

@@ -39,6 +39,9 @@ class Sample:
     score: float = 0.0
     """The reward after shaping and normalisation: what the advantage is computed from."""
     advantage: float = 0.0
+    task_id: int = 0
+    flags: tuple[str, ...] = ()
+    """What the hack monitors saw (core.flags.EpisodeFlag values)."""
 
     @property
     def sampled_tokens(self) -> int:
@@ -94,7 +97,8 @@ def _sample(episode: Episode, turns: list[Any], *, environment: str, group_versi
         termination=episode.termination_reason, reward=float(episode.reward or 0.0),
         components={k: float(v) for k, v in (episode.reward_components or {}).items()},
         policy_version=version, token_ids=token_ids, loss_mask=mask, behaviour_logprobs=logprobs,
-        turns=len(turns), truncated=bool(turns) and turns[-1].finish_reason == "length",
+        turns=len(turns), truncated=bool(turns) and turns[-1].finish_reason == "length", task_id=episode.task_id,
+        flags=tuple(episode.flags or ()),
     )
 
 

@@ -107,6 +107,12 @@ class VllmServer:
             "--dtype", self.dtype,
             "--max-model-len", str(self.max_model_len),
             "--logprobs-mode", "processed_logprobs",
+            # vLLM's own defaults, not the model's generation_config.json (Qwen ships top_k 20 and a
+            # repetition penalty): requests send every sampling parameter anyway, this is the backstop.
+            "--generation-config", "vllm",
+            # /inference/v1/generate: token ids in and out, every output span labelled with the weight
+            # version that sampled it (the policy client's exact per-turn versions).
+            "--enable-scale-out",
         ]
         if self.enforce_eager:
             args.append("--enforce-eager")

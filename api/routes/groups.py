@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, Depends
 
@@ -12,13 +12,14 @@ from api.params import GroupId, RunId
 from api.schemas.common import ERROR_RESPONSES
 from api.schemas.groups import GroupPublic, GroupsPublic
 from api.services import groups
+from core.termination import GroupStatus
 
 router = APIRouter(tags=["groups"], dependencies=[Depends(current_token)], responses=ERROR_RESPONSES)
 
 
 @router.get("/v1/runs/{run_id}/groups", response_model=GroupsPublic)
 def list_groups(
-    run_id: RunId, session: SessionDep, status: Literal["running", "complete", "consumed", "dropped"] | None = None,
+    run_id: RunId, session: SessionDep, status: GroupStatus | None = None,
     cursor: Cursor = None, limit: Limit = DEFAULT_LIMIT,
 ) -> dict[str, Any]:
     """A run's groups, latest dispatched first, with reward mean/std and a degenerate flag."""

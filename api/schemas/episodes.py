@@ -29,6 +29,8 @@ class EpisodeSummary(BaseModel):
     attempts: int
     timings: dict[str, Any]
     sandbox_id: str | None
+    flags: list[str] = []
+    """What the hack monitors saw (core.flags.EpisodeFlag values)."""
     created_at: datetime
     finished_at: datetime | None
 
@@ -64,6 +66,9 @@ class TurnPublic(BaseModel):
     truncated: bool
     truncated_bytes: int
     weight_version: int | None
+    """The oldest weight version that sampled a token of this turn."""
+    weight_version_end: int | None = None
+    """The newest weight version that sampled a token of this turn (differs when a sync landed mid-turn)."""
     finish_reason: str | None
     created_at: datetime
     tokens: TurnTokens | None = None

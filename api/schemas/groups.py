@@ -7,6 +7,7 @@ from datetime import datetime
 from pydantic import BaseModel
 
 from api.schemas.episodes import EpisodeSummary
+from core.termination import GroupStatus
 
 
 class TurnPreview(BaseModel):
@@ -20,7 +21,9 @@ class TurnPreview(BaseModel):
 
 class Rollout(EpisodeSummary):
     advantage: float | None
-    """(reward − group mean) / (group std + 1e-6) over the group's rewarded episodes."""
+    """The advantage the trainer used for this episode (stored by its step); None: not trained on yet."""
+    trained_score: float | None
+    """The reward after the trainer's shaping and normalisation, which the advantage came from."""
     turns: list[TurnPreview]
 
 
@@ -33,7 +36,7 @@ class GroupSummary(BaseModel):
     environment: str
     size: int
     policy_version: int
-    status: str
+    status: GroupStatus
     consumed_step: int | None
     created_at: datetime
     rewarded: int

@@ -21,6 +21,8 @@ class RunPublic(BaseModel):
     batch_size: int
     max_staleness: int
     policy_version: int
+    sync_error: str | None = None
+    """Why the last weight publish failed (vLLM kept serving the previous version); None after a success."""
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
@@ -45,6 +47,12 @@ class RunSummary(BaseModel):
     """Groups by status: running, complete, consumed, dropped."""
     termination: dict[str, int]
     """Ended episodes by termination reason."""
+    flagged: int = 0
+    """Scored (completed) episodes the hack monitors flagged."""
+    flagged_rate: float | None = None
+    """flagged / scored episodes; None before any episode is scored."""
+    flags: dict[str, int] = {}
+    """Flagged episodes by flag (core.flags.EpisodeFlag)."""
     reward_mean: float | None
     reward_std: float | None
     tokens: int
@@ -57,6 +65,8 @@ class RunDetail(RunPublic):
     config: dict[str, Any]
     environments: list[RunEnvironmentPublic]
     summary: RunSummary
+    waiting_for_trainer: str | None = None
+    """Set while a train run's complete groups wait and no trainer is attached (api/services/run_health)."""
 
 
 class TrainingStepPublic(BaseModel):

@@ -10,6 +10,7 @@ from sqlalchemy import exists, func, select
 from sqlalchemy.orm import Session
 
 from api.pagination import decode_cursor, page
+from api.services import json_shapes
 from api.services.tokenizer import decode_pieces
 from core.errors import NotFound
 from core.models import Environment, Episode, Run, Task, Turn
@@ -18,12 +19,12 @@ SUMMARY_COLUMNS = (
     Episode.id, Episode.run_id, Episode.group_id, Episode.sample_index, Episode.task_id, Episode.environment_id,
     Episode.status, Episode.termination_reason, Episode.reward, Episode.reward_components, Episode.policy_version,
     Episode.policy_version_last, Episode.num_turns, Episode.num_tokens, Episode.attempts, Episode.timings,
-    Episode.sandbox_id, Episode.created_at, Episode.finished_at,
+    Episode.sandbox_id, Episode.flags, Episode.created_at, Episode.finished_at,
 )
 TURN_COLUMNS = (
     Turn.index, Turn.prompt_length, Turn.completion_text, Turn.tool_call, Turn.observation, Turn.tool_output_full,
     Turn.exit_code, Turn.tool_status, Turn.duration_s, Turn.generation_s, Turn.truncated, Turn.truncated_bytes,
-    Turn.weight_version, Turn.finish_reason, Turn.created_at,
+    Turn.weight_version, Turn.weight_version_end, Turn.finish_reason, Turn.created_at,
 )
 
 
@@ -39,6 +40,8 @@ class EpisodeFilters:
     policy_version: int | None = None
     group_id: int | None = None
     task_id: int | None = None
+    flag: str | None = None
+    """Only episodes the hack monitors flagged with this (core.flags.EpisodeFlag)."""
     q: str | None = None
     """Full-text search in the turns (completions and tool outputs), web-search syntax."""
 
@@ -58,6 +61,8 @@ def _filtered(query: Any, filters: EpisodeFilters) -> Any:
     if filters.environment is not None:
         query = query.where(Episode.environment_id.in_(
             select(Environment.id).where(Environment.name == filters.environment)))
+    if filters.flag is not None:
+        query = query.where(Episode.flags.contains([filters.flag]))  # GIN: ix_episodes_flags
     if filters.min_reward is not None:
         query = query.where(Episode.reward >= filters.min_reward)
     if filters.max_reward is not None:
@@ -76,7 +81,7 @@ def list_episodes(
     query = _filtered(_summaries(), filters).order_by(Episode.id.desc())
     if after is not None:
         query = query.where(Episode.id < after[0])
-    rows = [dict(row._mapping) for row in session.execute(query.limit(limit + 1))]
+    rows = [json_shapes.episode(dict(row._mapping)) for row in session.execute(query.limit(limit + 1))]
     return page(rows, limit=limit, key=lambda row: [row["id"]])
 
 
@@ -88,7 +93,7 @@ def _episode_row(session: Session, episode_id: int) -> dict[str, Any]:
     row = session.execute(query).one_or_none()
     if row is None:
         raise NotFound(f"no episode with id {episode_id}; GET /v1/episodes lists them")
-    return dict(row._mapping)
+    return json_shapes.episode(dict(row._mapping))
 
 
 def list_turns(session: Session, *, run_id: int, episode_id: int, tokens: bool, model: str) -> list[dict[str, Any]]:
@@ -99,7 +104,7 @@ def list_turns(session: Session, *, run_id: int, episode_id: int, tokens: bool, 
     )
     turns = []
     for row in session.execute(query):
-        turn = dict(row._mapping)
+        turn = json_shapes.turn(dict(row._mapping))
         if tokens:
             ids = turn.pop("token_ids")
             turn["tokens"] = {"token_ids": ids, "logprobs": turn.pop("logprobs"), "loss_mask": turn.pop("loss_mask"),

@@ -1,9 +1,11 @@
 """GRPO groups for the API: a run's groups with reward statistics (paged by group index), and one
-group's rollouts side by side with group-relative advantages and the turn where they diverge."""
+group's rollouts side by side with the advantages the trainer used and the turn where they diverge.
+
+Advantages are never computed here: the trainer stores the one it used on each episode (with the
+reward after its shaping and normalisation); before a step trains on an episode it has none."""
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from typing import Any
 
@@ -15,8 +17,8 @@ from api.services.episodes import EpisodeFilters, list_episodes
 from api.services.runs import get as get_run
 from core.errors import NotFound
 from core.models import Environment, Episode, EpisodeGroup, Task, Turn
+from core.termination import GroupStatus
 
-ADVANTAGE_EPS = 1e-6
 PREVIEW_CHARS = 240
 GROUP_COLUMNS = (
     EpisodeGroup.id, EpisodeGroup.run_id, EpisodeGroup.group_index, EpisodeGroup.task_id,
@@ -39,7 +41,7 @@ def _reward_stats(session: Session, group_ids: list[int]) -> dict[int, tuple[int
 
 def _with_stats(row: dict[str, Any], stats: tuple[int, float | None, float | None, bool] | None) -> dict[str, Any]:
     rewarded, mean, std, equal = stats or (0, None, None, False)
-    degenerate = row["status"] != "running" and rewarded >= 2 and equal
+    degenerate = row["status"] != GroupStatus.RUNNING and rewarded >= 2 and equal
     return {**row, "rewarded": rewarded, "reward_mean": mean, "reward_std": std, "degenerate": degenerate}
 
 
@@ -63,14 +65,10 @@ def list_groups(
     return [_with_stats(row, stats.get(row["id"])) for row in kept], next_cursor
 
 
-def advantages(rewards: list[float | None]) -> list[float | None]:
-    """Group-relative advantages: (r − mean) / (std + eps) over the rewarded rollouts; None where unrewarded."""
-    scored = [r for r in rewards if r is not None]
-    if not scored:
-        return [None for _ in rewards]
-    mean = sum(scored) / len(scored)
-    std = math.sqrt(sum((r - mean) ** 2 for r in scored) / len(scored))
-    return [None if r is None else (r - mean) / (std + ADVANTAGE_EPS) for r in rewards]
+def _trained_values(session: Session, episode_ids: list[int]) -> dict[int, tuple[float | None, float | None]]:
+    """episode id → (advantage, trained score) as the trainer stored them."""
+    query = select(Episode.id, Episode.advantage, Episode.trained_score).where(Episode.id.in_(episode_ids))
+    return {row.id: (row.advantage, row.trained_score) for row in session.execute(query)}
 
 
 def _previews(session: Session, *, run_id: int, episode_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
@@ -112,7 +110,8 @@ def show_group(session: Session, *, group_id: int) -> dict[str, Any]:
     episodes.sort(key=lambda episode: episode["sample_index"])
     previews = _previews(session, run_id=group["run_id"], episode_ids=[e["id"] for e in episodes])
     turns = [previews.get(e["id"], []) for e in episodes]
-    rollouts = [{**episode, "advantage": advantage, "turns": turn_list} for episode, advantage, turn_list in
-                zip(episodes, advantages([e["reward"] for e in episodes]), turns, strict=True)]
+    trained = _trained_values(session, [e["id"] for e in episodes])
+    rollouts = [{**episode, "advantage": trained[episode["id"]][0], "trained_score": trained[episode["id"]][1],
+                 "turns": turn_list} for episode, turn_list in zip(episodes, turns, strict=True)]
     stats = _reward_stats(session, [group_id]).get(group_id)
     return {**_with_stats(group, stats), "divergence_turn": divergence_turn(turns), "rollouts": rollouts}

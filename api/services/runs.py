@@ -13,10 +13,12 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from api.pagination import decode_cursor, page
+from api.services import run_health
 from controller import runs as controller_runs
 from core.errors import ConfigError, NotFound
 from core.models import Environment, Episode, EpisodeGroup, Run, RunEnvironment, TrainingStep
 from core.schemas import RunConfig
+from core.termination import EpisodeStatus
 
 
 def launch(session: Session, *, config: RunConfig) -> Run:
@@ -76,16 +78,19 @@ def summary(session: Session, *, run_id: int) -> dict[str, Any]:
     query = (
         select(Episode.status, Episode.termination_reason, func.count(), func.count(Episode.reward),
                func.coalesce(func.sum(Episode.reward), 0.0), func.coalesce(func.sum(Episode.reward * Episode.reward), 0.0),
-               func.coalesce(func.sum(Episode.num_tokens), 0), func.coalesce(func.sum(Episode.num_turns), 0))
+               func.coalesce(func.sum(Episode.num_tokens), 0), func.coalesce(func.sum(Episode.num_turns), 0),
+               func.count().filter(func.cardinality(Episode.flags) > 0))
         .where(Episode.run_id == run_id).group_by(Episode.status, Episode.termination_reason)
     )
     episodes: dict[str, int] = {}
     termination: dict[str, int] = {}
-    rewarded, total, squares, tokens, turns = 0, 0.0, 0.0, 0, 0
-    for status, reason, count, n_reward, r_sum, r_squares, n_tokens, n_turns in session.execute(query):
+    rewarded, total, squares, tokens, turns, scored, flagged = 0, 0.0, 0.0, 0, 0, 0, 0
+    for status, reason, count, n_reward, r_sum, r_squares, n_tokens, n_turns, n_flagged in session.execute(query):
         episodes[status] = episodes.get(status, 0) + count
         if reason is not None:
             termination[reason] = termination.get(reason, 0) + count
+        if status == EpisodeStatus.COMPLETED:
+            scored, flagged = scored + count, flagged + n_flagged
         rewarded, total, squares = rewarded + n_reward, total + float(r_sum or 0.0), squares + float(r_squares or 0.0)
         tokens, turns = tokens + int(n_tokens), turns + int(n_turns)
     groups = dict(session.execute(
@@ -96,16 +101,27 @@ def summary(session: Session, *, run_id: int) -> dict[str, Any]:
     ).one()
     return {
         "episodes": episodes, "groups": groups, "termination": termination,
+        "flagged": flagged, "flagged_rate": flagged / scored if scored else None,
+        "flags": flag_counts(session, run_id=run_id),
         "reward_mean": total / rewarded if rewarded else None, "reward_std": _std(rewarded, total, squares),
         "tokens": tokens, "turns": turns, "training_steps": steps, "latest_step": latest,
     }
+
+
+def flag_counts(session: Session, *, run_id: int) -> dict[str, int]:
+    """Flagged episodes of the run by flag (only flagged rows are unnested)."""
+    flagged = (select(func.unnest(Episode.flags).label("flag"))
+               .where(Episode.run_id == run_id, func.cardinality(Episode.flags) > 0).subquery())
+    query = select(flagged.c.flag, func.count()).group_by(flagged.c.flag).order_by(flagged.c.flag)
+    return {str(name): int(count) for name, count in session.execute(query)}
 
 
 def show(session: Session, *, run_id: int) -> dict[str, Any]:
     run = get(session, run_id=run_id)
     columns = {column.key: getattr(run, column.key) for column in Run.__table__.columns}
     return {**columns, "environments": run_environments(session, run_id=run_id),
-            "summary": summary(session, run_id=run_id)}
+            "summary": summary(session, run_id=run_id),
+            "waiting_for_trainer": run_health.waiting_for_trainer(session, run=run)}
 
 
 def episode_counts(session: Session, *, run_ids: list[int]) -> dict[int, dict[str, int]]:

@@ -21,7 +21,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, REAL, TSVECTOR
 from sqlalchemy.orm import Mapped, mapped_column
 
 from core.models.base import Base, created_at_column
-from core.termination import TerminationReason
+from core.termination import GroupStatus, TerminationReason
 
 _REASONS = ", ".join(f"'{reason.value}'" for reason in TerminationReason)
 
@@ -45,8 +45,8 @@ class EpisodeGroup(Base):
     size: Mapped[int] = mapped_column(Integer)
     policy_version: Mapped[int] = mapped_column(Integer)
     """The run's policy version when the group was dispatched."""
-    status: Mapped[str] = mapped_column(String(16), default="running")
-    """running → complete (all samples ended) → consumed (trained on) or dropped."""
+    status: Mapped[str] = mapped_column(String(16), default=GroupStatus.RUNNING)
+    """core.termination.GroupStatus: running → complete (all samples ended) → consumed or dropped."""
     consumed_step: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = created_at_column()
 
@@ -66,6 +66,7 @@ class Episode(Base):
         Index(None, "run_id", "id"),
         Index(None, "group_id"),
         Index("ix_episodes_reward_components", "reward_components", postgresql_using="gin"),
+        Index("ix_episodes_flags", "flags", postgresql_using="gin"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -83,8 +84,14 @@ class Episode(Base):
     reward_components: Mapped[dict[str, Any]] = mapped_column(default=dict)
     """Every verifier layer's score by name, e.g. {"format": 1.0, "public_tests": 0.5}."""
     policy_version: Mapped[int | None] = mapped_column(Integer)
-    """The version that produced the first turn."""
+    """The behaviour version: the oldest weight version any of its turns may have been sampled with
+    (the lowest turn start version). Staleness is measured from it."""
     policy_version_last: Mapped[int | None] = mapped_column(Integer)
+    """The newest weight version any of its turns may have been sampled with (highest end version)."""
+    advantage: Mapped[float | None] = mapped_column(Float)
+    """The advantage the trainer used for this episode; None until a step trained on it."""
+    trained_score: Mapped[float | None] = mapped_column(Float)
+    """The reward after the trainer's shaping and normalisation, which the advantage came from."""
     num_turns: Mapped[int] = mapped_column(Integer, default=0)
     num_tokens: Mapped[int] = mapped_column(Integer, default=0)
     timings: Mapped[dict[str, Any]] = mapped_column(default=dict)
@@ -92,7 +99,9 @@ class Episode(Base):
     verifier_layers: Mapped[list[Any]] = mapped_column(default=list, server_default="[]")
     """Each verifier layer's name, score, pass flag, detail and duration, in order."""
     final_diff: Mapped[str | None] = mapped_column(Text, deferred=True)
-    """What the agent changed (code tasks), as a unified diff."""
+    """What the agent changed (code tasks), as a binary-safe diff: exactly what was graded."""
+    flags: Mapped[list[str]] = mapped_column(ARRAY(String(32)), default=list, server_default="{}")
+    """What the hack monitors saw (core.flags.EpisodeFlag values), e.g. ["forged_exit"]."""
     sandbox_id: Mapped[str | None] = mapped_column(String(64))
     worker: Mapped[str | None] = mapped_column(String(128))
     deadline_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -139,6 +148,10 @@ class Turn(Base):
     truncated: Mapped[bool] = mapped_column(Boolean, default=False)
     truncated_bytes: Mapped[int] = mapped_column(Integer, default=0)
     weight_version: Mapped[int | None] = mapped_column(Integer)
+    """The oldest weight version that sampled a token of it: vLLM's per-token label where the server
+    reports one, else the version when the request was sent. None: the server reported no version."""
+    weight_version_end: Mapped[int | None] = mapped_column(Integer)
+    """The newest weight version that sampled a token of it (else the version once it returned)."""
     finish_reason: Mapped[str | None] = mapped_column(String(32))
     search: Mapped[str] = mapped_column(
         TSVECTOR,

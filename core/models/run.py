@@ -35,6 +35,8 @@ class Run(Base):
     policy_version: Mapped[int] = mapped_column(Integer, default=0)
     config: Mapped[dict[str, Any]]
     """The fully resolved launch config (loss, optimizer, budget, curriculum)."""
+    sync_error: Mapped[str | None] = mapped_column(Text)
+    """Why the last weight publish failed (the server kept the previous version); None once one succeeds."""
     created_at: Mapped[datetime] = created_at_column()
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

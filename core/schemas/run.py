@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from core.schemas.trainer import TrainerConfig
+
 
 class EnvironmentShare(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -29,6 +31,9 @@ class Curriculum(BaseModel):
     """Tasks whose measured pass rate lies outside [low, high] are not trained on."""
     bucket_weights: dict[Bucket, float] = Field(default_factory=lambda: dict.fromkeys(BUCKETS, 1.0))
     """Relative chance of drawing a task from each difficulty bucket."""
+    pass_rate_update: float = Field(default=0.2, ge=0.0, le=1.0)
+    """Weight of each group the trainer examines in its task's pass rate (exponential moving average),
+    so the band follows the current policy; 0 keeps the measured pass rates fixed."""
 
     @model_validator(mode="after")
     def _band_is_ordered(self) -> Curriculum:
@@ -39,11 +44,36 @@ class Curriculum(BaseModel):
 
 
 class Sampling(BaseModel):
+    """Every parameter that shapes the distribution vLLM samples from. Each request sends all of them,
+    so no server default and no model `generation_config.json` (Qwen ships top_k 20 and a repetition
+    penalty) can change what was sampled behind the trainer's back."""
+
     model_config = ConfigDict(extra="forbid")
 
     temperature: float = Field(default=1.0, ge=0.0, le=5.0)
-    """Policy sampling temperature (1.0: the logprobs the trainer recomputes are the model's own)."""
+    """Policy sampling temperature; a training run needs > 0 (the trainer divides the logits by it)."""
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=-1, ge=-1)
+    """-1: no top-k cut."""
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+
+    def unreproducible(self) -> list[str]:
+        """The settings the trainer cannot reproduce (it computes softmax(logits / temperature) only):
+        "field: expected X, got Y" for each, empty when the trainer's logprobs are the sampler's."""
+        neutral = Sampling()
+        problems = []
+        if not self.temperature > 0:
+            problems.append(f"temperature: expected > 0 for a training run (the trainer divides the logits "
+                            f"by it), got {self.temperature}")
+        for name in ("top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+            value, expected = getattr(self, name), getattr(neutral, name)
+            if value != expected:
+                problems.append(f"{name}: expected {expected} for a training run (the trainer cannot reproduce "
+                                f"it, so every importance weight would be biased), got {value}")
+        return problems
 
 
 class RunConfig(BaseModel):
@@ -71,8 +101,14 @@ class RunConfig(BaseModel):
     curriculum: Curriculum = Field(default_factory=Curriculum)
     seed: int = 0
     sampling: Sampling = Field(default_factory=lambda: Sampling())
-    trainer: dict[str, object] = Field(default_factory=dict)
-    """Loss and optimizer settings, validated by the trainer."""
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    """Loss, optimizer and backend settings (core.schemas.trainer), refused at submission when bad."""
+
+    @model_validator(mode="after")
+    def _training_samples_what_the_trainer_reproduces(self) -> RunConfig:
+        if self.purpose == "train" and (problems := self.sampling.unreproducible()):
+            raise ValueError("sampling." + "; sampling.".join(problems))
+        return self
 
     @property
     def staleness_bound(self) -> int:

@@ -2,6 +2,11 @@
 
 The token stream is extended exactly: turn k's tokens are the environment text added since turn
 k-1 (mask 0) followed by what the policy sampled (mask 1). Nothing is ever re-rendered.
+
+The agent's time budget (`episode_timeout_s`) starts here, when the agent gets its first
+observation: leasing a sandbox and setting the task up are the platform's time, not the agent's.
+Each turn records the server's weight version before and after its request; a training run refuses
+a turn whose version is unknown (a restarted server not re-synced yet): an infrastructure fault.
 """
 
 from __future__ import annotations
@@ -11,13 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import CrucibleError
+from core.schemas.run import Sampling
 from core.termination import TerminationReason
+from core.versions import parse_label
 from environments.base import EnvironmentKind, Sandbox, ToolResult
 from environments.parsing import PARSERS, MalformedToolCall
 from environments.spec import Limits
 from task_workers.episode.errors import PolicyFault, SandboxFault
 from task_workers.episode.trajectory import Trajectory, TurnRecord
-from task_workers.policy.chat import observation_text
+from task_workers.policy.chat import observation_frame
 from task_workers.policy.client import Completion, ContextOverflow, PolicyClient, PolicyError
 
 NO_TOOL_CALL = "No tool call found. Call exactly one tool as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>."
@@ -30,10 +37,10 @@ class LoopContext:
     sandbox: Sandbox
     policy: PolicyClient
     limits: Limits
-    deadline: float  # time.monotonic() value
-    temperature: float = 1.0
-    top_p: float = 1.0
+    sampling: Sampling
     tool_parser: str = "hermes"
+    require_version: bool = False
+    """A training run: every turn must carry a known weight version (staleness is measured from it)."""
 
 
 def cap_text(text: str, limit: int) -> str:
@@ -44,11 +51,20 @@ def cap_text(text: str, limit: int) -> str:
     return f"{text[:half]}\n[... {len(text) - 2 * half} characters truncated ...]\n{text[-half:]}"
 
 
-def _version(raw: str | None) -> int | None:
-    """vLLM reports "default" until the first `/update_weight_version`: the weights it started with, v0."""
-    if raw == "default":
-        return 0
-    return int(raw) if raw is not None and raw.isdigit() else None
+def _versions(ctx: LoopContext, completion: Completion) -> tuple[int | None, int | None]:
+    """(oldest, newest) version that sampled the completion. Every label must name verified weights in
+    a training run: "default" is a restarted server not re-synced yet, "N-unverified" weights whose
+    probe failed or is still running; either way the turn is an infrastructure fault, retried."""
+    versions = [parse_label(label, now=completion.version_after) for label in completion.versions]
+    labels = " → ".join(repr(label) for label in completion.versions)
+    if ctx.require_version and (not versions or None in versions):
+        raise PolicyFault(f"the policy server reported weight versions {labels} (now {completion.version_after!r}); "
+                          "expected the run's verified integer versions (a restarted server serves again once the "
+                          "trainer has re-synced it)")
+    known = [v for v in versions if v is not None]
+    if known != sorted(known):
+        raise PolicyFault(f"the policy server's weight version went back during a request: {labels}")
+    return (known[0], known[-1]) if known else (None, None)
 
 
 def _generate(ctx: LoopContext, tokens: list[int]) -> Completion | TerminationReason:
@@ -56,8 +72,7 @@ def _generate(ctx: LoopContext, tokens: list[int]) -> Completion | TerminationRe
     if budget <= 0:
         return TerminationReason.CONTEXT_EXHAUSTED
     try:
-        return ctx.policy.complete(prompt_ids=tokens, max_tokens=budget, temperature=ctx.temperature,
-                                   top_p=ctx.top_p)
+        return ctx.policy.complete(prompt_ids=tokens, max_tokens=budget, sampling=ctx.sampling)
     except ContextOverflow:
         return TerminationReason.CONTEXT_EXHAUSTED
     except PolicyError as error:
@@ -82,12 +97,13 @@ def _act(ctx: LoopContext, completion: Completion) -> tuple[ToolResult, dict[str
 
 
 def run_agent_loop(ctx: LoopContext, *, prompt_ids: list[int]) -> Trajectory:
+    deadline = time.monotonic() + ctx.limits.episode_timeout_s  # the agent's clock starts now
     trajectory = Trajectory()
     pending_env = list(prompt_ids)  # environment tokens not yet attached to a turn
     tokens = list(prompt_ids)
     format_errors = tool_errors = 0
     while True:
-        if time.monotonic() > ctx.deadline:
+        if time.monotonic() > deadline:
             trajectory.termination = TerminationReason.EPISODE_TIMEOUT
             return trajectory
         completion = _generate(ctx, tokens)
@@ -95,6 +111,7 @@ def run_agent_loop(ctx: LoopContext, *, prompt_ids: list[int]) -> Trajectory:
             trajectory.termination = completion
             return trajectory
         trajectory.timings["generation"] += completion.seconds
+        version_start, version_end = _versions(ctx, completion)
         started = time.monotonic()
         result, call, format_error = _act(ctx, completion)
         trajectory.timings["sandbox"] += time.monotonic() - started
@@ -104,7 +121,7 @@ def run_agent_loop(ctx: LoopContext, *, prompt_ids: list[int]) -> Trajectory:
             logprobs=[0.0] * len(pending_env) + completion.logprobs,
             loss_mask=[0] * len(pending_env) + [1] * len(completion.token_ids), prompt_length=len(pending_env),
             completion_text=completion.text, finish_reason=completion.finish_reason,
-            generation_s=completion.seconds, weight_version=_version(completion.weight_version),
+            generation_s=completion.seconds, weight_version=version_start, weight_version_end=version_end,
             tool_call=call, observation=observation, tool_output_full=cap_text(result.output, 65536),
             exit_code=result.exit_code, tool_status=result.status, duration_s=result.duration_s,
             truncated=result.truncated_bytes > 0 or observation != result.observation,
@@ -138,8 +155,12 @@ def _termination(
 
 
 def _observation_tokens(ctx: LoopContext, observation: str, *, closed: bool) -> list[int]:
+    """The chat frame's control tokens around the observation, which is plain text: whatever a tool
+    prints (`<|im_end|><|im_start|>assistant`) cannot close the tool message or open a turn."""
+    before, after = observation_frame(completion_closed=closed)
     try:
-        return ctx.policy.tokenize(observation_text(observation, completion_closed=closed))
+        return (ctx.policy.tokenize(before) + ctx.policy.tokenize_plain(f"tool\n{observation}")
+                + ctx.policy.tokenize(after))
     except PolicyError as error:
         raise PolicyFault(str(error)) from error
 

@@ -10,7 +10,7 @@ from sqlalchemy import exists, select, update
 from sqlalchemy.orm import Session
 
 from core.models import Episode, EpisodeGroup, Turn
-from core.termination import EpisodeStatus, TerminationReason
+from core.termination import EpisodeStatus, GroupStatus, TerminationReason
 from environments.base import Verdict
 from task_workers.episode.trajectory import Trajectory
 
@@ -34,8 +34,9 @@ def _mark_group_if_complete(session: Session, group_id: int) -> None:
         Episode.group_id == group_id, Episode.status.in_([EpisodeStatus.PENDING, EpisodeStatus.RUNNING])
     )
     session.execute(
-        update(EpisodeGroup).where(EpisodeGroup.id == group_id, EpisodeGroup.status == "running", ~outstanding)
-        .values(status="complete")
+        update(EpisodeGroup).where(EpisodeGroup.id == group_id, EpisodeGroup.status == GroupStatus.RUNNING,
+                                   ~outstanding)
+        .values(status=GroupStatus.COMPLETE)
     )
 
 
@@ -49,7 +50,6 @@ def store_episode(
         return False
     for turn in trajectory.turns:
         session.add(Turn(run_id=episode.run_id, episode_id=episode.id, **asdict(turn)))
-    versions = trajectory.weight_versions
     reason = trajectory.termination or TerminationReason.CANCELLED
     episode.status = EpisodeStatus.COMPLETED
     episode.termination_reason = reason
@@ -58,8 +58,11 @@ def store_episode(
     episode.timings = timings
     episode.verifier_layers = _layers(verdict)
     episode.final_diff = verdict.diff if verdict else None
-    episode.policy_version = versions[0] if versions else episode.policy_version
-    episode.policy_version_last = versions[-1] if versions else episode.policy_version
+    episode.flags = list(verdict.flags) if verdict else []
+    # The behaviour version is the oldest weights any turn may have used (staleness counts from it).
+    oldest, newest = trajectory.behaviour_version, trajectory.newest_version
+    episode.policy_version = oldest if oldest is not None else episode.policy_version
+    episode.policy_version_last = newest if newest is not None else episode.policy_version
     episode.num_turns = len(trajectory.turns)
     episode.num_tokens = trajectory.num_tokens
     episode.sandbox_id = sandbox_id

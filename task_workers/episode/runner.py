@@ -17,11 +17,13 @@ from typing import Any, Protocol
 
 from sqlalchemy import select
 
+from core.config_files import parse_model
 from core.db import session_scope
 from core.errors import CrucibleError
 from core.models import Environment, Episode, Task
+from core.schemas.run import Sampling
 from core.termination import TerminationReason
-from environments.base import Sandbox, Verdict
+from environments.base import GraderFault, Sandbox, ToolCall, Verdict
 from environments.registry import get_kind
 from environments.service import spec_of
 from environments.spec import EnvironmentSpec
@@ -57,9 +59,9 @@ class _Loaded:
     spec: EnvironmentSpec
     instruction: str
     payload: dict[str, Any]
-    deadline: float
-    temperature: float
-    top_p: float
+    sampling: Sampling
+    training: bool
+    """The run is trained on: every turn needs a known weight version."""
 
 
 def _load(episode_id: int, *, worker: str) -> _Loaded | None:
@@ -71,19 +73,22 @@ def _load(episode_id: int, *, worker: str) -> _Loaded | None:
         task = session.get(Task, episode.task_id)
         assert env_row is not None and task is not None  # foreign keys
         spec = spec_of(env_row)
-        sampling = _run_config(session, episode)
+        sampling, training = _run_sampling(session, episode)
+        # No deadline yet: the agent's time budget starts at its first observation (run_agent_loop).
         return _Loaded(
             episode_id=episode.id, run_id=episode.run_id, spec=spec, instruction=task.instruction,
-            payload=task.payload, deadline=time.monotonic() + spec.limits.episode_timeout_s,
-            temperature=float(sampling.get("temperature", 1.0)), top_p=float(sampling.get("top_p", 1.0)),
+            payload=task.payload, sampling=sampling, training=training,
         )
 
 
-def _run_config(session: Any, episode: Episode) -> dict[str, Any]:
+def _run_sampling(session: Any, episode: Episode) -> tuple[Sampling, bool]:
+    """The run's sampling settings (validated at launch; parsed again here, never read raw) and
+    whether the run is trained on."""
     from core.models import Run
 
-    config = session.execute(select(Run.config).where(Run.id == episode.run_id)).scalar_one()
-    return dict(config.get("sampling", {})) if isinstance(config, dict) else {}
+    config, purpose = session.execute(select(Run.config, Run.purpose).where(Run.id == episode.run_id)).one()
+    raw = config.get("sampling", {}) if isinstance(config, dict) else {}
+    return parse_model(Sampling, raw, source=f"run {episode.run_id} config.sampling"), purpose == "train"
 
 
 def run_episode(
@@ -108,8 +113,8 @@ def run_episode(
             raise SandboxFault(f"task setup failed: {error}") from error
         set_up = time.monotonic()
         ctx = LoopContext(kind=kind, task=task, sandbox=sandbox, policy=policy, limits=loaded.spec.limits,
-                          deadline=loaded.deadline, temperature=loaded.temperature, top_p=loaded.top_p,
-                          tool_parser=loaded.spec.tool_parser)
+                          sampling=loaded.sampling, tool_parser=loaded.spec.tool_parser,
+                          require_version=loaded.training)
         trajectory = run_agent_loop(ctx, prompt_ids=initial_prompt(ctx, instruction=loaded.instruction))
         verdict, verify_s = _verify(kind, sandbox, task, trajectory, sandboxes, loaded)
         sandbox_id = getattr(sandbox, "id", None)
@@ -130,8 +135,13 @@ def _verify(kind: Any, sandbox: Sandbox, task: Any, trajectory: Trajectory, sand
     def open_fresh() -> AbstractContextManager[Sandbox]:
         return sandboxes.fresh(spec=loaded.spec, run_id=loaded.run_id, episode_id=loaded.episode_id)
 
+    # What the agent did is scored by the verifier; only the machine's faults (GraderFault, a sandbox
+    # layer error) are infrastructure faults, retried and never trained on.
+    actions = [ToolCall(turn.tool_call["name"], turn.tool_call.get("arguments", {}))
+               for turn in trajectory.turns if turn.tool_call]
     try:
-        verdict = kind.verify(sandbox=sandbox, task=task, submitted=trajectory.submitted, open_sandbox=open_fresh)
-    except (RuntimeError, CrucibleError) as error:
+        verdict = kind.verify(sandbox=sandbox, task=task, submitted=trajectory.submitted, open_sandbox=open_fresh,
+                              actions=actions)
+    except (GraderFault, CrucibleError) as error:
         raise SandboxFault(f"verification failed: {error}") from error
     return verdict, time.monotonic() - started

@@ -19,6 +19,9 @@ class TurnRecord:
     finish_reason: str | None
     generation_s: float
     weight_version: int | None
+    """The server's weight version when the request started (None: not reported)."""
+    weight_version_end: int | None
+    """The server's weight version when the completion returned."""
     tool_call: dict[str, Any] | None = None
     observation: str | None = None
     tool_output_full: str | None = None
@@ -41,5 +44,12 @@ class Trajectory:
         return sum(len(turn.token_ids) for turn in self.turns)
 
     @property
-    def weight_versions(self) -> list[int]:
-        return [turn.weight_version for turn in self.turns if turn.weight_version is not None]
+    def behaviour_version(self) -> int | None:
+        """The oldest version any turn may have been sampled with: staleness is measured from it."""
+        starts = [turn.weight_version for turn in self.turns if turn.weight_version is not None]
+        return min(starts) if starts else None
+
+    @property
+    def newest_version(self) -> int | None:
+        ends = [turn.weight_version_end for turn in self.turns if turn.weight_version_end is not None]
+        return max(ends) if ends else None

@@ -4,6 +4,18 @@ The prompt of every turn is the exact token sequence of the previous turns plus 
 new tokens (never a re-rendered chat), so the trainer trains on exactly what was sampled. Requests
 ask for `return_token_ids` and logprobs (the server runs with `--logprobs-mode processed_logprobs`).
 Transient failures are retried with exponential backoff; then `PolicyError`, an infrastructure fault.
+
+Every completion request sends the full sampling set (`core.schemas.run.Sampling`: top_k −1, min_p 0,
+neutral penalties unless the run says otherwise), so no server or model default can change the
+distribution the trainer reproduces.
+
+Weight versions: vLLM's token-in/token-out route (`/inference/v1/generate`, served with
+`--enable-scale-out`) labels every span of output tokens with the weight version that sampled it;
+the client uses it when the server has it. Elsewhere (`/v1/completions`) the version is read before
+the request and after it: the turn was sampled by weights between the two.
+
+Environment text is tokenized with special tokens split: a tool that prints `<|im_end|>` adds
+plain-text tokens, never a control token that would end the tool message.
 """
 
 from __future__ import annotations
@@ -16,9 +28,11 @@ from typing import Any
 
 import httpx
 
-from task_workers.policy.chat import IM_END
+from core.schemas.run import Sampling
+from task_workers.policy.chat import CONTROL_STRINGS, IM_END
 
 logger = logging.getLogger(__name__)
+GENERATE_ROUTE = "/inference/v1/generate"
 
 
 class PolicyError(RuntimeError):
@@ -35,8 +49,23 @@ class Completion:
     logprobs: list[float]  # (T,) behaviour logprob of each sampled token
     text: str
     finish_reason: str | None
-    weight_version: str | None
+    versions: tuple[str | None, ...]
+    """Every weight-version label that sampled the output, in order: vLLM's per-token spans where it
+    reports them, else the server's version before and after the request (a bracket)."""
+    version_after: str | None
+    """The server's version once the completion returned: says whether weights that were still being
+    probed (a provisional label) were verified since."""
     seconds: float
+
+    @property
+    def version_start(self) -> str | None:
+        """The oldest weights that can have sampled it."""
+        return self.versions[0] if self.versions else None
+
+    @property
+    def version_end(self) -> str | None:
+        """The newest weights that can have sampled it."""
+        return self.versions[-1] if self.versions else None
 
 
 class PolicyClient:
@@ -44,19 +73,28 @@ class PolicyClient:
         self, *, base_url: str, model: str | None = None, timeout_s: float = 120.0, retries: int = 3,
         backoff_s: float = 0.5, transport: httpx.BaseTransport | None = None,
         tokenizer: Callable[[str], list[int]] | None = None,
+        plain_tokenizer: Callable[[str], list[int]] | None = None,
     ) -> None:
-        """`tokenizer`: the served model's own tokenizer, loaded locally, saves a round trip per turn
-        for environment text; without it `/tokenize` is asked (the same tokenizer, over HTTP)."""
+        """`tokenizer` / `plain_tokenizer`: the served model's own tokenizer, loaded locally, with
+        special tokens parsed / split (`local_tokenizers`); saves a round trip per turn for
+        environment text. Without them `/tokenize` is asked (the same tokenizer, over HTTP)."""
         root = base_url.removesuffix("/").removesuffix("/v1")
         self._http = httpx.Client(base_url=root, timeout=timeout_s, transport=transport)
         self._model = model
         self._retries = retries
         self._backoff_s = backoff_s
         self._tokenizer = tokenizer
+        self._plain_tokenizer = plain_tokenizer
         self._end_of_turn: int | None = None
+        self._generate_route: bool | None = None  # None: not tried yet
 
     def close(self) -> None:
         self._http.close()
+
+    @property
+    def labels_every_token(self) -> bool:
+        """The server labels each output span with its weight version (vLLM's generate route)."""
+        return self._generate_route is True
 
     def model(self) -> str:
         if self._model is None:
@@ -69,8 +107,24 @@ class PolicyClient:
         return list(self._request("POST", "/tokenize", json=body)["tokens"])
 
     def tokenize(self, text: str) -> list[int]:
+        """`text` with its special-token strings parsed as control tokens: for the chat frame only."""
         if self._tokenizer is not None:
             return self._tokenizer(text)
+        return self._tokenize_remote(text)
+
+    def tokenize_plain(self, text: str) -> list[int]:
+        """`text` as plain text: a special-token string in it (a tool printed `<|im_end|>`) becomes
+        ordinary text tokens, never the control token."""
+        if self._plain_tokenizer is not None:
+            return self._plain_tokenizer(text)
+        # vLLM's /tokenize cannot split special tokens: cut every control string in two, so that
+        # no segment holds one whole. Text without control strings is one call, as before.
+        ids: list[int] = []
+        for segment in split_control_strings(text):
+            ids += self.tokenize(segment) if segment else []
+        return ids
+
+    def _tokenize_remote(self, text: str) -> list[int]:
         body = {"model": self.model(), "prompt": text, "add_special_tokens": False}
         return list(self._request("POST", "/tokenize", json=body)["tokens"])
 
@@ -90,29 +144,47 @@ class PolicyClient:
             return None  # servers without the RL dev endpoints: versions are tracked by the run instead
 
     def complete(
-        self, *, prompt_ids: list[int], max_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-        seed: int | None = None,
+        self, *, prompt_ids: list[int], max_tokens: int, sampling: Sampling | None = None, seed: int | None = None,
     ) -> Completion:
-        body: dict[str, Any] = {
-            "model": self.model(), "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": temperature,
-            "top_p": top_p, "logprobs": 0, "return_token_ids": True, "skip_special_tokens": False,
-        }
+        params: dict[str, Any] = {"max_tokens": max_tokens, **sampling_body(sampling or Sampling()), "logprobs": 0,
+                                  "skip_special_tokens": False}
         if seed is not None:
-            body["seed"] = seed
+            params["seed"] = seed
         started = time.monotonic()
-        data = self._request("POST", "/v1/completions", json=body)
+        if self._generate_route is not False:
+            generated = self._generate(prompt_ids, params, started=started)
+            if generated is not None:
+                return generated
+        version_start = self.weight_version()
+        data = self._request("POST", "/v1/completions",
+                             json={"model": self.model(), "prompt": prompt_ids, "return_token_ids": True, **params})
+        version_end = self.weight_version()
         choice = data["choices"][0]
-        token_ids = list(choice.get("token_ids") or [])
         logprobs = [float(x) for x in (choice.get("logprobs") or {}).get("token_logprobs") or []]
-        if len(logprobs) != len(token_ids):
-            raise PolicyError(f"the server returned {len(token_ids)} token ids but {len(logprobs)} logprobs")
-        return Completion(
-            token_ids=token_ids, logprobs=logprobs, text=choice.get("text", ""),
-            finish_reason=choice.get("finish_reason"), weight_version=self.weight_version(),
-            seconds=time.monotonic() - started,
-        )
+        return _completion(choice, logprobs, versions=(version_start, version_end), after=version_end,
+                           started=started)
 
-    def _request(self, method: str, path: str, *, json: Any = None, retry: bool = True) -> Any:
+    def _generate(self, prompt_ids: list[int], params: dict[str, Any], *, started: float) -> Completion | None:
+        """vLLM's token-in/token-out route with per-token weight-version spans; None where the server
+        does not serve it (then `/v1/completions` is used from now on)."""
+        body = {"model": self.model(), "token_ids": prompt_ids, "output_mode": "text",
+                "sampling_params": {**params, "detokenize": True}}
+        data = self._request("POST", GENERATE_ROUTE, json=body, missing_ok=True)
+        if data is None:
+            self._generate_route = False
+            return None
+        self._generate_route = True
+        choice = data["choices"][0]
+        logprobs = [float(entry["logprob"]) for entry in (choice.get("logprobs") or {}).get("content") or []]
+        spans = choice.get("weight_versions") or []
+        after = self.weight_version()
+        versions = tuple(str(span["version"]) for span in spans) or (after,)  # none: an empty output
+        return _completion(choice, logprobs, versions=versions, after=after, started=started)
+
+    def _request(self, method: str, path: str, *, json: Any = None, retry: bool = True, missing_ok: bool = False
+                 ) -> Any:
+        """The JSON answer; `missing_ok`: None when the server has no such route (404, or 403 for
+        vLLM's scale-out routes when they are not enabled)."""
         attempts = self._retries + 1 if retry else 1
         for attempt in range(attempts):
             try:
@@ -122,6 +194,8 @@ class PolicyClient:
             else:
                 if response.status_code < 400:
                     return response.json()
+                if missing_ok and response.status_code in (403, 404):
+                    return None
                 failure = f"{method} {path}: HTTP {response.status_code} {response.text[:300]}"
                 if response.status_code == 400 and "context" in response.text.lower():
                     raise ContextOverflow(failure)
@@ -134,9 +208,49 @@ class PolicyClient:
         raise PolicyError(failure)
 
 
+def _completion(choice: dict[str, Any], logprobs: list[float], *, versions: tuple[str | None, ...],
+                after: str | None, started: float) -> Completion:
+    token_ids = list(choice.get("token_ids") or [])
+    if len(logprobs) != len(token_ids):
+        raise PolicyError(f"the server returned {len(token_ids)} token ids but {len(logprobs)} logprobs")
+    return Completion(token_ids=token_ids, logprobs=logprobs, text=choice.get("text", ""),
+                      finish_reason=choice.get("finish_reason"), versions=versions, version_after=after,
+                      seconds=time.monotonic() - started)
+
+
+def sampling_body(sampling: Sampling) -> dict[str, Any]:
+    """Every sampling parameter vLLM applies, spelled out (a missing one would take the server's or
+    the model's `generation_config.json` default, which the trainer does not reproduce)."""
+    return sampling.model_dump()
+
+
+def split_control_strings(text: str) -> list[str]:
+    """`text` cut inside every control string (`<|im_end|>` → `<|im_` | `end|>`), so that segments
+    tokenized apart can never form a control token; the segments join back to `text`."""
+    segments, start, position = [], 0, 0
+    while position < len(text):
+        found = [(text.find(control, position), control) for control in CONTROL_STRINGS]
+        hits = [(at, control) for at, control in found if at >= 0]
+        if not hits:
+            break
+        at, control = min(hits)
+        cut = at + len(control) // 2
+        segments.append(text[start:cut])
+        start = position = cut
+    segments.append(text[start:])
+    return segments
+
+
 def local_tokenizer(model_dir: str) -> Callable[[str], list[int]]:
     """The model directory's tokenizer as a function (no special tokens added, like `/tokenize`)."""
+    return local_tokenizers(model_dir)[0]
+
+
+def local_tokenizers(model_dir: str) -> tuple[Callable[[str], list[int]], Callable[[str], list[int]]]:
+    """The model directory's tokenizer as two functions: special tokens parsed (the chat frame) and
+    split (environment text, `split_special_tokens=True`). Neither adds BOS/EOS, like `/tokenize`."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return lambda text: list(tokenizer.encode(text, add_special_tokens=False))
+    return (lambda text: list(tokenizer.encode(text, add_special_tokens=False)),
+            lambda text: list(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)))

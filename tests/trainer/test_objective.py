@@ -46,13 +46,27 @@ def test_group_advantages_with_and_without_std_scaling() -> None:
     assert [round(s.advantage, 4) for s in group.samples] == [1.0, -1.0, -1.0, 1.0]
 
 
-def test_rewards_are_normalised_per_environment_only_when_mixed() -> None:
+def test_normalisation_is_decided_per_run_not_per_batch() -> None:
+    """auto means: on for a run that mixes environments, whatever one batch holds (old code decided
+    per batch, so a batch that happened to hold one environment was not z-scored)."""
+    assert LossConfig().normalization_for(environments=2) == "on"
+    assert LossConfig().normalization_for(environments=1) == "off"
+    assert LossConfig(normalize_rewards_per_environment="off").normalization_for(environments=3) == "off"
+    small = Group(id=1, group_index=0, environment="a", policy_version=0,
+                  samples=[sample(r, env="a", episode=i) for i, r in enumerate([0.0, 0.1])])
+    assert normalize_per_environment([small], mode="on") == {"a": pytest.approx((0.05, 0.05))}
+    assert [s.score for s in small.samples] == pytest.approx([-1.0, 1.0])  # one environment, still z-scored
+    with pytest.raises(ValueError, match="resolved per run"):
+        normalize_per_environment([small], mode="auto")
+
+
+def test_rewards_are_normalised_per_environment() -> None:
     small = Group(id=1, group_index=0, environment="a", policy_version=0,
                   samples=[sample(r, env="a", episode=i) for i, r in enumerate([0.0, 0.1])])
     large = Group(id=2, group_index=1, environment="b", policy_version=0,
                   samples=[sample(r, env="b", episode=i) for i, r in enumerate([0.0, 10.0])])
-    assert normalize_per_environment([small], mode="auto") == {}
-    stats = normalize_per_environment([small, large], mode="auto")
+    assert normalize_per_environment([small], mode="off") == {}
+    stats = normalize_per_environment([small, large], mode="on")
     assert stats["b"] == (5.0, 5.0)
     assign_advantages([small, large], scale_by_std=False)
     # After the z-score both environments pull equally hard.

@@ -3,12 +3,15 @@ runner in Docker sandboxes, Postgres. One vLLM server for the module.
 
 - token exactness: the trainer's recomputed logprobs of stored turns match vLLM's behaviour logprobs;
 - a step syncs the weights, the probe passes, and only then the version is published;
-- a failed probe publishes nothing, and a restart publishes the step it trained.
+- a sync in the middle of a multi-turn episode: every turn's versions bracket the weights of every
+  token it sampled (issue 10);
+- a failed probe rolls vLLM back and publishes nothing, and a restart publishes the step it trained.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +21,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
-from core.models import EpisodeGroup, PolicyVersion, Run, Task, TrainingStep
+from core.models import Episode, EpisodeGroup, PolicyVersion, Run, Task, TrainingStep, Turn
 from core.store import insert_episode
 from environments.images import build_images
 from environments.service import register_environment
@@ -37,7 +40,7 @@ from trainer.probe import probe_token_ids
 from trainer.rollouts import load_groups
 from trainer.serving import VllmServer
 from trainer.sync import PolicyServer, Publisher
-from trainer.weight_sync import WeightSyncer, make_weight_syncer
+from trainer.weight_sync import make_weight_syncer
 
 # float32 on both sides: vLLM's sampled-token logprobs and the trainer's recompute agree to ~1e-6.
 TOKEN_TOLERANCE = 1e-4
@@ -166,49 +169,229 @@ def test_recomputed_logprobs_match_vllm_and_a_step_publishes_after_the_probe(
     trainer.close()
 
 
-class _KeepsOldWeights:
-    """Wraps a real syncer but always pushes the starting weights: a sync that reports success and
-    changes nothing."""
+def _episode_ids(session: Session, *, run: Run, spec: dict, groups: int = 1) -> list[int]:
+    env, _ = register_environment(session, spec=parse_spec(spec))
+    task = Task(environment_name=env.name, external_id=f"t-{run.id}", instruction="The file number.txt holds a "
+                "number. Read it and submit it.", payload={"path": "number.txt", "number": "4821"})
+    session.add(task)
+    session.flush()
+    ids = []
+    first = session.query(EpisodeGroup).filter(EpisodeGroup.run_id == run.id).count()
+    for index in range(first, first + groups):
+        group = EpisodeGroup(run_id=run.id, group_index=index, task_id=task.id, environment_id=env.id, size=1,
+                             policy_version=0)
+        session.add(group)
+        session.flush()
+        ids.append(insert_episode(session, run_id=run.id, group_id=group.id, sample_index=0, task_id=task.id,
+                                  environment_id=env.id)[0])
+    session.commit()
+    return ids
 
-    def __init__(self, inner: WeightSyncer, old: torch.nn.Module) -> None:
-        self.inner, self.old = inner, old
 
-    def push(self, *, model: torch.nn.Module, version: int) -> float:
-        return self.inner.push(model=self.old, version=version)
+def _run_with_retries(episode_id: int, *, vllm_server: VllmServer, sandboxes: DockerSandboxes,
+                      attempts: int = 6) -> int:
+    """What the Celery task does: an infrastructure fault (a turn under unverified weights) is retried.
+    Returns the faults seen."""
+    from core.db import session_scope
+    from core.termination import TerminationReason
+    from task_workers.episode.errors import PolicyFault
+    from task_workers.episode.persist import record_fault
 
-    def close(self) -> None:
-        self.inner.close()
+    policy = PolicyClient(base_url=vllm_server.api_url, model=vllm_server.model_name)
+    try:
+        for attempt in range(attempts):
+            try:
+                run_episode(episode_id, policy=policy, sandboxes=sandboxes, worker="trainer-test")
+                assert policy.labels_every_token  # turn versions from vLLM's per-token spans
+                return attempt
+            except PolicyFault as error:
+                with session_scope() as session:
+                    record_fault(session, episode_id=episode_id, reason=TerminationReason.POLICY_ERROR,
+                                 message=str(error), worker="trainer-test", final=False)
+    finally:
+        policy.close()
+    raise AssertionError(f"episode {episode_id} never ran without a policy fault in {attempts} attempts")
 
 
-def test_a_failed_probe_publishes_nothing_and_a_restart_publishes_the_step(
-    db_session: Session, served_original: VllmServer, tiny_model_dir: Path, tokenizer: PreTrainedTokenizerBase,
-    tmp_path: Path,
+def _perturbed(model: torch.nn.Module, *, seed: int) -> torch.nn.Module:
+    """A copy with every weight moved by N(0, 0.02²): what a (large) optimizer step looks like."""
+    import copy
+
+    new = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in new.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.02)
+    return new.eval()
+
+
+def _requests_running(vllm_server: VllmServer) -> float:
+    """vLLM's own gauge of requests being generated right now."""
+    import httpx
+
+    text = httpx.get(f"{vllm_server.base_url}/metrics", timeout=10).text
+    lines = [line for line in text.splitlines() if line.startswith("vllm:num_requests_running")]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+
+def _matching_versions(session: Session, *, episode_id: int, weights: dict[int, torch.nn.Module]
+                       ) -> list[tuple[Turn, list[set[int]]]]:
+    """Per stored turn, per sampled token: the versions whose weights give the stored logprob (the
+    trainer's own recompute, `sequence_logprobs`, over the whole episode sequence)."""
+    [group] = load_groups(session, list(session.execute(select(EpisodeGroup).join(
+        Episode, Episode.group_id == EpisodeGroup.id).where(Episode.id == episode_id)).scalars()))
+    [sample] = group.samples
+    recomputed = {v: sequence_logprobs(model, [collate([sample])])[episode_id] for v, model in weights.items()}
+    turns = list(session.execute(select(Turn).where(Turn.episode_id == episode_id).order_by(Turn.index)).scalars())
+    out, offset = [], 0
+    for turn in turns:
+        per_token = []
+        for position in range(offset + turn.prompt_length, offset + len(turn.token_ids)):
+            stored = turn.logprobs[position - offset]
+            per_token.append({v: float(rec[position - 1]) for v, rec in recomputed.items()})
+            per_token[-1] = {v for v, value in per_token[-1].items() if abs(value - stored) < TOKEN_TOLERANCE}
+        out.append((turn, per_token))
+        offset += len(turn.token_ids)
+    return out
+
+
+MID_GENERATION_SPEC = {**ENV_SPEC, "name": "read-number-sync", "limits": {
+    **ENV_SPEC["limits"], "max_response_tokens": 160, "max_context_tokens": 1000}}  # type: ignore[dict-item]
+
+
+def test_a_sync_mid_generation_is_bracketed_by_the_turns_versions_and_every_token_matches_its_weights(
+    db_session: Session, served_original: VllmServer, sandboxes: DockerSandboxes, tiny_model_dir: Path,
+    tokenizer: PreTrainedTokenizerBase,
 ) -> None:
-    vllm_server = served_original
-    from tests.trainer.rows import add_group, make_environment
+    """Weights are pushed (load → probe → tag) while the real runner's multi-turn episode is generating:
+    each stored turn's [start, end] versions hold the weights of every token it sampled, which the
+    trainer's recompute under those weights reproduces. Every request also sends the full sampling
+    set to a server whose model ships hostile generation defaults (conftest): had either been
+    applied, no version's recompute would match."""
+    import threading
 
+    from trainer.config import TrainerConfig
+    from trainer.engine import TorchEngine
+
+    vllm_server = served_original
+    run = make_run(db_session, model=str(tiny_model_dir), group_size=1, batch_size=1)
+    db_session.commit()
+    weights = {0: AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()}
+    publisher = _publisher(vllm_server, tokenizer)
+    spanning: list[tuple[Turn, list[set[int]]]] = []
+    try:
+        for attempt, episode_id in enumerate(_episode_ids(db_session, run=run, spec=MID_GENERATION_SPEC, groups=3)):
+            outcome: list[int | BaseException] = []
+
+            def attempt_episode(episode_id: int = episode_id, outcome: list[int | BaseException] = outcome) -> None:
+                try:
+                    outcome.append(_run_with_retries(episode_id, vllm_server=vllm_server, sandboxes=sandboxes))
+                except BaseException as error:  # re-raised below, in the test's thread
+                    outcome.append(error)
+
+            worker = threading.Thread(target=attempt_episode)
+            worker.start()
+            pushes = 0
+            while worker.is_alive():
+                if pushes < 2 and _requests_running(vllm_server) > 0:  # a completion is being generated: sync
+                    version = max(weights) + 1
+                    weights[version] = _perturbed(weights[0], seed=version)
+                    publisher.push(engine=TorchEngine(model=weights[version], config=TrainerConfig()),
+                                   version=version)
+                    pushes += 1
+                else:
+                    time.sleep(0.01)
+            worker.join()
+            if isinstance(outcome[0], BaseException):
+                raise outcome[0]
+            db_session.expire_all()
+            matched = _matching_versions(db_session, episode_id=episode_id, weights=weights)
+            assert len(matched) >= 2  # multi-turn
+            for turn, per_token in matched:
+                start, end = turn.weight_version, turn.weight_version_end
+                assert start is not None and end is not None and start <= end
+                for index, versions in enumerate(per_token):
+                    # The weights that sampled the token lie within the turn's bracket ...
+                    assert versions & set(range(start, end + 1)), (turn.index, index, start, end, versions)
+                if start == end:  # ... and a turn that saw one version matches it everywhere
+                    assert all(start in versions for versions in per_token), (turn.index, start)
+            episode = db_session.get(Episode, episode_id)
+            assert episode is not None and episode.policy_version == min(t.weight_version for t, _ in matched)
+            spanning += [(turn, per_token) for turn, per_token in matched
+                         if turn.weight_version != turn.weight_version_end]
+            if spanning:
+                break
+            assert attempt < 2, "no sync landed inside a generation in three episodes"
+        # A turn that spans a sync starts on its start version's weights and ends on newer ones.
+        turn, per_token = spanning[0]
+        assert turn.weight_version in per_token[0] and any(turn.weight_version not in v for v in per_token[1:])
+    finally:
+        publisher.syncer.push(model=weights[0], version=0)
+        publisher.close()
+
+
+def test_a_failed_probe_keeps_the_old_version_serving_and_the_run_shows_why(
+    db_session: Session, served_original: VllmServer, sandboxes: DockerSandboxes, tiny_model_dir: Path,
+    tokenizer: PreTrainedTokenizerBase, tmp_path: Path,
+) -> None:
+    """The trainer's new weights reach vLLM, but the probe is made to fail (a tolerance no float32 pair
+    meets): vLLM is rolled back to the old weights under the old tag, no turn is stored under the
+    unverified weights, the run records why, and a restart publishes the step it trained."""
+    import threading
+
+    import httpx
+
+    from controller.progress import describe_run
+    from tests.trainer.rows import add_group, make_environment
+    from trainer.probe import verify_sync
+
+    vllm_server = served_original
     run = make_run(db_session, model=str(tiny_model_dir), group_size=2, batch_size=1,
                    trainer={"optimizer": {"lr": 1e-2}})
     env, task = make_environment(db_session)
     add_group(db_session, run=run, env=env, task=task, rewards=[1.0, 0.0], vocab=len(tokenizer))
     db_session.commit()
-    # A push that silently keeps the old weights (what vLLM's CPU reload does to a tied lm_head).
+    original = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     publisher = _publisher(vllm_server, tokenizer)
-    publisher.syncer = _KeepsOldWeights(publisher.syncer, AutoModelForCausalLM.from_pretrained(tiny_model_dir))
     broken = Trainer(run_id=run.id, publisher=publisher, checkpoint_root=tmp_path / "ck")
-    broken.resume()  # the starting weights equal the served ones: this probe passes
-    with pytest.raises(WeightSyncError, match="vLLM disagrees"):
+    broken.resume()  # version 0, probed at the normal tolerance
+    publisher.tolerance = 1e-12  # float32 on both sides agree to ~1e-7: this probe must fail
+    [episode_id] = _episode_ids(db_session, run=run, spec={**ENV_SPEC, "name": "read-number-probe"})
+    worker = threading.Thread(target=_run_with_retries, kwargs={
+        "episode_id": episode_id, "vllm_server": vllm_server, "sandboxes": sandboxes})
+    worker.start()  # episodes keep running while the trainer's publish fails
+    while worker.is_alive() and _requests_running(vllm_server) == 0:
+        time.sleep(0.01)  # publish while a completion is being generated
+    with pytest.raises(WeightSyncError, match="version 1 not published, the previous weights serve again"):
         broken.train_one_step()
+    worker.join()
     broken.close()
+
     db_session.expire_all()
-    assert db_session.get(Run, run.id).policy_version == 0
+    assert httpx.get(f"{vllm_server.base_url}/weight_info").json()["weight_version"] == "0"
+    assert httpx.get(f"{vllm_server.base_url}/is_paused").json() == {"is_paused": False}
+    verify_sync(model=original, api_url=vllm_server.api_url, model_name=vllm_server.model_name,
+                token_ids=probe_token_ids(tokenizer), tolerance=TOKEN_TOLERANCE)  # the old weights serve
+    stored = db_session.get(Run, run.id)
+    assert stored is not None and stored.policy_version == 0
+    assert stored.sync_error is not None and "vLLM disagrees with the trainer's weights" in stored.sync_error
+    assert "version 1" in describe_run(db_session, stored)["sync_error"]
     assert db_session.execute(select(PolicyVersion).where(PolicyVersion.run_id == run.id)).first() is None
-    assert db_session.execute(select(TrainingStep.step).where(TrainingStep.run_id == run.id)).scalar_one() == 1
+    # Every stored turn carries version 0 and was sampled by the original weights, never the unverified.
+    for turn, per_token in _matching_versions(db_session, episode_id=episode_id, weights={0: original}):
+        assert (turn.weight_version, turn.weight_version_end) == (0, 0)
+        assert all(0 in versions for versions in per_token)
 
     fixed = Trainer(run_id=run.id, publisher=_publisher(vllm_server, tokenizer), checkpoint_root=tmp_path / "ck")
     fixed.resume()  # loads step 1's checkpoint, pushes it, the probe passes, version 1 is published
     db_session.expire_all()
-    assert fixed.step == 1 and db_session.get(Run, run.id).policy_version == 1
+    stored = db_session.get(Run, run.id)
+    assert fixed.step == 1 and stored is not None and stored.policy_version == 1 and stored.sync_error is None
+    # A restarted server says "default" (simulated by its tag): the trainer re-syncs it before training on.
+    httpx.post(f"{vllm_server.base_url}/update_weight_version", json={"new_version": "default"}).raise_for_status()
+    assert fixed.resync_if_needed() is True
+    assert httpx.get(f"{vllm_server.base_url}/weight_info").json()["weight_version"] == "1"
+    assert fixed.resync_if_needed() is False
     fixed.close()
 
 

@@ -61,6 +61,36 @@
     });
   }
 
+  // The trainer's cost/* metrics (trainer/cost.py), shown as recorded: no arithmetic here.
+  const COST_STAGES = ["rollout", "update", "reference", "reward"];
+  const COST_ROWS = 10;
+  function drawCost(m) {
+    const steps = m.steps.filter(st => typeof st.metrics["cost/step/seconds"] === "number");
+    const body = document.querySelector("#cost-table tbody");
+    body.textContent = "";
+    if (!steps.length) {
+      Charts.empty($("chart-cost"), "No step has recorded its cost yet.");
+      const cell = body.insertRow().insertCell();
+      cell.colSpan = 9;
+      cell.className = "empty";
+      cell.textContent = "No step has recorded its cost yet.";
+      return;
+    }
+    const counts = Object.fromEntries(COST_STAGES.map(s => [s, steps.map(st => st.metrics[`cost/${s}/seconds`] || 0)]));
+    Charts.stacked($("chart-cost"), { xs: steps.map(st => st.step), keys: COST_STAGES, counts });
+    for (const st of steps.slice(-COST_ROWS).reverse()) {
+      const v = k => (typeof st.metrics[k] === "number" ? Charts.fmt(st.metrics[k]) : "–");
+      const row = body.insertRow();
+      row.dataset.step = st.step;
+      for (const text of [String(st.step), ...COST_STAGES.map(s => v(`cost/${s}/seconds`)), v("cost/update/tokens"),
+                          v("cost/step/seconds"), v("cost/flops_per_s"), v("cost/mfu")]) {
+        const cell = row.insertCell();
+        cell.className = "num";
+        cell.textContent = text;
+      }
+    }
+  }
+
   function kvs(el, values) {
     el.textContent = "";
     for (const [k, v] of Object.entries(values)) {
@@ -89,6 +119,7 @@
     drawRewards(state.metrics);
     drawStats(state.stats);
     drawTraining(state.metrics);
+    drawCost(state.metrics);
   }
 
   async function poll() {
