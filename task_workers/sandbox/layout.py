@@ -35,7 +35,7 @@ CONTROL_CAPS = ("SETUID", "SETGID", "KILL")
 # /workspace, say): a root or keeper process that searched it, or honoured LD_PRELOAD or BASH_ENV,
 # would run the agent's files with our privileges. So: an empty environment, a PATH on the read-only
 # root filesystem, and an absolute argv[0] so that not even the engine searches the container's PATH.
-SAFE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # the image's own: read-only
 
 
 def privileged_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
