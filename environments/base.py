@@ -34,7 +34,7 @@ class ToolResult:
     output: str = ""
     exit_code: int | None = None
     status: str = "ok"
-    """ok, error (the call was wrong), timeout, oom, output_truncated, sandbox_dead."""
+    """ok, error (the call was wrong), timeout, oom, output_truncated, control_fault, sandbox_dead."""
     duration_s: float = 0.0
     truncated_bytes: int = 0
     ends_episode: bool = False
