@@ -1,10 +1,14 @@
-.PHONY: test demo setup lint bench bench-api
+.PHONY: test test-all demo setup lint bench bench-api
 
 setup:
 	scripts/setup.sh
 
 test:
 	scripts/test.sh
+
+# Everything, the end-to-end tests marked slow included (the CI-sized demo, real-vLLM syncs).
+test-all:
+	CRUCIBLE_TEST_SLOW=1 scripts/test.sh
 
 demo:
 	scripts/demo.sh

@@ -259,6 +259,7 @@ MID_GENERATION_SPEC = {**ENV_SPEC, "name": "read-number-sync", "limits": {
     **ENV_SPEC["limits"], "max_response_tokens": 160, "max_context_tokens": 1000}}  # type: ignore[dict-item]
 
 
+@pytest.mark.slow  # ~3–5 min on 2 cores: real vLLM, a sync mid-episode; `make test-all` runs it
 def test_a_sync_mid_generation_is_bracketed_by_the_turns_versions_and_every_token_matches_its_weights(
     db_session: Session, served_original: VllmServer, sandboxes: DockerSandboxes, tiny_model_dir: Path,
     tokenizer: PreTrainedTokenizerBase,
@@ -330,6 +331,7 @@ def test_a_sync_mid_generation_is_bracketed_by_the_turns_versions_and_every_toke
         publisher.close()
 
 
+@pytest.mark.slow  # ~2–3 min on 2 cores: real vLLM and episodes during a failing publish
 def test_a_failed_probe_keeps_the_old_version_serving_and_the_run_shows_why(
     db_session: Session, served_original: VllmServer, sandboxes: DockerSandboxes, tiny_model_dir: Path,
     tokenizer: PreTrainedTokenizerBase, tmp_path: Path,
