@@ -6,7 +6,7 @@ setup:
 test:
 	scripts/test.sh
 
-# Everything, the end-to-end tests marked slow included (the CI-sized demo, real-vLLM syncs).
+# Everything, the end-to-end tests marked slow included (real-vLLM syncs mid-episode, failing publish).
 test-all:
 	CRUCIBLE_TEST_SLOW=1 scripts/test.sh
 

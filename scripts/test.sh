@@ -10,8 +10,8 @@ fi
 export CRUCIBLE_TEST_REDIS_URL=${CRUCIBLE_TEST_REDIS_URL:-redis://127.0.0.1:6379/15}
 .venv/bin/ruff check .
 set +e
-# The default run leaves out tests marked slow (minutes each: the CI-sized demo, real-vLLM syncs
-# mid-episode); `make test-all` (CRUCIBLE_TEST_SLOW=1) runs them too.
+# The default run leaves out tests marked slow (minutes each: real-vLLM syncs mid-episode and during a
+# failing publish); `make test-all` (CRUCIBLE_TEST_SLOW=1) runs them too.
 if [ -n "${CRUCIBLE_TEST_SLOW:-}" ]; then
   .venv/bin/pytest "$@"
 else

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from cli.demo import DemoSettings, run_demo
 from core.models import Episode, Run, TrainingStep
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytestmark = [pytest.mark.docker]  # ~7 min on 2 cores; kept in `make test`: the README's demo must keep working
 
 
 @pytest.mark.timeout(2400)
