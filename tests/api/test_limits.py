@@ -137,9 +137,11 @@ def _send_until_answered(port: int, head: bytes, body_chunks: Iterator[bytes]) -
 
 
 def _status_and_error(answer: bytes) -> tuple[int, dict]:
+    """Status and error body; the body is {} when it never arrived: a server that closes a socket the
+    client is still writing to resets it, and the reset can discard the body (the head came first)."""
     head, _, body = answer.partition(b"\r\n\r\n")
     status = int(head.split(b" ", 2)[1])
-    return status, json.loads(body[: body.rindex(b"}") + 1])["error"]
+    return status, json.loads(body[: body.rindex(b"}") + 1])["error"] if b"}" in body else {}
 
 
 def test_a_50_mb_header_is_431_with_memory_flat(server: LiveApi) -> None:
@@ -160,7 +162,8 @@ def test_a_300_mb_body_is_413_with_memory_flat(server: LiveApi, declared: bool) 
     head = b"POST /v1/environments HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + framing + b"\r\n"
     chunk = b"a" * MIB if declared else b"%x\r\n%s\r\n" % (MIB, b"a" * MIB)
     status, error = _status_and_error(_send_until_answered(server.port, head, (chunk for _ in range(300))))
-    assert status == 413 and error["code"] == "too_large"
+    # The one error shape of a 413 is checked on a body small enough to arrive whole (the next test).
+    assert status == 413 and error.get("code", "too_large") == "too_large"
     assert server.memory_kib("VmHWM") - baseline < MEMORY_BOUND_KIB
     assert httpx.get(f"{server.url}/healthz").status_code == 200
 
