@@ -27,6 +27,26 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
+class Artifact:
+    """A file an observation produced besides its text (a screenshot), stored with its turn."""
+
+    name: str
+    """What it is: `screenshot`, …"""
+    media_type: str
+    """`image/png`, …"""
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Opening:
+    """The first user message of an episode when the kind builds it from the sandbox (a browser's goal
+    and first page) instead of the task's instruction alone."""
+
+    text: str
+    artifacts: tuple[Artifact, ...] = ()
+
+
+@dataclass(frozen=True)
 class ToolResult:
     """What a tool call did. `observation` is what the policy sees; `output` is the full text."""
 
@@ -38,7 +58,9 @@ class ToolResult:
     duration_s: float = 0.0
     truncated_bytes: int = 0
     ends_episode: bool = False
-    """`submit` ends the episode with reason `submitted`."""
+    """`submit` ends the episode with reason `submitted` (as does a page that says its task is done)."""
+    artifacts: tuple[Artifact, ...] = ()
+    """Files this observation produced (a screenshot), stored with the turn."""
 
     @property
     def is_error(self) -> bool:
@@ -112,3 +134,9 @@ class EnvironmentKind(Protocol):
         """Score the episode, layer by layer; `actions` are the tool calls the agent made, in order.
         Raises GraderFault only for faults of the machine."""
         ...
+
+
+class OpensEpisodes(Protocol):
+    """A kind whose first message comes from the sandbox after setup (optional; see Opening)."""
+
+    def opening(self, *, sandbox: Sandbox, task: Any, instruction: str) -> Opening: ...

@@ -7,7 +7,9 @@
   rootfs tarball (and the downloaded .debs) are cached under `<data_dir>/images/`. With
   CRUCIBLE_SANDBOX_BASE_IMAGE set, that local image is the base instead.
 * environments: every `environments/images/<name>/Dockerfile`, built with `BASE_IMAGE=<base tag>`
-  on the host network -> `crucible/<name>:<hash>`.
+  on the host network -> `crucible/<name>:<hash>`. An image may take files from outside its folder
+  (EXTRA_CONTEXT: the browser image takes the in-sandbox browser driver and the MiniWoB++ pages of
+  the installed `miniwob` package); they are copied into the build context and hashed with it.
 
 A tag's hash covers every input (debootstrap arguments and setup script; the base tag and every
 file of the build context), so an unchanged image is never rebuilt: a second build is a no-op.
@@ -22,6 +24,7 @@ import logging
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -65,6 +68,31 @@ class BuiltImage:
         return asdict(self)
 
 
+def _browser_extras() -> dict[str, Path]:
+    import importlib.util
+
+    found = importlib.util.find_spec("miniwob")
+    if found is None or not found.submodule_search_locations:
+        raise ImageBuildError("browser image: expected the `miniwob` package (pip install miniwob==1.1.0), got none")
+    html = Path(next(iter(found.submodule_search_locations))) / "html"
+    return {"crucible_browser": IMAGES_DIR.parent / "browser" / "sandbox", "miniwob": html}
+
+
+EXTRA_CONTEXT = {"browser": _browser_extras}
+"""Image name -> {folder in the build context: source folder}, for files that live elsewhere."""
+
+
+def _context_files(context: Path) -> list[tuple[str, Path]]:
+    """(path in the build context, source) for every file of an image's context, its extras included."""
+    files = [(p.relative_to(context).as_posix(), p) for p in context.rglob("*")
+             if p.is_file() and "__pycache__" not in p.parts]
+    extras = EXTRA_CONTEXT.get(context.name)
+    for folder, source in (extras() if extras else {}).items():
+        files += [(f"{folder}/{p.relative_to(source).as_posix()}", p) for p in source.rglob("*")
+                  if p.is_file() and "__pycache__" not in p.parts]
+    return sorted(files)
+
+
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -82,8 +110,8 @@ def environment_names() -> list[str]:
 def context_hash(context: Path, *, base_tag: str) -> str:
     """Hash of the base tag and every file (path, mode's exec bit, bytes) of a build context."""
     digest = hashlib.sha256(f"{BUILDER_VERSION}\n{base_tag}\n".encode())
-    for path in sorted(p for p in context.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        digest.update(f"{path.relative_to(context).as_posix()}\n{os.access(path, os.X_OK)}\n".encode())
+    for name, path in _context_files(context):
+        digest.update(f"{name}\n{os.access(path, os.X_OK)}\n".encode())
         digest.update(_sha(path.read_bytes()).encode())
     return digest.hexdigest()[:12]
 
@@ -175,6 +203,18 @@ def build_environment(
         return BuiltImage(name=name, tag=tag, built=False, seconds=time.monotonic() - started)
     log.info("building %s from %s", tag, context)
     lines: list[str] = []
+    with tempfile.TemporaryDirectory(prefix=f"crucible-build-{name}-") as assembled:
+        for relative, source in _context_files(context):
+            target = Path(assembled) / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+        _docker_build(api, name=name, context=Path(assembled), tag=tag, base_tag=base_tag, digest=digest, lines=lines)
+    _tag_latest(api, tag)
+    return BuiltImage(name=name, tag=tag, built=True, seconds=time.monotonic() - started)
+
+
+def _docker_build(api: docker.APIClient, *, name: str, context: Path, tag: str, base_tag: str, digest: str,
+                  lines: list[str]) -> None:
     for chunk in api.build(
         path=str(context), tag=tag, buildargs={"BASE_IMAGE": base_tag}, network_mode="host",
         rm=True, forcerm=True, pull=False, decode=True, labels={"crucible.inputs": digest},
@@ -182,8 +222,6 @@ def build_environment(
         if "error" in chunk:
             raise ImageBuildError(f"docker build {name}: {chunk['error'].strip()}\n" + "".join(lines[-20:]))
         lines.append(str(chunk.get("stream", "")))
-    _tag_latest(api, tag)
-    return BuiltImage(name=name, tag=tag, built=True, seconds=time.monotonic() - started)
 
 
 def build_images(

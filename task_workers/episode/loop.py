@@ -23,7 +23,7 @@ from environments.base import EnvironmentKind, Sandbox, ToolResult
 from environments.parsing import PARSERS, MalformedToolCall
 from environments.spec import Limits
 from task_workers.episode.errors import PolicyFault, SandboxFault
-from task_workers.episode.trajectory import Trajectory, TurnRecord
+from task_workers.episode.trajectory import ArtifactRecord, Trajectory, TurnRecord
 from task_workers.policy.chat import observation_frame
 from task_workers.policy.client import Completion, ContextOverflow, PolicyClient, PolicyError
 
@@ -127,6 +127,8 @@ def run_agent_loop(ctx: LoopContext, *, prompt_ids: list[int]) -> Trajectory:
             truncated=result.truncated_bytes > 0 or observation != result.observation,
             truncated_bytes=result.truncated_bytes,
         ))
+        trajectory.artifacts += [ArtifactRecord(len(trajectory.turns) - 1, a.name, a.media_type, a.data)
+                                 for a in result.artifacts]
         tokens += completion.token_ids
         format_errors = format_errors + 1 if format_error else 0
         tool_errors = tool_errors + 1 if result.is_error and not format_error else 0

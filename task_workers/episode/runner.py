@@ -30,7 +30,7 @@ from environments.spec import EnvironmentSpec
 from task_workers.episode.errors import SandboxFault
 from task_workers.episode.loop import LoopContext, initial_prompt, run_agent_loop
 from task_workers.episode.persist import claim_episode, store_episode
-from task_workers.episode.trajectory import Trajectory
+from task_workers.episode.trajectory import ArtifactRecord, Trajectory
 from task_workers.policy.client import PolicyClient
 
 logger = logging.getLogger(__name__)
@@ -112,10 +112,18 @@ def run_episode(
         except (RuntimeError, CrucibleError) as error:
             raise SandboxFault(f"task setup failed: {error}") from error
         set_up = time.monotonic()
+        instruction, opening_artifacts = loaded.instruction, ()
+        if hasattr(kind, "opening"):  # the first message comes from the sandbox (a browser's first page)
+            try:
+                opening = kind.opening(sandbox=sandbox, task=task, instruction=loaded.instruction)
+            except (RuntimeError, CrucibleError) as error:
+                raise SandboxFault(f"the first observation failed: {error}") from error
+            instruction, opening_artifacts = opening.text, opening.artifacts
         ctx = LoopContext(kind=kind, task=task, sandbox=sandbox, policy=policy, limits=loaded.spec.limits,
                           sampling=loaded.sampling, tool_parser=loaded.spec.tool_parser,
                           require_version=loaded.training)
-        trajectory = run_agent_loop(ctx, prompt_ids=initial_prompt(ctx, instruction=loaded.instruction))
+        trajectory = run_agent_loop(ctx, prompt_ids=initial_prompt(ctx, instruction=instruction))
+        trajectory.artifacts[:0] = [ArtifactRecord(None, a.name, a.media_type, a.data) for a in opening_artifacts]
         verdict, verify_s = _verify(kind, sandbox, task, trajectory, sandboxes, loaded)
         sandbox_id = getattr(sandbox, "id", None)
     timings = {**trajectory.timings, "lease": leased - started, "setup": set_up - leased, "verify": verify_s,

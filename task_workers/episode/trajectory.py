@@ -32,11 +32,23 @@ class TurnRecord:
     truncated_bytes: int = 0
 
 
+@dataclass(frozen=True)
+class ArtifactRecord:
+    """A file an observation produced (environments.base.Artifact), tied to its turn; turn_index None
+    is the opening observation, before the first turn."""
+
+    turn_index: int | None
+    name: str
+    media_type: str
+    data: bytes
+
+
 @dataclass
 class Trajectory:
     turns: list[TurnRecord] = field(default_factory=list)
     termination: TerminationReason | None = None
     submitted: bool = False
+    artifacts: list[ArtifactRecord] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=lambda: {"generation": 0.0, "sandbox": 0.0})
 
     @property

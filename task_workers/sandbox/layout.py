@@ -9,6 +9,7 @@ no per-container disk quota). tmpfs pages are charged to the container's memory 
     /run/crucible               the driver's fifos, history, lease, bash copy   root-owned 0711, exec
     /run/crucible-out           one command's raw output before capping   root-owned 0711, spec.capture_size
     /run/crucible-pristine      baseline copy of .git config/hooks/refs   keeper-owned: agent cannot edit
+    /run/crucible-keeper        the keeper's scratch: a browser sandbox's Chromium profile   keeper-owned 0700
     /dev/shm/.crucible-shell-*  the user shell's cwd/env checkpoint       the agent's own (see driver.py)
 
 The shell driver runs as root (CONTROL_USER) with only CONTROL_CAPS; see driver.py for why.
@@ -21,6 +22,9 @@ from task_workers.sandbox.spec import SandboxSpec
 CONTROL_DIR = "/run/crucible"
 CAPTURE_DIR = "/run/crucible-out"
 PRISTINE_DIR = "/run/crucible-pristine"
+KEEPER_DIR = "/run/crucible-keeper"
+"""The keeper's own scratch (a browser sandbox's Chromium profile and cache): out of the agent's reach,
+and out of the reset's, which empties /tmp and would fail on files it cannot remove."""
 LEASE_FILE = f"{CONTROL_DIR}/lease"
 HISTORY_DIR = f"{CONTROL_DIR}/history"
 SHELL_STATE_PREFIX = "/dev/shm/.crucible-shell"
@@ -50,6 +54,7 @@ def is_privileged(user: str) -> bool:
 KEEPER_USER = "65534:65534"
 CONTROL_SIZE = 16 << 20
 PRISTINE_SIZE = 16 << 20
+KEEPER_SIZE = 512 << 20  # tmpfs pages count against the container's memory only once written
 SHM_SIZE = 64 << 20
 
 
@@ -66,6 +71,7 @@ def tmpfs_mounts(spec: SandboxSpec) -> dict[str, str]:
         CONTROL_DIR: f"size={CONTROL_SIZE},uid=0,gid=0,mode=0711,nosuid,nodev,exec",
         CAPTURE_DIR: f"size={spec.capture_size},uid=0,gid=0,mode=0711,nosuid,nodev,noexec",
         PRISTINE_DIR: f"size={PRISTINE_SIZE},uid={keeper_uid},gid={keeper_gid},mode=0755,nosuid,nodev,noexec",
+        KEEPER_DIR: f"size={KEEPER_SIZE},uid={keeper_uid},gid={keeper_gid},mode=0700,nosuid,nodev,noexec",
     }
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from task_workers.sandbox import files as files_
 from task_workers.sandbox import labels as L
 from task_workers.sandbox.backend import ExecResult, SandboxBackend
+from task_workers.sandbox.browser import BrowserSession
 from task_workers.sandbox.errors import ResetFailed, SandboxDead, SandboxError, SessionError
 from task_workers.sandbox.events import EventKind, EventRecorder, EventSink, NullEventSink
 from task_workers.sandbox.layout import CONTROL_USER, KEEPER_USER, sandbox_env
@@ -82,6 +83,7 @@ class Sandbox:
         self.saw_oom = False
         self.is_repo = False
         self._session: ShellSession | None = None
+        self._browser: BrowserSession | None = None
         self._lock = threading.RLock()
         self._destroy_lock = threading.Lock()
         self._destroyed = False
@@ -159,6 +161,26 @@ class Sandbox:
     def get_archive(self, path: str) -> bytes:
         """A tar of a file or directory, stored under its base name."""
         return files_.get_archive(self, path)
+
+    def browser(self) -> BrowserSession:
+        """The browser driver of a browser image (started on first use, kept across episodes: the
+        pool's reset leaves it, its browser context is what each episode resets)."""
+        with self._lock:
+            if self._destroyed:
+                raise SandboxDead(f"sandbox {self.id}: expected a live sandbox, got it destroyed")
+            if self._browser is None or not self._browser.alive:
+                if self._browser is not None:
+                    self._browser.close()
+                backend, cid = self.backend, self.container_id
+                self._browser = BrowserSession(lambda argv: backend.open_exec(
+                    cid, argv=argv, user=KEEPER_USER, env={}, workdir="/"))
+                try:
+                    self._browser.start()
+                except SandboxError:
+                    self.healthy = False
+                    self._browser = None
+                    raise
+            return self._browser
 
     def _ensure_session(self, *, restore_from: str | None = None) -> ShellSession:
         if self._session is None or not self._session.alive:
@@ -310,6 +332,9 @@ class Sandbox:
                 session, self._session = self._session, None
                 if session is not None:
                     session.close()
+                browser, self._browser = self._browser, None
+                if browser is not None:
+                    browser.close()
 
 
 def _excerpt(command: str | bytes) -> str:
