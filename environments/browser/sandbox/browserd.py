@@ -30,7 +30,7 @@ task's seed at every open; their state is read through this channel, never throu
 
 from __future__ import annotations
 
-import base64
+import contextlib
 import json
 import os
 import re
@@ -49,8 +49,6 @@ from urllib.parse import parse_qs, urlsplit
 if __package__ in (None, ""):  # run as a script: make the package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     __package__ = Path(__file__).resolve().parent.name
-
-import contextlib
 
 from . import axtree
 from .cdp import CHROMIUM, CdpError, Chromium
@@ -636,10 +634,8 @@ class Driver:
     def _settle(self, tab: Tab) -> None:
         """Wait for what the action started: a navigation's load, then one rendered frame."""
         frame = "new Promise(r => requestAnimationFrame(() => setTimeout(r, 0)))"
-        try:
+        with contextlib.suppress(ActionError, CdpError):  # the document went away: a navigation, waited for below
             tab.evaluate(frame, await_promise=True)
-        except (ActionError, CdpError):
-            pass  # the document went away under us: a navigation, waited for below
         assert self.browser is not None
         events = self.browser.drain(tab.session)
         started = any(e.get("method") in ("Page.frameStartedLoading", "Page.frameRequestedNavigation")
@@ -738,10 +734,6 @@ def serve(stdin: Any = None, stdout: Any = None) -> None:
         stdout.write(json.dumps(reply, separators=(",", ":")).encode() + b"\n")
         stdout.flush()
     driver._drop_browser()
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
 
 
 if __name__ == "__main__":
