@@ -1,5 +1,6 @@
 """SQLAlchemy 2.0 models of the trajectory store (see ARCHITECTURE.md, "The data that flows")."""
 
+from core.models.artifact import EpisodeArtifact
 from core.models.auth import ApiToken
 from core.models.base import Base
 from core.models.environment import Environment, Task
@@ -13,6 +14,7 @@ __all__ = [
     "Base",
     "Environment",
     "Episode",
+    "EpisodeArtifact",
     "EpisodeGroup",
     "PolicyVersion",
     "Run",

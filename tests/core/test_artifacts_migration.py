@@ -1,0 +1,69 @@
+"""Migration 0006 (episode_artifacts) applies to a populated database and comes back down without
+touching what was there."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from sqlalchemy import create_engine, func, insert, pool, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
+
+from core import migrate
+from core.models import Episode, EpisodeArtifact, Turn
+from core.store import insert_episode
+from tests import factories
+from tests.support.browser_episode import browser_trajectory, png
+
+
+@pytest.fixture
+def empty_url(database_url: str) -> Iterator[str]:
+    admin = make_url(database_url).set(drivername="postgresql")
+    name = f"{admin.database}_m6_{uuid.uuid4().hex[:6]}"
+    dsn = admin.render_as_string(hide_password=False)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield make_url(database_url).set(database=name).render_as_string(hide_password=False)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _populate(session: Session) -> int:
+    """A run with a completed episode and its turns, written at revision 0005 (no artifacts table yet)."""
+    env = factories.environment(session, kind="browser")
+    the_task = factories.task(session, env)
+    the_run = factories.run(session, group_size=1, batch_size=1)
+    group = factories.group(session, env=env, task=the_task, run=the_run, group_index=0)
+    episode_id, _ = insert_episode(session, run_id=the_run.id, group_id=group.id, sample_index=0,
+                                   task_id=the_task.id, environment_id=env.id, status="completed", num_turns=2)
+    for turn in browser_trajectory().turns:
+        session.execute(insert(Turn).values(run_id=the_run.id, episode_id=episode_id, **vars(turn)))
+    session.commit()
+    return episode_id
+
+
+def test_0006_upgrades_a_populated_database_and_downgrades(empty_url: str) -> None:
+    migrate.upgrade("0005", url=empty_url)
+    engine = create_engine(empty_url, poolclass=pool.NullPool)
+    try:
+        with Session(engine) as session:
+            episode_id = _populate(session)
+        migrate.upgrade("0006", url=empty_url)
+        with Session(engine) as session:
+            episode = session.get(Episode, episode_id)
+            assert episode is not None and episode.num_turns == 2
+            assert session.execute(select(func.count()).select_from(Turn)).scalar_one() == 2
+            assert session.execute(select(func.count()).select_from(EpisodeArtifact)).scalar_one() == 0
+            shot = png(2, 2)
+            session.add(EpisodeArtifact(run_id=episode.run_id, episode_id=episode_id, turn_index=0, name="screenshot",
+                                        media_type="image/png", size=len(shot), data=shot))
+            session.commit()
+        migrate.downgrade("0005", url=empty_url)
+        with Session(engine) as session:
+            assert session.execute(select(func.count()).select_from(Turn)).scalar_one() == 2
+        migrate.upgrade("head", url=empty_url)
+    finally:
+        engine.dispose()
