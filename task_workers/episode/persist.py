@@ -9,9 +9,10 @@ from typing import Any
 from sqlalchemy import exists, select, update
 from sqlalchemy.orm import Session
 
-from core.models import Episode, EpisodeGroup, Turn
+from core.models import Episode, EpisodeArtifact, EpisodeGroup, Turn
 from core.termination import EpisodeStatus, GroupStatus, TerminationReason
 from environments.base import Verdict
+from task_workers.episode.artifacts import screen_artifacts
 from task_workers.episode.trajectory import Trajectory
 
 ENDED = (EpisodeStatus.COMPLETED, EpisodeStatus.FAILED, EpisodeStatus.CANCELLED)
@@ -44,12 +45,17 @@ def store_episode(
     session: Session, *, episode_id: int, trajectory: Trajectory, verdict: Verdict | None,
     sandbox_id: str | None, timings: dict[str, float],
 ) -> bool:
-    """Write the episode's outcome and every turn. False (and nothing written) if a copy is stored."""
+    """Write the episode's outcome, every turn and its artifacts (screened: see artifacts.py). False (and
+    nothing written) if a copy is stored."""
     episode = session.execute(select(Episode).where(Episode.id == episode_id).with_for_update()).scalar_one()
     if episode.status in ENDED:
         return False
     for turn in trajectory.turns:
         session.add(Turn(run_id=episode.run_id, episode_id=episode.id, **asdict(turn)))
+    for artifact in screen_artifacts(trajectory.artifacts, num_turns=len(trajectory.turns)):
+        session.add(EpisodeArtifact(run_id=episode.run_id, episode_id=episode.id, turn_index=artifact.turn_index,
+                                    name=artifact.name, media_type=artifact.media_type, size=len(artifact.data),
+                                    data=artifact.data))
     reason = trajectory.termination or TerminationReason.CANCELLED
     episode.status = EpisodeStatus.COMPLETED
     episode.termination_reason = reason
