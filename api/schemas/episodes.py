@@ -84,3 +84,24 @@ class EpisodeDetail(EpisodeSummary):
     verifier_layers: list[Any]
     final_diff: str | None
     turns: list[TurnPublic]
+
+
+class ArtifactPublic(BaseModel):
+    """A file an observation produced (a screenshot, the opening text); its bytes are at
+    `GET /v1/episodes/{episode_id}/artifacts/{id}`."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    turn_index: int | None
+    """The turn whose observation produced it; null for the opening observation, before the first turn."""
+    name: str
+    """`screenshot`, `observation` (the opening text), `not_stored` (a note saying what was dropped and why)…"""
+    media_type: str
+    size: int
+    """Bytes."""
+
+
+class ArtifactsPublic(BaseModel):
+    data: list[ArtifactPublic]
+    """The opening observation's first, then by turn, in the order they were produced."""

@@ -1,5 +1,5 @@
 """Episodes for the API: filtered lists of summaries (paged by id, never token arrays), one episode
-with its turns, and one turn's tokens."""
+with its turns, one turn's tokens, and the artifacts its observations produced (listed without their bytes)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from api.pagination import decode_cursor, page
 from api.services import json_shapes
 from api.services.tokenizer import decode_pieces
 from core.errors import NotFound
-from core.models import Environment, Episode, Run, Task, Turn
+from core.models import Environment, Episode, EpisodeArtifact, Run, Task, Turn
 
 SUMMARY_COLUMNS = (
     Episode.id, Episode.run_id, Episode.group_id, Episode.sample_index, Episode.task_id, Episode.environment_id,
@@ -133,3 +133,27 @@ def turn_tokens(session: Session, *, episode_id: int, index: int) -> dict[str, A
         raise NotFound(f"episode {episode_id} has no turn {index}; GET /v1/episodes/{episode_id} lists its turns")
     ids, logprobs, mask, model = row
     return {"token_ids": ids, "logprobs": logprobs, "loss_mask": mask, "pieces": decode_pieces(model=model, token_ids=ids)}
+
+
+def list_artifacts(session: Session, *, episode_id: int) -> list[dict[str, Any]]:
+    """The episode's artifacts without their bytes: the opening observation's first, then by turn."""
+    if session.execute(select(Episode.id).where(Episode.id == episode_id)).scalar_one_or_none() is None:
+        raise NotFound(f"no episode with id {episode_id}; GET /v1/episodes lists them")
+    query = (
+        select(EpisodeArtifact.id, EpisodeArtifact.turn_index, EpisodeArtifact.name, EpisodeArtifact.media_type,
+               EpisodeArtifact.size)
+        .where(EpisodeArtifact.episode_id == episode_id)
+        .order_by(EpisodeArtifact.turn_index.asc().nulls_first(), EpisodeArtifact.id)
+    )
+    return [dict(row._mapping) for row in session.execute(query)]
+
+
+def artifact_content(session: Session, *, episode_id: int, artifact_id: int) -> tuple[str, bytes]:
+    """One artifact's media type and bytes; NotFound unless it belongs to this episode."""
+    query = select(EpisodeArtifact.media_type, EpisodeArtifact.data).where(
+        EpisodeArtifact.id == artifact_id, EpisodeArtifact.episode_id == episode_id)
+    row = session.execute(query).one_or_none()
+    if row is None:
+        raise NotFound(f"episode {episode_id} has no artifact {artifact_id}; "
+                       f"GET /v1/episodes/{episode_id}/artifacts lists them")
+    return row.media_type, bytes(row.data)
