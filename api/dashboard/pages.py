@@ -28,7 +28,8 @@ from core.flags import EpisodeFlag
 from core.termination import EpisodeStatus, TerminationReason
 
 STATIC_FILES = {"app.css": "text/css", "charts.js": "text/javascript", "run.js": "text/javascript",
-                "episode.js": "text/javascript", "live.js": "text/javascript"}
+                "episode.js": "text/javascript", "live.js": "text/javascript",
+                "artifacts.js": "text/javascript"}
 
 
 class PageRoute(APIRoute):
@@ -110,8 +111,18 @@ def episode_page(request: Request, episode_id: EpisodeId, session: SessionDep, _
     episode = episodes.show_episode(session, episode_id=episode_id)
     events, more_events = sandboxes.episode_events(session, episode_id=episode_id, kind=None, cursor=None, limit=500)
     commands = [event for event in events if event.kind in sandboxes.COMMAND_KINDS]
-    return render(request, "episode.html", {"episode": episode, "events": events, "more_events": more_events,
-                                            "commands": commands})
+    artifacts = episodes.list_artifacts(session, episode_id=episode_id)  # metadata: the bytes load lazily
+    turn_indexes = {turn["index"] for turn in episode["turns"]}
+    by_turn: dict[int, list[dict[str, Any]]] = {}
+    for artifact in artifacts:
+        if artifact["turn_index"] in turn_indexes:
+            by_turn.setdefault(artifact["turn_index"], []).append(artifact)
+    return render(request, "episode.html", {
+        "episode": episode, "events": events, "more_events": more_events, "commands": commands,
+        "opening": [a for a in artifacts if a["turn_index"] is None], "artifacts_by_turn": by_turn,
+        "unplaced": [a for a in artifacts if a["turn_index"] is not None and a["turn_index"] not in turn_indexes],
+        "tree_view": bool(artifacts),  # an episode with artifacts (a browser's) shows each observation collapsed
+    })
 
 
 @router.get("/static/{name}")
