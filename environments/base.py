@@ -71,7 +71,7 @@ class ToolResult:
 class LayerResult:
     name: str
     score: float
-    """In [0, 1]."""
+    """In [0, 1]; a page's own reward (MiniWoB++ reports one in [-1, 1]) is kept as the page gave it."""
     passed: bool
     detail: str = ""
     duration_s: float = 0.0
@@ -96,6 +96,12 @@ class GraderFault(RuntimeError):
     an infrastructure fault, retried. Whatever the agent caused is a Verdict, never this."""
 
 
+class ActionRefused(Exception):
+    """A sandbox-side service (the browser driver) refused a request as wrong — an unknown element, a
+    bad argument: the agent's mistake, shown to it as a tool error. Faults of the machine are
+    SandboxErrors instead (retried)."""
+
+
 class Sandbox(Protocol):
     """The part of a sandbox an environment uses (see task_workers/sandbox)."""
 
@@ -107,6 +113,9 @@ class Sandbox(Protocol):
     def put_files(self, files: dict[str, bytes], *, dest: str = ...) -> None: ...
     def put_archive(self, data: bytes, *, dest: str = ...) -> None: ...
     def get_file(self, path: str) -> bytes: ...
+    def browser(self) -> Any:
+        """A browser image's driver session (task_workers.sandbox.browser.BrowserSession)."""
+        ...
 
 
 OpenSandbox = Callable[[], AbstractContextManager[Sandbox]]

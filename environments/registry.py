@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from environments.base import EnvironmentKind
 
 KINDS: dict[str, str] = {
+    "browser": "environments.browser.kind:BrowserKind",
     "code_repo": "environments.code_repo.kind:CodeRepoKind",
     "read_number": "environments.read_number.kind:ReadNumberKind",
 }

@@ -59,6 +59,17 @@ class VerifierConfig(BaseModel):
     """Subtracted from a flagged episode's reward under `flag_policy: penalize`."""
 
 
+class BrowserSettings(BaseModel):
+    """The `browser` section of a browser environment's spec."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    viewport: tuple[Annotated[int, Field(ge=100, le=4096)], Annotated[int, Field(ge=100, le=4096)]] = (800, 600)
+    """Width and height of the page in CSS pixels."""
+    screenshots: Literal["none", "opening", "every_turn"] = "every_turn"
+    """When a screenshot is taken and stored with the turn (the dashboard shows it; the policy sees text)."""
+
+
 class EnvironmentSpec(BaseModel):
     """A registered environment. Immutable once registered: a change is a new version."""
 
@@ -77,6 +88,8 @@ class EnvironmentSpec(BaseModel):
     limits: Limits = Field(default_factory=Limits)
     verifier: VerifierConfig = Field(default_factory=VerifierConfig)
     system_prompt: str | None = Field(default=None, max_length=256 * 1024)
+    browser: BrowserSettings | None = None
+    """Browser environments only (kind `browser`): viewport and screenshots."""
     tool_parser: str = Field(default="hermes", max_length=64)
     """How tool calls are read out of completion text (environments.parsing.PARSERS). The token-in
     completions API that keeps prompts token-exact bypasses vLLM's own tool parsers, so the worker parses."""
@@ -103,6 +116,12 @@ class EnvironmentSpec(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _browser_section_fits_kind(self) -> EnvironmentSpec:
+        if self.browser is not None and self.kind != "browser":
+            raise ValueError(f"browser: expected this section only for kind browser, got kind {self.kind!r}")
+        return self
+
+    @model_validator(mode="after")
     def _kind_is_registered(self) -> EnvironmentSpec:
         from environments.registry import kind_names
 
@@ -111,7 +130,10 @@ class EnvironmentSpec(BaseModel):
         return self
 
     def content_hash(self) -> str:
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        data = self.model_dump(mode="json")
+        if data.get("browser") is None:  # specs from before the section existed keep their hash
+            data.pop("browser", None)
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 

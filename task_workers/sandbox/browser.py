@@ -9,7 +9,7 @@ here with deadlines (stream.ExecStream). Nothing of it listens on a port.
     page = session.call("open", task={...})         # dict: url, tree, goal, ...
     page = session.call("act", action="click", args={"bid": "12"})
 
-A reply with `error` is the agent's (a wrong action, an unknown task page): BrowserActionError. A reply
+A reply with `error` is the agent's (a wrong action, an unknown task page): ActionRefused. A reply
 with `fault`, a driver that died or did not answer in time: BrowserFault, a SandboxError (the episode
 is retried and the sandbox retired).
 """
@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from environments.base import ActionRefused
 from task_workers.sandbox.errors import SandboxError
 from task_workers.sandbox.layout import KEEPER_DIR, privileged_argv
 from task_workers.sandbox.stream import ExecStream, StreamClosed, StreamTimeout
@@ -34,10 +35,6 @@ DEADLINES = {"hello": 60.0, "open": 60.0, "relaunch": 90.0, "act": 45.0, "observ
 
 class BrowserFault(SandboxError):
     """The browser or its driver failed (the machine's fault, not the agent's)."""
-
-
-class BrowserActionError(Exception):
-    """The driver refused a request as wrong (an unknown task, a bad argument): `str` says why."""
 
 
 def driver_argv() -> list[str]:
@@ -104,7 +101,7 @@ class BrowserSession:
         if reply.get("fault"):
             raise BrowserFault(f"browser ({op}): {reply['fault']}")
         if not reply.get("ok"):
-            raise BrowserActionError(str(reply.get("error", "refused")))
+            raise ActionRefused(str(reply.get("error", "refused")))
         return reply
 
     def _kill(self, stream: ExecStream) -> None:

@@ -114,8 +114,13 @@ class SiteServer:
             def do_HEAD(self) -> None:
                 server.handle(self, "HEAD")
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                pass  # a page that went away mid-response (a closed context): nothing to report
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
         self.port = self.httpd.server_address[1]
         threading.Thread(target=self.httpd.serve_forever, name="sites", daemon=True).start()
 

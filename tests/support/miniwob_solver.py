@@ -1,0 +1,146 @@
+"""A scripted MiniWoB++ player for tests: reads the goal and the accessibility tree out of the prompt the
+policy was given (exactly what a model sees) and returns the next tool call, for the tasks in SOLVERS.
+
+Each solver plans every action from the opening page (bids are stable while an element lives); turn k
+plays plan[k]. `wrong` plays a deliberately wrong first action where one exists (the page says -1).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from tests.support.scripted_policy import tool_call
+
+Plan = list[str]
+
+
+def _goal(prompt: str) -> str:
+    match = re.search(r"# Goal\n(.*)\n", prompt)
+    return match.group(1) if match else ""
+
+
+def _opening_tree(prompt: str) -> str:
+    start = prompt.find("# Page")
+    end = prompt.find("<|im_end|>", start)
+    return prompt[start:end]
+
+
+def _bid(tree: str, role: str, name: str) -> str:
+    match = re.search(rf"\[(\d+)\] {re.escape(role)} '{re.escape(name)}'", tree)
+    if match is None:
+        raise AssertionError(f"no {role} {name!r} in:\n{tree}")
+    return match.group(1)
+
+
+def _bids(tree: str, role: str) -> list[str]:
+    return re.findall(rf"\[(\d+)\] {re.escape(role)} ", tree)
+
+
+def _quoted(goal: str) -> list[str]:
+    return re.findall(r'"([^"]*)"', goal)
+
+
+def click_button(goal: str, tree: str) -> Plan:
+    return [tool_call("click", bid=_bid(tree, "button", _quoted(goal)[0]))]
+
+
+def click_link(goal: str, tree: str) -> Plan:
+    name = _quoted(goal)[0]
+    match = re.search(rf"\[(\d+)\] (?:generic|link) '{re.escape(name)}'", tree)
+    assert match, tree
+    return [tool_call("click", bid=match.group(1))]
+
+
+def click_test(goal: str, tree: str) -> Plan:
+    return [tool_call("click", bid=_bid(tree, "button", "Click Me!"))]
+
+
+def click_test_2(goal: str, tree: str) -> Plan:
+    return [tool_call("click", bid=_bid(tree, "button", re.search(r"button (\w+)\.", goal).group(1)))]  # type: ignore[union-attr]
+
+
+def click_dialog(goal: str, tree: str) -> Plan:
+    return [tool_call("click", bid=_bid(tree, "button", "Close"))]
+
+
+def focus_text(goal: str, tree: str) -> Plan:
+    return [tool_call("click", bid=_bids(tree, "textbox")[0])]
+
+
+def enter_text(goal: str, tree: str) -> Plan:
+    text = re.search(r'Enter "(.*)" into', goal).group(1)  # type: ignore[union-attr]
+    return [tool_call("fill", bid=_bids(tree, "textbox")[0], text=text),
+            tool_call("click", bid=_bid(tree, "button", "Submit"))]
+
+
+def enter_text_2(goal: str, tree: str) -> Plan:
+    match = re.search(r'Type "(.*)" in all (lower|upper) case', goal)
+    assert match, goal
+    text = match.group(1).lower() if match.group(2) == "lower" else match.group(1).upper()
+    return [tool_call("fill", bid=_bids(tree, "textbox")[0], text=text),
+            tool_call("click", bid=_bid(tree, "button", "Submit"))]
+
+
+def enter_password(goal: str, tree: str) -> Plan:
+    password = _quoted(goal)[0]
+    first, second = _bids(tree, "textbox")[:2]
+    return [tool_call("fill", bid=first, text=password), tool_call("fill", bid=second, text=password),
+            tool_call("click", bid=_bid(tree, "button", "Submit"))]
+
+
+def login_user(goal: str, tree: str) -> Plan:
+    user, password = _quoted(goal)[:2]
+    first, second = _bids(tree, "textbox")[:2]
+    return [tool_call("fill", bid=first, text=user), tool_call("fill", bid=second, text=password),
+            tool_call("press", bid=second, key="Tab"), tool_call("click", bid=_bid(tree, "button", "Login"))]
+
+
+def click_checkboxes(goal: str, tree: str) -> Plan:
+    wanted = re.search(r"Select (.*) and click Submit", goal).group(1)  # type: ignore[union-attr]
+    names = [] if wanted == "nothing" else [n.strip() for n in re.split(r",\s*|\s+and\s+", wanted) if n.strip()]
+    return [tool_call("click", bid=_bid(tree, "checkbox", name)) for name in names] + \
+        [tool_call("click", bid=_bid(tree, "button", "Submit"))]
+
+
+def click_option(goal: str, tree: str) -> Plan:
+    name = re.search(r"Select (.*) and click Submit", goal).group(1)  # type: ignore[union-attr]
+    return [tool_call("click", bid=_bid(tree, "radio", name)), tool_call("click", bid=_bid(tree, "button", "Submit"))]
+
+
+def click_tab(goal: str, tree: str) -> Plan:
+    number = re.search(r"Tab #(\d+)", goal).group(1)  # type: ignore[union-attr]
+    return [tool_call("click", bid=_bid(tree, "link", f"Tab #{number}"))]
+
+
+def click_button_sequence(goal: str, tree: str) -> Plan:
+    return [tool_call("click", bid=_bid(tree, "button", "ONE")), tool_call("click", bid=_bid(tree, "button", "TWO"))]
+
+
+SOLVERS: dict[str, Callable[[str, str], Plan]] = {
+    "click-button": click_button, "click-link": click_link, "click-test": click_test, "click-test-2": click_test_2,
+    "click-dialog": click_dialog, "focus-text": focus_text, "enter-text": enter_text, "enter-text-2": enter_text_2,
+    "enter-password": enter_password, "login-user": login_user, "click-checkboxes": click_checkboxes,
+    "click-option": click_option, "click-tab": click_tab, "click-button-sequence": click_button_sequence,
+}
+
+
+def solver(task: str) -> Callable[[str], str]:
+    """A scripted-policy step: the next action of the plan for this prompt."""
+
+    def step(prompt: str) -> str:
+        plan = SOLVERS[task](_goal(prompt), _opening_tree(prompt))
+        turn = prompt.count("<|im_start|>assistant") - 1
+        return plan[min(turn, len(plan) - 1)]
+
+    return step
+
+
+def wrong_click(prompt: str) -> str:
+    """Click the first button the goal does not name (click-button: the page answers -1)."""
+    goal, tree = _goal(prompt), _opening_tree(prompt)
+    named = _quoted(goal)[0]
+    for bid, name in re.findall(r"\[(\d+)\] button '([^']*)'", tree):
+        if name != named:
+            return tool_call("click", bid=bid)
+    raise AssertionError(tree)

@@ -1,0 +1,145 @@
+"""Browser episodes through the real worker: a real browser sandbox (Chromium in Docker, network none),
+the real episode runner and store, and a scripted policy that reads the page from its prompt.
+
+The page's own reward decides: a solving sequence earns 1 on every MiniWoB++ task below, a wrong
+click earns what the page says (-1), a click on a bid that does not exist is a tool error the agent
+sees and the episode goes on. The agent's ways around the page (reloading for an easier problem,
+leaving the page, reading files, typing JavaScript) are refused as tool errors.
+"""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from core.models import EpisodeGroup, Run, Task, Turn
+from core.models.artifact import EpisodeArtifact
+from core.models.episode import Episode
+from core.store import insert_episode
+from core.termination import TerminationReason
+from environments.service import register_environment
+from environments.spec import parse_spec
+from task_workers.episode.runner import run_episode
+from tests.support.miniwob_solver import SOLVERS, solver, wrong_click
+from tests.support.scripted_policy import tool_call
+
+pytestmark = pytest.mark.docker
+
+SOLVED = sorted(SOLVERS)  # 14 MiniWoB++ tasks: the README names them
+
+
+@pytest.fixture(scope="module")
+def browser_image(sandbox_images: dict[str, str]) -> str:
+    return sandbox_images["browser"]
+
+
+def browser_spec(image: str, script: str, **extra: object) -> dict:
+    return {
+        "name": f"mw-{script}", "kind": "browser", "image": image,
+        "sandbox": {"memory": "2g", "pids": 1024, "max_lifetime_s": 900},
+        "limits": {"max_turns": 6, "episode_timeout_s": 120, "max_tool_errors": 3},
+        "system_prompt": f"Operate the browser. [script:{script}]",
+        **extra,
+    }
+
+
+def make_browser_episode(session: Session, *, image: str, script: str, payload: dict, **extra: object) -> int:
+    env, _ = register_environment(session, spec=parse_spec(browser_spec(image, script, **extra)))
+    task = Task(environment_name=env.name, external_id=f"{payload.get('name', 'site')}-{payload.get('seed', 0)}",
+                instruction="(the page states the goal)", payload=payload)
+    run = Run(name=f"run-{script}", model="scripted", group_size=1, batch_size=1, config={})
+    session.add_all([task, run])
+    session.flush()
+    group = EpisodeGroup(run_id=run.id, group_index=0, task_id=task.id, environment_id=env.id, size=1,
+                         policy_version=0)
+    session.add(group)
+    session.flush()
+    episode_id, _ = insert_episode(session, run_id=run.id, group_id=group.id, sample_index=0, task_id=task.id,
+                                   environment_id=env.id)
+    session.commit()
+    return episode_id
+
+
+def play(db_session, scripted, policy_client, sandboxes, image, *, script, steps, payload, **extra) -> Episode:
+    scripted[0].scripts[script] = steps
+    episode_id = make_browser_episode(db_session, image=image, script=script, payload=payload, **extra)
+    run_episode(episode_id, policy=policy_client, sandboxes=sandboxes, worker="test")
+    db_session.expire_all()
+    episode = db_session.get(Episode, episode_id)
+    assert episode is not None
+    return episode
+
+
+def turns_of(db_session, episode: Episode) -> list[Turn]:
+    return list(db_session.execute(select(Turn).where(Turn.episode_id == episode.id).order_by(Turn.index)).scalars())
+
+
+def test_solving_actions_earn_the_pages_reward_on_every_task(db_session, scripted, policy_client, sandboxes,
+                                                               browser_image):
+    results = {}
+    for number, name in enumerate(SOLVED):
+        episode = play(db_session, scripted, policy_client, sandboxes, browser_image, script=name,
+                       steps=[solver(name)] * 6, payload={"family": "miniwob", "name": name, "seed": 100 + number})
+        results[name] = (episode.reward, episode.termination_reason, episode.verifier_layers[0]["detail"])
+    failed = {name: result for name, result in results.items() if result[0] != 1.0}
+    assert not failed, failed
+    assert all(reason == TerminationReason.SUBMITTED for _, reason, _ in results.values())
+
+
+def test_a_wrong_click_earns_what_the_page_says(db_session, scripted, policy_client, sandboxes, browser_image):
+    episode = play(db_session, scripted, policy_client, sandboxes, browser_image, script="wrong",
+                   steps=[wrong_click] * 6, payload={"family": "miniwob", "name": "click-button", "seed": 6})
+    assert episode.reward == -1.0
+    assert episode.termination_reason == TerminationReason.SUBMITTED  # the page ended the task
+    assert episode.num_turns == 1
+    assert episode.verifier_layers[0]["name"] == "page" and not episode.verifier_layers[0]["passed"]
+
+
+def test_a_missing_bid_is_a_tool_error_the_agent_sees(db_session, scripted, policy_client, sandboxes, browser_image):
+    solve = solver("click-button")
+    steps = [tool_call("click", bid="99999"), tool_call("click", bid='1"]'), lambda prompt: solve(prompt)]
+    episode = play(db_session, scripted, policy_client, sandboxes, browser_image, script="missing",
+                   steps=steps + [solve] * 3, payload={"family": "miniwob", "name": "click-button", "seed": 8})
+    turns = turns_of(db_session, episode)
+    assert turns[0].tool_status == "error" and "no element with bid '99999'" in (turns[0].observation or "")
+    assert turns[1].tool_status == "error" and "expected an element id" in (turns[1].observation or "")
+    assert "[" in (turns[0].observation or "") and "button" in (turns[0].observation or "")  # the page is still shown
+    assert episode.reward == 1.0 and episode.num_turns == 3
+
+
+def test_ways_around_the_page_are_refused(db_session, scripted, policy_client, sandboxes, browser_image):
+    """A reload would draw a new (easier) problem, another page or a file would leave the task, a
+    javascript: URL or typed script would run code: all are tool errors, and the page's reward stands."""
+    attempts = [
+        tool_call("goto", url="/miniwob/click-button.html"),
+        tool_call("goto", url="file:///etc/passwd"),
+        tool_call("goto", url="javascript:WOB_RAW_REWARD_GLOBAL=1;WOB_DONE_GLOBAL=true"),
+        tool_call("go_back"),
+        tool_call("press", bid="13", key="F5"),
+        tool_call("press", bid="13", key="Control+F5+x"),
+        tool_call("fill", bid="13", text="x" * 20_000),
+        tool_call("scroll", dx=1e12, dy=0),
+        tool_call("select_option", bid="13", option=["a", "b"]),
+        tool_call("not_a_tool"),
+    ]
+    episode = play(db_session, scripted, policy_client, sandboxes, browser_image, script="around",
+                   steps=attempts, payload={"family": "miniwob", "name": "click-button", "seed": 9},
+                   limits={"max_turns": len(attempts), "episode_timeout_s": 120, "max_tool_errors": 100})
+    turns = turns_of(db_session, episode)
+    assert [turn.tool_status for turn in turns] == ["error"] * len(attempts), [t.observation[:120] for t in turns]
+    assert episode.reward == 0.0  # the page never ended its task: no reward, and none faked
+    assert episode.termination_reason == TerminationReason.MAX_TURNS
+
+
+def test_each_turn_stores_its_screenshot_and_the_opening_its_page(db_session, scripted, policy_client, sandboxes,
+                                                                   browser_image):
+    episode = play(db_session, scripted, policy_client, sandboxes, browser_image, script="shots",
+                   steps=[solver("enter-text")] * 4, payload={"family": "miniwob", "name": "enter-text", "seed": 3})
+    rows = db_session.execute(select(EpisodeArtifact.turn_index, EpisodeArtifact.name, EpisodeArtifact.media_type,
+                                     EpisodeArtifact.data).where(EpisodeArtifact.episode_id == episode.id)
+                              .order_by(EpisodeArtifact.id)).all()
+    kinds = [(row.turn_index, row.name) for row in rows]
+    assert kinds == [(None, "observation"), (None, "screenshot"), (0, "screenshot"), (1, "screenshot")], kinds
+    assert all(row.data.startswith(b"\x89PNG") for row in rows if row.name == "screenshot")
+    assert b"# Goal" in rows[0].data and b"textbox" in rows[0].data
