@@ -143,3 +143,38 @@ def test_each_turn_stores_its_screenshot_and_the_opening_its_page(db_session, sc
     assert kinds == [(None, "observation"), (None, "screenshot"), (0, "screenshot"), (1, "screenshot")], kinds
     assert all(row.data.startswith(b"\x89PNG") for row in rows if row.name == "screenshot")
     assert b"# Goal" in rows[0].data and b"textbox" in rows[0].data
+
+
+def shop_payload(index: int) -> dict:
+    from environments.browser.sandbox.sites import shop
+
+    return {"family": "site", "navigation": True, **shop.generate_task(index)}
+
+
+def test_a_shop_order_placed_through_the_pages_is_verified_from_the_shops_state(
+        db_session, scripted, policy_client, sandboxes, browser_image):
+    from tests.support.shop_solver import customer, turns_needed
+
+    payload = shop_payload(3)  # two named items with options, a full shipping address
+    turns = turns_needed(payload["check"])
+    scripted[0].max_model_len = 1 << 20  # the scripted tokenizer is one token per byte: whole pages add up
+    episode = play(db_session, scripted, policy_client, sandboxes, browser_image, script="shop",
+                   steps=[customer(payload["check"])] * turns + [tool_call("submit", answer="done")],
+                   payload=payload,
+                   limits={"max_turns": turns + 1, "max_context_tokens": 200_000, "episode_timeout_s": 300,
+                           "max_tool_errors": 2})
+    statuses = [turn.tool_status for turn in turns_of(db_session, episode)]
+    assert episode.termination_reason == TerminationReason.SUBMITTED, (episode.termination_reason, episode.failures)
+    assert statuses == ["ok"] * (turns + 1), [t.observation[:200] for t in turns_of(db_session, episode) if t.tool_status != "ok"]
+    assert episode.reward == 1.0, episode.verifier_layers
+    assert episode.verifier_layers[0]["name"] == "site_state"
+
+
+def test_claiming_an_order_without_placing_it_earns_nothing(db_session, scripted, policy_client, sandboxes,
+                                                             browser_image):
+    payload = shop_payload(3)
+    episode = play(db_session, scripted, policy_client, sandboxes, browser_image, script="claim",
+                   steps=[tool_call("submit", answer="I placed the order: 2x Falcon T-shirt, order #1")],
+                   payload=payload)
+    assert episode.termination_reason == TerminationReason.SUBMITTED
+    assert episode.reward == 0.0 and "no order" in episode.verifier_layers[0]["detail"].lower()
