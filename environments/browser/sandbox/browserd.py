@@ -510,12 +510,12 @@ class Driver:
         self._mouse(tab, "mouseMoved", info["x"], info["y"])
 
     def _do_fill(self, tab: Tab, args: dict[str, Any]) -> None:
-        info = self._visible(self._element(tab, args))
         text = args.get("text", args.get("value"))
         if not isinstance(text, str):
             raise ActionError(f"fill: expected text as a string, got {json.dumps(text)[:40]}")
         if len(text) > MAX_TEXT:
             raise ActionError(f"fill: expected at most {MAX_TEXT} characters, got {len(text)}")
+        info = self._visible(self._element(tab, args))
         if info["tag"] == "select":
             raise ActionError(f"element {info['bid']} is a drop-down list: use select_option")
         if not info["editable"]:
