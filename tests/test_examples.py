@@ -20,3 +20,9 @@ def test_examples_register_import_and_parse(db_session: Session) -> None:
     assert import_tasks(db_session, environment="calc", path=EXAMPLES / "tasks.jsonl") == 1
     config = load_run_config(EXAMPLES / "run.yaml")
     assert [share.name for share in config.environments] == ["calc"]
+
+
+def test_the_browser_examples_register(db_session: Session) -> None:
+    for name in ("miniwob", "shop"):
+        env, created = register_environment(db_session, spec=load_spec_file(EXAMPLES / f"{name}.yaml"))
+        assert created and env.kind == "browser"
