@@ -394,19 +394,19 @@ class Driver:
         if error:
             raise Fault(f"the MiniWoB++ page did not load: {error}")
         self._miniwob_nonce = secrets.token_hex(8)
-        tab.evaluate(HIDE_HUMAN_DISPLAY)
-        ready = tab.evaluate(
+        started = tab.evaluate(  # one round trip: hide the human display, seed, start, wait until ready
             f"""(async () => {{
+              {HIDE_HUMAN_DISPLAY};
               window.__crucible_nonce = {json.dumps(self._miniwob_nonce)};
               Math.seedrandom({json.dumps(str(seed))});
               core.EPISODE_MAX_TIME = 1e9;
               core.startEpisodeReal();
               for (let i = 0; i < 200 && !WOB_TASK_READY; i++) await new Promise(r => setTimeout(r, 25));
-              return WOB_TASK_READY;
+              return [WOB_TASK_READY, String(core.getUtterance())];
             }})()""", await_promise=True, timeout=15)
-        if not ready:
+        if not started or not started[0]:
             raise Fault(f"the MiniWoB++ task {name} did not become ready")
-        return str(tab.evaluate("core.getUtterance()") or "")
+        return started[1]
 
     def op_act(self, request: dict[str, Any]) -> dict[str, Any]:
         tab = self._tab()
