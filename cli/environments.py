@@ -11,11 +11,14 @@ from sqlalchemy import func, select
 
 from cli.console import OutputFormat, OutputOption, console, print_json, readable_errors, safe
 from core.db import session_scope
+from core.errors import ConfigError
 from core.models import Environment, Task
 from core.settings import get_settings
+from environments.browser.importing import GENERATED_FORMATS
+from environments.browser.task import miniwob_names
 from environments.service import get_environment, list_environments, register_environment
 from environments.spec import check_network_policy, load_spec_file
-from environments.tasks import TaskFormat, import_tasks
+from environments.tasks import TaskFormat, import_generated, import_tasks
 
 env_app = typer.Typer(help="Environments: register versioned specs, list and show them.", no_args_is_help=True)
 tasks_app = typer.Typer(help="Tasks: import them into an environment and list them.", no_args_is_help=True)
@@ -70,24 +73,61 @@ def show(name: str, version: int | None = typer.Option(None, min=1), output: Out
         console.print(JSON.from_data(data["spec"], ensure_ascii=True))  # C1 controls as \u escapes too
 
 
+FILE_FORMATS = ("crucible", "swebench")
+
+
 @tasks_app.command("import")
 def import_(
     environment: str = typer.Argument(..., help="Registered environment name."),
-    path: Path = typer.Argument(..., help="JSONL task file."),
-    format: str = typer.Option("crucible", "--format", "-f", help="crucible or swebench"),
+    path: Path | None = typer.Argument(None, help="JSONL task file (crucible and swebench formats)."),
+    format: str = typer.Option("crucible", "--format", "-f",
+                               help="crucible or swebench (files); miniwob or shop (generated, browser environments)"),
     repos_dir: Path | None = typer.Option(None, help="Where SWE-bench repositories are cloned."),
+    tasks: str | None = typer.Option(None, "--tasks", help="miniwob: task names separated by commas, or all (default)"),
+    seeds: int | None = typer.Option(None, "--seeds", help="miniwob: seeds per task name (default 10)"),
+    seed_start: int | None = typer.Option(None, "--seed-start", help="miniwob: the first seed (default 0)"),
+    count: int | None = typer.Option(None, "--count", help="shop: how many tasks to generate"),
+    start: int | None = typer.Option(None, "--start", help="shop: the first task index (default 0)"),
+    split: str | None = typer.Option(None, "--split", help="generated formats: the tasks' split (default train)"),
     output: OutputFormat = OutputOption,
 ) -> None:
-    """Import (or update) tasks from a JSONL file."""
-    if format not in ("crucible", "swebench"):
-        raise typer.BadParameter(f"expected crucible or swebench, got {format!r}", param_hint="--format")
-    fmt: TaskFormat = "swebench" if format == "swebench" else "crucible"
+    """Import (or update) tasks from a JSONL file, or generate a browser environment's tasks."""
+    generated = {"tasks": tasks, "seeds": seeds, "seed_start": seed_start, "count": count, "start": start,
+                 "split": split}
+    with readable_errors():
+        if format not in (*FILE_FORMATS, *GENERATED_FORMATS):
+            raise ConfigError(f"--format: expected one of {', '.join((*FILE_FORMATS, *GENERATED_FORMATS))}, "
+                              f"got {format[:80]!r}")
+        if format in FILE_FORMATS:
+            if path is None:
+                raise ConfigError(f"PATH: expected a JSONL task file for --format {format}, got none")
+            given = [f"--{name.replace('_', '-')}" for name, value in generated.items() if value is not None]
+            if given:
+                raise ConfigError(f"{given[0]}: expected only with a generated format ({', '.join(GENERATED_FORMATS)}), "
+                                  f"got it with --format {format} (the file's lines are the tasks)")
+        elif path is not None or repos_dir is not None:
+            raise ConfigError(f"PATH: expected none with --format {format} (its tasks are generated), got "
+                              f"{str(path or repos_dir)[:200]!r}")
     with readable_errors(), session_scope() as session:
-        count = import_tasks(session, environment=environment, path=path, format=fmt, repos_dir=repos_dir)
+        if path is not None:
+            fmt: TaskFormat = "swebench" if format == "swebench" else "crucible"
+            imported = import_tasks(session, environment=environment, path=path, format=fmt, repos_dir=repos_dir)
+        else:
+            imported = import_generated(session, environment=environment, format=format, **generated)
     if output is OutputFormat.json:
-        print_json({"environment": environment, "imported": count})
+        print_json({"environment": environment, "imported": imported})
     else:
-        console.print(f"imported {count} tasks into [bold]{safe(environment)}[/]")
+        console.print(f"imported {imported} tasks into [bold]{safe(environment)}[/]")
+
+
+@tasks_app.command("miniwob-names")
+def miniwob_names_(output: OutputFormat = OutputOption) -> None:
+    """The MiniWoB++ task names `crucible tasks import ENV --format miniwob --tasks …` accepts."""
+    names = list(miniwob_names())
+    if output is OutputFormat.json:
+        print_json(names)
+    else:
+        console.print("\n".join(names) if names else "no miniwob package installed here", highlight=False)
 
 
 @tasks_app.command("ls")

@@ -2,6 +2,10 @@
 
     import_tasks(session, environment="calc", path=Path("tasks.jsonl"))          # client: packs local repos
     import_uploaded(session, environment="calc", lines=handle, repos_root=None)  # server: data only
+    import_generated(session, environment="miniwob", format="miniwob", tasks="all", seeds=10)  # browser
+
+A code_repo environment imports `crucible` and `swebench` files; a browser environment `crucible` files
+and the generated formats of environments.browser.importing (`miniwob`, and one per self-hosted site).
 
 Both store records one at a time as they are read (an upload is never held whole), inside the caller's
 transaction: a bad line anywhere stores nothing.
@@ -11,25 +15,34 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from core.errors import ConfigError
 from core.models import Task
+from environments.browser.importing import GENERATED_FORMATS
 from environments.service import get_environment
 
 if TYPE_CHECKING:
     from environments.code_repo.importing import TaskRecord
 
 TaskFormat = Literal["crucible", "swebench"]
+FORMATS = {"code_repo": ("crucible", "swebench"), "browser": ("crucible", *GENERATED_FORMATS)}
+"""Environment kind -> the task formats it imports."""
 
 
-def _check_kind(session: Session, environment: str) -> None:
+def _check_kind(session: Session, environment: str, format: str) -> str:
+    """The environment's kind, if it imports `format`."""
     env = get_environment(session, name=environment)
-    if env.kind != "code_repo":
-        raise ConfigError(f"environment {environment!r} is a {env.kind} environment; only code_repo imports tasks yet")
+    allowed = FORMATS.get(env.kind, ())
+    if not allowed:
+        raise ConfigError(f"environment {environment!r} is a {env.kind} environment; no format imports its tasks yet")
+    if format not in allowed:
+        raise ConfigError(f"format: expected {', '.join(allowed)} for {environment!r} (a {env.kind} environment), "
+                          f"got {format[:80]!r}")
+    return env.kind
 
 
 def _store(session: Session, *, environment: str, records: Iterable[TaskRecord]) -> int:
@@ -51,10 +64,14 @@ def import_tasks(
     session: Session, *, environment: str, path: Path, format: TaskFormat = "crucible", repos_dir: Path | None = None,
 ) -> int:
     """Client side: read `path`, pack the local repositories it names, upsert. Returns how many tasks."""
-    _check_kind(session, environment)
+    kind = _check_kind(session, environment, format)
     from environments.code_repo import importing
 
-    if format == "swebench":
+    if kind == "browser":
+        from environments.browser.importing import read_jsonl
+
+        records: Iterable[TaskRecord] = read_jsonl(path)
+    elif format == "swebench":
         records = importing.read_swebench_jsonl(path, repos_dir=repos_dir or path.parent)
     else:
         records = importing.read_crucible_jsonl(path)
@@ -67,11 +84,17 @@ def import_uploaded(
 ) -> int:
     """Server side: upsert uploaded JSONL. Repositories are uploaded archives; a SWE-bench `repos_dir`
     is read only inside `repos_root` (the operator's CRUCIBLE_TASK_REPOS_ROOT)."""
-    _check_kind(session, environment)
+    kind = _check_kind(session, environment, format)
     from environments.code_repo import importing
 
     parsed = importing.json_lines(lines, source=source)
-    if format == "swebench":
+    if kind == "browser":
+        if repos_dir is not None:
+            raise ConfigError(f"repos_dir: expected none for a browser environment, got {repos_dir[:200]!r}")
+        from environments.browser.importing import jsonl_records
+
+        records: Iterable[TaskRecord] = jsonl_records(parsed)
+    elif format == "swebench":
         if repos_dir is None:
             raise ConfigError("repos_dir: expected the directory (inside CRUCIBLE_TASK_REPOS_ROOT) holding the "
                               "SWE-bench clones, got none")
@@ -85,3 +108,12 @@ def import_uploaded(
     if count == 0:
         raise ConfigError("body: expected JSONL (one task object per line), got an empty upload")
     return count
+
+
+def import_generated(session: Session, *, environment: str, format: str, **options: Any) -> int:
+    """Generate a browser environment's tasks (`miniwob` names × seeds, a site's `count` tasks from
+    `start`) and upsert them; `options` as environments.browser.importing.generated_records takes them."""
+    _check_kind(session, environment, format)
+    from environments.browser.importing import generated_records
+
+    return _store(session, environment=environment, records=generated_records(format, **options))
