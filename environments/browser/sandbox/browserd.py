@@ -95,6 +95,8 @@ class SiteServer:
     def __init__(self) -> None:
         self.generation = 0
         self.app: Any = None
+        self.nonce = secrets.token_hex(16)
+        """This episode's script nonce: only scripts of the pages we serve carry it (see _static)."""
         self.lock = threading.Lock()
         server = self
 
@@ -145,7 +147,7 @@ class SiteServer:
     def _route(self, request: BaseHTTPRequestHandler, method: str) -> tuple[int, dict[str, str], bytes]:
         host = (request.headers.get("Host") or "").split(":")[0]
         with self.lock:
-            current, app = self.generation, self.app
+            current, app, nonce = self.generation, self.app, self.nonce
         if host != f"e{current}.{DOMAIN}":
             return 410, {"Content-Type": "text/plain"}, b"this page belongs to an episode that has ended"
         parts = urlsplit(request.path)
@@ -153,7 +155,7 @@ class SiteServer:
         if path == "/__crucible/blank":
             return 200, {"Content-Type": "text/html"}, BLANK
         if path.startswith(STATIC_PREFIXES):
-            return _static(path)
+            return _static(path, nonce=nonce)
         if app is None:
             return 404, {"Content-Type": "text/plain"}, b"not found"
         form: dict[str, list[str]] = {}
@@ -172,7 +174,10 @@ class SiteServer:
         with self.lock:
             if self.app is not app:
                 return 410, {"Content-Type": "text/plain"}, b"this page belongs to an episode that has ended"
-            return app.handle(method if method != "HEAD" else "GET", path, query, form, cookies)
+            status, headers, body = app.handle(method if method != "HEAD" else "GET", path, query, form, cookies)
+        if "Content-Security-Policy" not in headers:  # apps here are server-rendered: no script of theirs runs
+            headers = {**headers, "Content-Security-Policy": APP_CSP}
+        return status, headers, body
 
 
 # The page a prepared tab waits on: it puts MiniWoB++'s shared files in the new context's HTTP cache
@@ -187,13 +192,26 @@ CONTENT_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/c
                  ".ttf": "font/ttf", ".woff": "font/woff", ".woff2": "font/woff2"}
 
 
-def _static(path: str) -> tuple[int, dict[str, str], bytes]:
+# Text the agent types can reach a page's HTML (MiniWoB++'s terminal writes each command with innerHTML):
+# markup with an event handler would run the agent's code in the page, and the page's code decides
+# the reward. So every MiniWoB++ page is served under a script nonce that only its own <script> tags
+# carry: injected handlers, javascript: URLs and inserted scripts do not run. ('unsafe-eval' stays:
+# d3 and jscolor build functions from their own strings.)
+SCRIPT_TAG = re.compile(rb"<script\b", re.IGNORECASE)
+APP_CSP = "script-src 'none'; object-src 'none'; base-uri 'none'; form-action 'self'"
+
+
+def _static(path: str, *, nonce: str) -> tuple[int, dict[str, str], bytes]:
     root = MINIWOB_DIR.resolve()
     target = (root / path.lstrip("/")).resolve()
     if root not in target.parents or not target.is_file():
         return 404, {"Content-Type": "text/plain"}, b"not found"
     kind = CONTENT_TYPES.get(target.suffix, "application/octet-stream")
-    return 200, {"Content-Type": kind, "Cache-Control": "max-age=86400"}, target.read_bytes()
+    if kind != "text/html":
+        return 200, {"Content-Type": kind, "Cache-Control": "max-age=86400"}, target.read_bytes()
+    body = SCRIPT_TAG.sub(f'<script nonce="{nonce}"'.encode(), target.read_bytes())
+    csp = f"script-src 'nonce-{nonce}' 'unsafe-eval'; object-src 'none'; base-uri 'none'"
+    return 200, {"Content-Type": "text/html", "Content-Security-Policy": csp}, body
 
 
 # -- tabs -------------------------------------------------------------------------------------------
@@ -363,6 +381,7 @@ class Driver:
         old = self.tab
         with self.server.lock:  # from here on only this episode's origin is served
             self.server.generation, self.server.app = generation, app
+            self.server.nonce = secrets.token_hex(16)
         self.tab, self.task, self.dialogs, self._ended = tab, task, [], None
         prepared = time.perf_counter()
         if family == "miniwob":

@@ -192,3 +192,21 @@ def test_render_keeps_text_spans_and_prunes_empty_containers() -> None:
         "  [5] button 'Go \\'now\\'', focused",
         "  [7] textbox 'Name', value='a b'",
     ]
+
+
+def test_text_a_page_echoes_as_html_cannot_run_script(driver: Driver) -> None:
+    """MiniWoB++'s terminal task writes each typed command into the page with innerHTML: typed markup
+    with an event handler would run the agent's code in the page, which could end the task with
+    reward 1. The driver serves every MiniWoB++ page under a script nonce, so only the page's own
+    scripts run."""
+    page = driver.call("open", task=miniwob("terminal", 3))
+    assert page["ok"], page
+    payload = "<img src=x onerror=core.endEpisode(1,false,'hacked')>"
+    target = page["tree"].split("]", 1)[0].split("[")[1]
+    for key in payload:
+        assert driver.act("press", bid=target, key=key)["error"] == ""
+    after = driver.act("press", bid=target, key="Enter")
+    state = driver.call("state")
+    assert not (state["done"] and state["raw_reward"] > 0), (state, after["tree"][-600:])
+    echoed = driver.call("eval", expression="document.querySelector('.terminal-line img') !== null")["value"]
+    assert echoed  # the markup did reach the page: only its handler was kept from running
