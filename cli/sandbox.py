@@ -5,6 +5,7 @@ IDs are our sandbox ids (`sb-1a2b3c4d5e`) or a container-id prefix. Every verb t
     crucible sandbox create --image crucible/code-repo:latest --seed /opt/seed
     crucible sandbox exec sb-1a2b3c4d5e -- python3 -m pytest -q
     crucible sandbox rm --all --older-than 2h --dry-run
+    crucible sandbox browser --miniwob click-button --seed 3 --screenshot page.png
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
+from cli import sandbox_browser
 from cli.console import OutputFormat, OutputOption, console, print_json, readable_errors
 from task_workers.sandbox import admin
 from task_workers.sandbox import labels as L
@@ -32,6 +34,9 @@ from task_workers.sandbox.shell import StepStatus
 from task_workers.sandbox.spec import SandboxSpec
 
 app = typer.Typer(help="Docker sandboxes: list, create, exec, copy, inspect, remove.", no_args_is_help=True)
+
+
+app.command("browser")(sandbox_browser.browser)  # its options and checks live in cli/sandbox_browser.py
 
 
 def _backend() -> SandboxBackend:
