@@ -130,8 +130,8 @@ class BrowserKind:
         try:
             page = self._session.call("act", action=call.name, args=dict(call.arguments),
                                       screenshot=self.settings.screenshots == "every_turn")
-        except ActionRefused as error:
-            return _error(str(error))
+        except ActionRefused as refused:
+            return _error(str(refused))
         error = str(page.get("error") or "")
         text = _page_text(page)
         if error:

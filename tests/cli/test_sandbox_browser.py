@@ -157,6 +157,7 @@ def test_a_shop_task_kept_then_attached(images: dict[str, str], label: str, tmp_
     (["--shop", "1", "--image", "crucible/browser:no-such-tag"], "image: expected 'crucible/browser:no-such-tag' on "
                                                                  "the Docker engine"),
 ])
+@pytest.mark.slow  # 25 CLI processes (~50 s): `make test-all`
 def test_bad_arguments_are_one_line(images: dict[str, str], label: str, args: list[str], message: str) -> None:
     result = _crucible(*args, "--env-name", label) if "--attach" not in args else _crucible(*args)
     lines = result.stderr.strip().splitlines()
