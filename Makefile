@@ -1,4 +1,4 @@
-.PHONY: test test-all demo setup lint bench bench-api
+.PHONY: test test-all demo rl-browser setup lint bench bench-api
 
 setup:
 	scripts/setup.sh
@@ -12,6 +12,11 @@ test-all:
 
 demo:
 	scripts/demo.sh
+
+# A short real RL run on MiniWoB++ pages with the tiny model (scripts/browser_rl.py; ~20 min on 2 cores).
+rl-browser:
+	scripts/setup.sh
+	.venv/bin/python scripts/browser_rl.py
 
 lint:
 	.venv/bin/ruff check .

@@ -72,7 +72,7 @@ def _stage(console: Console, text: str) -> float:
     return time.monotonic()
 
 
-def prepare(settings: DemoSettings, *, console: Console) -> Path:
+def prepare(settings: DemoSettings, *, console: Console, images: tuple[str, ...] = ("code-repo",)) -> Path:
     """Migrate the (embedded) database, build the sandbox images, make the tiny model."""
     from core import migrate
     from core.db import check_database, get_engine, resolve_database_url
@@ -84,9 +84,9 @@ def prepare(settings: DemoSettings, *, console: Console) -> Path:
     started = _stage(console, f"database ({'embedded Postgres' if get_settings().uses_embedded_database else 'CRUCIBLE_DATABASE_URL'})")
     check_database(get_engine())
     migrate.upgrade("head", url=resolve_database_url())
-    _stage(console, f"sandbox images: crucible images build code-repo (database ready in "
+    _stage(console, f"sandbox images: crucible images build {' '.join(images)} (database ready in "
                     f"{time.monotonic() - started:.0f} s)")
-    subprocess.run([sys.executable, "-m", "cli.main", "images", "build", "code-repo"], check=True)
+    subprocess.run([sys.executable, "-m", "cli.main", "images", "build", *images], check=True)
     _stage(console, "tiny model: crucible model init-tiny")
     subprocess.run([sys.executable, "-m", "cli.main", "model", "init-tiny", str(workdir / "tiny"), "--overwrite",
                     "--seed", str(settings.seed)], check=True)
@@ -187,18 +187,22 @@ class Processes:
     children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     server: Any = None
     startup_timeout_s: float = 240.0
+    max_model_len: int = 1024
+    queues: str = "celery,read_number"
+    """The worker's Celery queues: an environment's episodes go to the queue named after its kind."""
 
     def __enter__(self) -> Processes:
         from trainer.serving import VllmServer
 
         started = _stage(self.console, "vLLM on CPU serving the warmed-up model")
-        self.server = VllmServer(model_dir=self.served_dir, served_model_name="policy", max_model_len=1024,
-                                 log_path=self.workdir / "logs" / "vllm.log", startup_timeout_s=self.startup_timeout_s)
+        self.server = VllmServer(model_dir=self.served_dir, served_model_name="policy",
+                                 max_model_len=self.max_model_len, log_path=self.workdir / "logs" / "vllm.log",
+                                 startup_timeout_s=self.startup_timeout_s)
         self.server.start()
         self.console.print(f"  {self.server.api_url} healthy after {time.monotonic() - started:.0f} s")
         env = {"CRUCIBLE_POLICY_URL": self.server.api_url, "CRUCIBLE_POLICY_TOKENIZER": str(self.served_dir),
                "CRUCIBLE_WORKER_CONCURRENCY": "4", "CRUCIBLE_SANDBOX_POOL_MIN": "4", "CRUCIBLE_SANDBOX_POOL_MAX": "8"}
-        self.spawn("worker", [sys.executable, "-m", "cli.main", "worker", "-Q", "celery,read_number"], env)
+        self.spawn("worker", [sys.executable, "-m", "cli.main", "worker", "-Q", self.queues], env)
         self.spawn("controller", [sys.executable, "-m", "cli.main", "controller", "--poll", "0.5"], env)
         return self
 
@@ -261,7 +265,8 @@ def success_rate(run_id: int) -> tuple[float, int]:
     return (solved / total if total else 0.0), int(total)
 
 
-def evaluate(procs: Processes, *, settings: DemoSettings, model: str, label: str, console: Console) -> float:
+def evaluate(procs: Processes, *, settings: DemoSettings, model: str, label: str, console: Console,
+             environment: str = ENV_NAME, prefix: str = "demo") -> float:
     """An eval run over every held-out task (`eval_samples` episodes each), through controller and worker."""
     from controller.runs import create_run
     from core.db import session_scope
@@ -269,8 +274,8 @@ def evaluate(procs: Processes, *, settings: DemoSettings, model: str, label: str
 
     started = _stage(console, f"held-out evaluation ({label})")
     config = RunConfig.model_validate({
-        "name": f"demo-eval-{label}-{time.strftime('%H%M%S')}", "model": model, "purpose": "eval", "split": "test",
-        "environments": [{"name": ENV_NAME}], "group_size": settings.eval_samples, "batch_size": 1,
+        "name": f"{prefix}-eval-{label}-{time.strftime('%H%M%S')}", "model": model, "purpose": "eval", "split": "test",
+        "environments": [{"name": environment}], "group_size": settings.eval_samples, "batch_size": 1,
         "max_groups": settings.test_tasks, "max_inflight_groups": 8, "seed": settings.seed})
     with session_scope() as session:
         run_id = create_run(session, config=config).id
@@ -281,14 +286,15 @@ def evaluate(procs: Processes, *, settings: DemoSettings, model: str, label: str
     return rate
 
 
-def launch_training(procs: Processes, *, settings: DemoSettings, model: str) -> int:
+def launch_training(procs: Processes, *, settings: DemoSettings, model: str, environment: str = ENV_NAME,
+                    prefix: str = "demo") -> int:
     """The train run (async GRPO) and its trainer process."""
     from controller.runs import create_run
     from core.db import session_scope
     from core.schemas import RunConfig
 
     config = RunConfig.model_validate({
-        "name": f"demo-train-{time.strftime('%Y%m%d-%H%M%S')}", "model": model, "environments": [{"name": ENV_NAME}],
+        "name": f"{prefix}-train-{time.strftime('%Y%m%d-%H%M%S')}", "model": model, "environments": [{"name": environment}],
         "split": "train", "group_size": settings.group_size, "batch_size": settings.batch_size, "mode": "async",
         "max_staleness": 1, "seed": settings.seed, "trainer": {"optimizer": {"lr": settings.lr}}})
     with session_scope() as session:

@@ -1,0 +1,471 @@
+"""`make rl-browser`: a short real RL run on a few MiniWoB++ tasks with the tiny model, end to end.
+
+    make rl-browser                    # = scripts/setup.sh, then .venv/bin/python scripts/browser_rl.py
+    .venv/bin/python scripts/browser_rl.py --rl-minutes 6 --train-seeds 10 --test-seeds 6 --seed 0
+
+The read_number demo's pipeline (cli/demo.py) on browser episodes: the database, the `browser` image
+and a tiny model (`prepare`); real demonstrations, played by the scripted MiniWoB++ solver in a real
+browser sandbox and rendered token for token as the agent loop renders an episode (system prompt and
+tools, the page as the first user message, each tool call, each observation frame), and the same
+tasks played by a sloppy player whose first click is a wrong element (`collect`, `render`); an SFT
+warm-up on the solver's episodes, then a few steps on a mix with the sloppy player's (`warm_up`); then vLLM on CPU, a task worker consuming the `browser` queue and the controller
+(`Processes`), a held-out evaluation, a GRPO train run with its trainer (`launch_training`,
+`watch_training`), and the held-out evaluation again. Prints the per-step success rate and writes it
+with the held-out success before and after to `<workdir>/result.json`.
+
+Rewards are the MiniWoB++ page's own (1 when the page says the task is solved, -1 for a wrong click
+on a page that ends the task, 0 when the turns run out); success is reward 1.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import typer
+from rich.console import Console
+
+from cli.demo import QUIET, DemoSettings, Processes, evaluate, launch_training, prepare, watch_training
+
+ENV_NAME = "miniwob-rl"
+TASKS = ("click-test", "focus-text", "click-dialog", "click-test-2", "click-button")
+"""MiniWoB++ pages a 0.8 M-parameter model can learn from a few hundred demonstrations: one click each,
+on an element named by the goal (a fixed one, or one of two or a handful of buttons)."""
+TOOLS = ["click", "noop"]
+"""Every page here is solved by clicks; two tool schemas keep the prompt at ≈ 440 tokens (four: 740)."""
+CLICK_TASKS = ("click-button", "click-button-sequence", "click-checkboxes", "click-dialog", "click-link",
+               "click-option", "click-tab", "click-test", "click-test-2", "focus-text")
+"""Pages of tests/support/miniwob_solver.py whose plans only click."""
+HELD_OUT_SEED = 100_000
+"""Held-out tasks use seeds from here on; train seeds start at 0: the two never meet."""
+RETIRED = "retired"
+"""The split given to tasks of the environment from an earlier run with another task set."""
+SANDBOX = {"memory": "2g", "pids": 1024, "max_lifetime_s": 3600}
+
+
+@dataclass(frozen=True)
+class BrowserRLSettings(DemoSettings):
+    """DemoSettings (group size, batch size, lr, eval samples, budgets …) plus the browser tasks; the
+    train/held-out task counts follow from `tasks` × seeds."""
+
+    rl_minutes: float = 6.0
+    sft_steps: int = 200
+    sft_batch: int = 8
+    sloppy_steps: int = 10
+    sft_lr: float = 3e-3
+    sloppy_lr: float = 1e-3
+    group_size: int = 4
+    batch_size: int = 4
+    eval_samples: int = 2
+    tasks: tuple[str, ...] = TASKS
+    train_seeds: int = 10
+    test_seeds: int = 6
+    max_turns: int = 3
+    max_context_tokens: int = 2048
+    """Prompt (system + 4 tool schemas ≈ 730 tiny-tokenizer tokens, the page 150–330) plus up to
+    `max_turns` actions and observations; measured: click-button's 3 turns take ≈ 1650."""
+    wrong_fraction: float = 0.5
+    """Share of the sloppy player's demonstrations whose first click is a wrong element."""
+    short_fraction: float = 0.7
+    train_tasks: int = field(init=False, default=0)
+    test_tasks: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        unknown = [name for name in self.tasks if name not in CLICK_TASKS]
+        if not self.tasks or unknown:
+            raise ValueError(f"tasks: expected MiniWoB++ pages the scripted solver plays with clicks alone "
+                             f"({', '.join(CLICK_TASKS)}), got {unknown or list(self.tasks)}")
+        if self.train_seeds < 1 or self.test_seeds < 1:
+            raise ValueError(f"train_seeds and test_seeds: expected at least 1 each, got {self.train_seeds} and "
+                             f"{self.test_seeds}")
+        object.__setattr__(self, "train_tasks", len(self.tasks) * self.train_seeds)
+        object.__setattr__(self, "test_tasks", len(self.tasks) * self.test_seeds)
+
+
+def env_spec(settings: BrowserRLSettings) -> dict[str, Any]:
+    return {
+        "name": ENV_NAME, "kind": "browser", "image": "browser",
+        "description": f"MiniWoB++ pages ({', '.join(settings.tasks)}): the page's own reward.",
+        "tools": TOOLS, "browser": {"screenshots": "none"}, "sandbox": SANDBOX,
+        "limits": {"max_turns": settings.max_turns, "max_context_tokens": settings.max_context_tokens,
+                   "max_response_tokens": 48, "episode_timeout_s": 120, "tool_timeout_s": 10, "max_tool_errors": 2},
+        "verifier": {"weights": {"page": 1.0}},
+    }
+
+
+def task_seeds(settings: BrowserRLSettings) -> dict[str, list[tuple[str, int]]]:
+    """split -> [(task name, seed)]."""
+    return {"train": [(name, seed) for name in settings.tasks for seed in range(settings.train_seeds)],
+            "test": [(name, HELD_OUT_SEED + seed) for name in settings.tasks for seed in range(settings.test_seeds)]}
+
+
+def register(settings: BrowserRLSettings) -> dict[str, int]:
+    """The browser environment and its MiniWoB++ tasks (`miniwob/<name>/<seed>`, upserted); the
+    environment's other tasks (an earlier run's) go to the `retired` split, so no run draws them."""
+    from sqlalchemy import update
+    from sqlalchemy.dialects.postgresql import insert
+
+    from core.db import session_scope
+    from core.models import Task
+    from environments.browser.task import BrowserTask
+    from environments.service import register_environment
+    from environments.spec import parse_spec
+
+    ids = []
+    with session_scope() as session:
+        register_environment(session, spec=parse_spec(env_spec(settings)))
+        for split, pairs in task_seeds(settings).items():
+            for name, seed in pairs:
+                payload = BrowserTask(family="miniwob", name=name, seed=seed).model_dump(mode="json")
+                external_id = f"miniwob/{name}/{seed}"
+                instruction = f"MiniWoB++ task {name} (seed {seed}); the page states the goal."
+                ids.append(external_id)
+                statement = insert(Task).values(environment_name=ENV_NAME, external_id=external_id, split=split,
+                                                 instruction=instruction, payload=payload, pass_rate_samples=0)
+                session.execute(statement.on_conflict_do_update(
+                    index_elements=[Task.environment_name, Task.external_id],
+                    set_={"instruction": instruction, "split": split, "payload": payload}))
+        session.execute(update(Task).where(Task.environment_name == ENV_NAME, Task.external_id.not_in(ids))
+                        .values(split=RETIRED))
+    return {"train": settings.train_tasks, "test": settings.test_tasks}
+
+
+# -- demonstrations -------------------------------------------------------------------------------
+@dataclass
+class Played:
+    """One scripted episode in a real browser sandbox: the opening text, then (tool call, observation
+    or None when the episode ended) per turn, and the page's reward."""
+
+    name: str
+    seed: int
+    opening: str
+    turns: list[tuple[dict[str, Any], str | None]]
+    reward: float
+    wrong: bool
+
+
+def _calls(plan: list[str]) -> list[dict[str, Any]]:
+    return [json.loads(text.split("<tool_call>")[1].split("</tool_call>")[0]) for text in plan]
+
+
+def _wrong_call(opening: str, right: dict[str, Any], rng: random.Random) -> dict[str, Any] | None:
+    """A plausible mistake: a click on another element of the solving element's role (the other
+    button), else on any other element of the page; None when the page has no other element."""
+    import re
+
+    elements = re.findall(r"\[(\d+)\] (\S+) ", opening)
+    target = right["arguments"].get("bid")
+    role = dict(elements).get(target)
+    others = [bid for bid, kind in elements if bid != target]
+    alike = [bid for bid, kind in elements if bid != target and kind == role]
+    pool = alike or others
+    return {"name": "click", "arguments": {"bid": rng.choice(pool)}} if pool else None
+
+
+def play(kind: Any, sandbox: Any, *, name: str, seed: int, sloppy: bool = False, rng: random.Random) -> Played:
+    """Open the page and play the solver's plan until the page ends the task or the plan ends; the
+    sloppy player first clicks a wrong element (`_wrong_call`)."""
+    from environments.base import ToolCall
+    from environments.browser.task import BrowserTask
+    from tests.support.miniwob_solver import SOLVERS
+
+    task = BrowserTask(family="miniwob", name=name, seed=seed)
+    kind.setup(sandbox=sandbox, task=task)
+    opening = kind.opening(sandbox=sandbox, task=task, instruction="").text
+    goal = opening.split("\n", 2)[1]
+    calls = _calls(SOLVERS[name](goal, opening[opening.find("# Page"):]))
+    if sloppy:
+        first = _wrong_call(opening, calls[0], rng)
+        calls = [first, *calls] if first else calls
+    turns: list[tuple[dict[str, Any], str | None]] = []
+    for call in calls:
+        result = kind.execute(sandbox=sandbox, call=ToolCall(name=call["name"], arguments=call["arguments"]),
+                              task=task)
+        turns.append((call, None if result.ends_episode else result.observation))
+        if result.ends_episode:
+            break
+    verdict = kind.verify(sandbox=sandbox, task=task, submitted=False, open_sandbox=None, actions=[])
+    return Played(name, seed, opening, turns, verdict.reward, sloppy)
+
+
+def collect(settings: BrowserRLSettings, *, image: str) -> list[Played]:
+    """Per train task, two real episodes in one browser sandbox: the solver's and the sloppy player's
+    (a wrong click first, then the solver's plan if the page is still open). A solver's episode that
+    the page does not reward is no demonstration; it is counted (click-test-2 sometimes draws its two
+    buttons overlapping, and a click on one lands on the other)."""
+    from environments.browser.kind import BrowserKind
+    from environments.spec import parse_spec
+    from task_workers.sandbox import SandboxSpec, create_sandbox, make_backend
+
+    kind = BrowserKind(parse_spec({**env_spec(settings), "image": image}))
+    rng = random.Random(settings.seed)
+    sandbox = create_sandbox(backend=make_backend(), spec=SandboxSpec(image=image, **SANDBOX))
+    played: list[Played] = []
+    try:
+        for name, seed in task_seeds(settings)["train"]:
+            played += [play(kind, sandbox, name=name, seed=seed, rng=rng),
+                       play(kind, sandbox, name=name, seed=seed, sloppy=True, rng=rng)]
+    finally:
+        sandbox.destroy(reason="browser_rl demonstrations collected")
+    return played
+
+
+def render(episode: Played, *, tokenizer_dir: Path, short: bool) -> tuple[list[int], list[int]]:
+    """(token ids, loss mask) of `episode` exactly as the agent loop stores it: the chat template's
+    prompt (system + tools + the opening page; `short`: the opening alone), each tool call closed by
+    <|im_end|> (mask 1), each observation in the loop's frame (mask 0)."""
+    from environments.browser.kind import SYSTEM_PROMPT, TOOL_SCHEMAS
+    from environments.read_number.demos import tool_call_text
+    from task_workers.policy.chat import observation_frame
+
+    tokenizer, (chat, plain) = _tokenizers(tokenizer_dir)
+    messages = [{"role": "user", "content": episode.opening}]
+    if not short:
+        messages.insert(0, {"role": "system", "content": SYSTEM_PROMPT})
+    tools = None if short else [TOOL_SCHEMAS[name] for name in TOOLS]
+    ids = list(tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, return_dict=False))
+    mask = [0] * len(ids)
+    for call, observation in episode.turns:
+        action = chat(tool_call_text(call["name"], call["arguments"]) + "<|im_end|>")
+        ids += action
+        mask += [1] * len(action)
+        if observation is not None:
+            before, after = observation_frame(completion_closed=True)
+            seen = chat(before) + plain(f"tool\n{observation}") + chat(after)
+            ids += seen
+            mask += [0] * len(seen)
+    return ids, mask
+
+
+_TOKENIZERS: dict[Path, Any] = {}
+
+
+def _tokenizers(path: Path) -> Any:
+    """The model's tokenizer, and the worker's two tokenize functions over it (chat frame, plain text)."""
+    from transformers import AutoTokenizer
+
+    from task_workers.policy.client import local_tokenizers
+
+    if path not in _TOKENIZERS:
+        _TOKENIZERS[path] = (AutoTokenizer.from_pretrained(path), local_tokenizers(str(path)))
+    return _TOKENIZERS[path]
+
+
+def demonstrations(played: list[Played], *, settings: BrowserRLSettings, tokenizer_dir: Path, sloppy: bool,
+                   count: int, seed: int) -> list[tuple[list[int], list[int]]]:
+    """`count` rendered episodes drawn from `played`: the solver's rewarded ones, or with `sloppy` a
+    mix where `wrong_fraction` are the sloppy player's (its wrong first click included)."""
+    rng = random.Random(seed)
+    expert = [p for p in played if not p.wrong and p.reward == 1.0]
+    wrong = [p for p in played if p.wrong]
+    if not expert:
+        raise RuntimeError("no demonstration: the scripted solver earned reward 1 on none of the train tasks")
+    demos = []
+    for _ in range(count):
+        pool = wrong if sloppy and wrong and rng.random() < settings.wrong_fraction else expert
+        demos.append(render(rng.choice(pool), tokenizer_dir=tokenizer_dir, short=rng.random() < settings.short_fraction))
+    return demos
+
+
+def warm_up(settings: BrowserRLSettings, played: list[Played], *, workdir: Path, console: Console) -> Path:
+    """SFT on the solver's episodes (the model learns the tool format and where to click), then a few
+    steps on the sloppy player's mix (it learns to click the wrong element too): RL has to find out
+    that the right element pays."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trainer.sft import sft_warmup
+
+    started = time.monotonic()
+    console.print(f"[bold cyan]▶[/] warm-up: {settings.sft_steps} SFT steps on the solver's episodes, "
+                  f"{settings.sloppy_steps} on a sloppy player's ({settings.wrong_fraction:.0%} wrong first clicks)")
+    torch.manual_seed(settings.seed)
+    tiny = workdir / "tiny"
+    model = AutoModelForCausalLM.from_pretrained(tiny)
+    expert = sft_warmup(model=model, steps=settings.sft_steps, lr=settings.sft_lr, batch_size=settings.sft_batch,
+                        seed=settings.seed, demonstrations=demonstrations(
+                            played, settings=settings, tokenizer_dir=tiny, sloppy=False,
+                            count=2 * settings.train_tasks, seed=settings.seed))
+    sloppy = sft_warmup(model=model, steps=settings.sloppy_steps, lr=settings.sloppy_lr, batch_size=settings.sft_batch,
+                        seed=settings.seed + 1, demonstrations=demonstrations(
+                            played, settings=settings, tokenizer_dir=tiny, sloppy=True,
+                            count=2 * settings.train_tasks, seed=settings.seed + 1))
+    out = workdir / "warm"
+    model.save_pretrained(out)
+    _tokenizers(tiny)[0].save_pretrained(out)
+    console.print(f"  loss {expert.first_loss:.2f} → {expert.last_loss:.4f}, then {sloppy.last_loss:.3f} (sloppy) "
+                  f"in {time.monotonic() - started:.0f} s")
+    return out
+
+
+def episodes_of(run_ids: list[int]) -> dict[str, int]:
+    """Completed episodes of these runs per environment kind (what the worker played)."""
+    from sqlalchemy import func, select
+
+    from core.db import session_scope
+    from core.models import Environment, Episode
+
+    with session_scope() as session:
+        rows = session.execute(select(Environment.kind, func.count()).join(Episode, Episode.environment_id ==
+                                                                           Environment.id)
+                               .where(Episode.run_id.in_(run_ids), Episode.status == "completed")
+                               .group_by(Environment.kind)).all()
+    return {kind: int(count) for kind, count in rows}
+
+
+def consumed_groups(run_id: int) -> dict[str, int]:
+    """Groups of the train run that trainer steps consumed, per environment kind."""
+    from sqlalchemy import func, select
+
+    from core.db import session_scope
+    from core.models import Environment, EpisodeGroup
+
+    with session_scope() as session:
+        rows = session.execute(select(Environment.kind, func.count()).join(EpisodeGroup, EpisodeGroup.environment_id ==
+                                                                           Environment.id)
+                               .where(EpisodeGroup.run_id == run_id, EpisodeGroup.consumed_step.is_not(None))
+                               .group_by(Environment.kind)).all()
+    return {kind: int(count) for kind, count in rows}
+
+
+def rendering_check(run_ids: list[int], *, tokenizer_dir: Path, limit: int = 200) -> dict[str, int]:
+    """Re-render stored episodes of these runs with `render` (their opening page, tool calls and
+    observations) and count those whose token ids equal what the worker stored: the warm-up's
+    demonstrations are exactly what the agent loop produces. Compared: completed episodes whose every
+    turn stopped on <|im_end|> with a parsed tool call (a cut or malformed completion renders apart)."""
+    from sqlalchemy import select
+
+    from core.db import session_scope
+    from core.models import Episode, Turn
+    from core.models.artifact import EpisodeArtifact
+
+    compared = matched = 0
+    with session_scope() as session:
+        episodes = session.execute(select(Episode.id).where(Episode.run_id.in_(run_ids), Episode.status == "completed")
+                                   .order_by(Episode.id).limit(limit)).scalars().all()
+        for episode_id in episodes:
+            turns = session.execute(select(Turn).where(Turn.episode_id == episode_id).order_by(Turn.index)).scalars().all()
+            opening = session.execute(select(EpisodeArtifact.data).where(
+                EpisodeArtifact.episode_id == episode_id, EpisodeArtifact.name == "observation")).scalar()
+            if not turns or opening is None or any(t.tool_call is None or t.finish_reason != "stop" for t in turns):
+                continue
+            steps = [(t.tool_call or {}, t.observation if i < len(turns) - 1 else None) for i, t in enumerate(turns)]
+            ids, mask = render(Played("", 0, opening.decode(), steps, 0.0, False), tokenizer_dir=tokenizer_dir,
+                               short=False)
+            stored_ids = [token for t in turns for token in t.token_ids]
+            stored_mask = [bit for t in turns for bit in t.loss_mask]
+            compared += 1
+            matched += ids == stored_ids and mask == stored_mask
+    return {"compared": compared, "matched": matched}
+
+
+def run_browser_rl(settings: BrowserRLSettings, *, console: Console) -> dict[str, Any]:
+    """Every stage with these settings; returns what it writes to result.json."""
+    import dataclasses
+    import os
+    import shutil
+
+    from core.settings import get_settings
+    from environments.images import build_images
+
+    for name, value in QUIET.items():  # for this process and every one it starts
+        os.environ.setdefault(name, value)
+    began = time.monotonic()
+    if settings.workdir is None:
+        settings = dataclasses.replace(settings, workdir=get_settings().data_dir / "browser-rl" /
+                                       time.strftime("%Y%m%d-%H%M%S"))
+    path = prepare(settings, console=console, images=("browser",))
+    image = {built.name: built.tag for built in build_images(names=["browser"])}["browser"]
+    started = time.monotonic()
+    console.print(f"[bold cyan]▶[/] demonstrations: the scripted solver and a sloppy player on "
+                  f"{settings.train_tasks} train tasks ({', '.join(settings.tasks)}) in a real browser sandbox")
+    played = collect(settings, image=image)
+    solved = sum(p.reward == 1.0 for p in played if not p.wrong)
+    console.print(f"  {len(played)} episodes in {time.monotonic() - started:.0f} s: the solver earned 1 on "
+                  f"{solved}/{settings.train_tasks}, the sloppy player on "
+                  f"{sum(p.reward == 1.0 for p in played if p.wrong)}/{settings.train_tasks}")
+    warm = warm_up(settings, played, workdir=path, console=console)
+    counts = register(settings)
+    console.print(f"  tasks: {counts['train']} train, {counts['test']} held-out ({ENV_NAME})")
+    served = path / "served"
+    shutil.copytree(warm, served, dirs_exist_ok=True)
+    (path / "logs").mkdir(exist_ok=True)
+    with Processes(workdir=path, served_dir=served, console=console, startup_timeout_s=settings.vllm_startup_s,
+                   max_model_len=settings.max_context_tokens, queues="celery,browser") as procs:
+        common = {"settings": settings, "model": str(served), "console": console, "environment": ENV_NAME,
+                  "prefix": "browser-rl"}
+        before_id, before = _eval(procs, label="before", **common)
+        run_id = launch_training(procs, settings=settings, model=str(warm), environment=ENV_NAME,
+                                 prefix="browser-rl")
+        curve = watch_training(procs, run_id=run_id, minutes=settings.rl_minutes, console=console,
+                               max_steps=settings.rl_steps)
+        after_id, after = _eval(procs, label="after", **common)
+    rendering = rendering_check([before_id, run_id, after_id], tokenizer_dir=path / "tiny")
+    sloppy_solved = sum(p.reward == 1.0 for p in played if p.wrong)
+    result: dict[str, Any] = {
+        "run_id": run_id, "eval_run_ids": [before_id, after_id], "environment": ENV_NAME, "tasks": list(settings.tasks),
+        "train_tasks": settings.train_tasks, "test_tasks": settings.test_tasks,
+        "held_out_success_before": before, "held_out_success_after": after,
+        "delta_points": round(100 * (after - before), 1), "episodes": episodes_of([before_id, run_id, after_id]),
+        "consumed_groups": consumed_groups(run_id), "rendering": rendering,
+        "demonstrations": {"solver_solved": solved, "sloppy_solved": sloppy_solved, "train_tasks": settings.train_tasks},
+        "minutes": round((time.monotonic() - began) / 60, 1), "curve": curve,
+    }
+    (path / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    console.print(f"  episodes played: {result['episodes']}; groups the trainer consumed: {result['consumed_groups']}; "
+                  f"stored episodes re-rendered token for token as the warm-up renders them: "
+                  f"{rendering['matched']}/{rendering['compared']}")
+    console.print("\n  step  train success")
+    for point in curve:
+        console.print(f"  {point['step']:>4}  {point['success']:.0%}" if point["success"] is not None
+                      else f"  {point['step']:>4}  -")
+    console.print(f"\n[bold]held-out success: {before:.0%} → {after:.0%} ({result['delta_points']:+.1f} points)[/] "
+                  f"in {result['minutes']} min. Run {run_id} stays in the store (`crucible run show {run_id}`); "
+                  f"curve and numbers in {path / 'result.json'}")
+    return result
+
+
+def _eval(procs: Processes, **kwargs: Any) -> tuple[int, float]:
+    """`evaluate`, and the id of the eval run it made (the newest eval run of this environment)."""
+    from sqlalchemy import select
+
+    from core.db import session_scope
+    from core.models import Run
+
+    rate = evaluate(procs, **kwargs)
+    with session_scope() as session:
+        run_id = session.execute(select(Run.id).where(Run.purpose == "eval",
+                                                      Run.name.like(f"browser-rl-eval-{kwargs['label']}-%"))
+                                 .order_by(Run.id.desc()).limit(1)).scalar_one()
+    return int(run_id), rate
+
+
+def main(
+    rl_minutes: float = typer.Option(6.0, help="Wall-clock budget of the RL phase."),
+    rl_steps: int | None = typer.Option(None, help="Stop RL after this many trainer steps (default: the minutes)."),
+    sft_steps: int = typer.Option(200, help="Warm-up optimizer steps on the solver's episodes."),
+    train_seeds: int = typer.Option(10, help="Train tasks per MiniWoB++ page."),
+    test_seeds: int = typer.Option(6, help="Held-out tasks per MiniWoB++ page."),
+    seed: int = typer.Option(0, help="Seed of the model, the demonstrations and the run."),
+    workdir: Path | None = typer.Option(None, help="Default: <data dir>/browser-rl/<timestamp>."),
+) -> None:
+    """A short real RL run on MiniWoB++ pages with the tiny model (about 20 minutes on 2 cores)."""
+    from cli.console import console
+
+    settings = BrowserRLSettings(rl_minutes=rl_minutes, rl_steps=rl_steps, sft_steps=sft_steps,
+                                 train_seeds=train_seeds, test_seeds=test_seeds, seed=seed, workdir=workdir)
+    run_browser_rl(settings, console=console)
+
+
+if __name__ == "__main__":
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    typer.run(main)

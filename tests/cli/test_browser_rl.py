@@ -1,0 +1,112 @@
+"""`make rl-browser`, CI-sized: real RL on browser episodes end to end (scripts/browser_rl.py).
+
+Real everything: the test database, the `browser` image and Docker sandboxes with Chromium, the
+scripted MiniWoB++ solver playing real pages for the warm-up's demonstrations, vLLM on CPU, a task
+worker on the `browser` queue and the controller as child processes, a GRPO trainer process that
+must publish two steps made of browser episodes. Only the sizes shrink.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from core.models import Environment, Episode, EpisodeGroup, Run, Task, TrainingStep
+from scripts.browser_rl import ENV_NAME, RETIRED, BrowserRLSettings, _wrong_call, register, run_browser_rl
+
+OPENING = """# Goal
+Click button ONE.
+
+# Page
+URL: http://e1.crucible.internal:1/miniwob/click-test-2.html
+
+RootWebArea 'Click Test Task', focused
+  [9] generic '', clickable
+    [11] generic 'Click button ONE.'
+    [13] button 'ONE'
+    [14] button 'TWO'"""
+
+
+def click(bid: str) -> dict:
+    return {"name": "click", "arguments": {"bid": bid}}
+
+
+def test_the_sloppy_players_mistake_is_another_element_of_the_same_role() -> None:
+    picks = {_wrong_call(OPENING, click("13"), random.Random(seed))["arguments"]["bid"] for seed in range(50)}
+    assert picks == {"14"}  # the other button, never the right one nor a text
+    only = "# Page\n\nRootWebArea 'x'\n  [9] generic ''\n    [13] button 'Click Me!'"
+    assert {_wrong_call(only, click("13"), random.Random(seed))["arguments"]["bid"] for seed in range(50)} == {"9"}
+    assert _wrong_call("# Page\n\n  [13] button 'Click Me!'", click("13"), random.Random(0)) is None
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"tasks": ("enter-text",)}, "clicks alone"),  # solved with fill: the environment offers click and noop
+    ({"tasks": ("click-test", "no-such-page")}, "no-such-page"),
+    ({"tasks": ()}, "got []"),
+    ({"train_seeds": 0}, "got 0 and"),
+    ({"test_seeds": -3}, "got 10 and -3"),
+])
+def test_settings_name_what_they_expected(options: dict, message: str) -> None:
+    with pytest.raises(ValueError, match="expected") as error:
+        BrowserRLSettings(**options)
+    assert message in str(error.value)
+
+
+def test_task_counts_follow_from_pages_and_seeds() -> None:
+    settings = BrowserRLSettings(tasks=("click-test", "focus-text"), train_seeds=3, test_seeds=2)
+    assert (settings.train_tasks, settings.test_tasks) == (6, 4)
+
+
+def test_a_second_task_set_retires_the_first_ones_leftovers(db_session: Session) -> None:
+    register(BrowserRLSettings(tasks=("click-test", "focus-text"), train_seeds=2, test_seeds=1))
+    register(BrowserRLSettings(tasks=("click-test",), train_seeds=1, test_seeds=1))
+    splits = dict(db_session.execute(select(Task.external_id, Task.split)
+                                     .where(Task.environment_name == ENV_NAME)).all())
+    assert splits == {"miniwob/click-test/0": "train", "miniwob/click-test/100000": "test",
+                      "miniwob/click-test/1": RETIRED, "miniwob/focus-text/0": RETIRED,
+                      "miniwob/focus-text/1": RETIRED, "miniwob/focus-text/100000": RETIRED}
+
+
+@pytest.mark.docker
+@pytest.mark.slow  # ~8 min on 2 cores: `make test-all` runs it
+@pytest.mark.timeout(2400)
+def test_rl_trains_on_browser_episodes_end_to_end(tmp_path: Path, db_session: Session) -> None:
+    # 150 SFT steps: with fewer most completions are malformed, every group has zero variance and is
+    # dropped, and no trainer step comes.
+    settings = BrowserRLSettings(
+        rl_minutes=20, rl_steps=2, sft_steps=150, sloppy_steps=5, train_seeds=2, test_seeds=1, group_size=4,
+        batch_size=2, eval_samples=1, workdir=tmp_path, vllm_startup_s=900,
+    )
+    out = io.StringIO()
+    result = run_browser_rl(settings, console=Console(file=out, width=200))
+
+    assert json.loads((tmp_path / "result.json").read_text()) == result
+    assert [point["step"] for point in result["curve"]] == [1, 2], out.getvalue()[-3000:]
+    assert all(0.0 <= point["success"] <= 1.0 for point in result["curve"])
+    assert 0.0 <= result["held_out_success_before"] <= 1.0 and 0.0 <= result["held_out_success_after"] <= 1.0
+
+    run = db_session.get(Run, result["run_id"])
+    assert run is not None and run.purpose == "train"
+    assert db_session.scalar(select(func.count()).where(TrainingStep.run_id == run.id)) >= 2
+    # The trainer's steps were made of browser episodes: groups of the browser environment, consumed.
+    consumed = db_session.execute(
+        select(Environment.kind, Environment.name, func.count()).join(EpisodeGroup, EpisodeGroup.environment_id ==
+                                                                       Environment.id)
+        .where(EpisodeGroup.run_id == run.id, EpisodeGroup.consumed_step.is_not(None))
+        .group_by(Environment.kind, Environment.name)).all()
+    assert [(kind, name) for kind, name, _ in consumed] == [("browser", ENV_NAME)]
+    assert consumed[0][2] >= 2 and result["consumed_groups"] == {"browser": consumed[0][2]}
+    trained = db_session.scalar(select(func.count()).where(Episode.run_id == run.id, Episode.advantage.is_not(None)))
+    assert trained >= 2 * settings.group_size
+    # Both held-out evaluations played every held-out task, every episode through the browser.
+    assert result["episodes"]["browser"] >= 2 * settings.test_tasks + trained
+    # The demonstrations are rendered exactly as the loop stores an episode.
+    assert result["rendering"]["compared"] >= 1 and result["rendering"]["matched"] == result["rendering"]["compared"]
+    assert "held-out success" in out.getvalue()
