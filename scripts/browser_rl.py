@@ -217,10 +217,12 @@ def collect(settings: BrowserRLSettings, *, image: str) -> list[Played]:
     return played
 
 
-def render(episode: Played, *, tokenizer_dir: Path, short: bool) -> tuple[list[int], list[int]]:
+def render(episode: Played, *, tokenizer_dir: Path, short: bool,
+           sampled: list[list[int]] | None = None) -> tuple[list[int], list[int]]:
     """(token ids, loss mask) of `episode` exactly as the agent loop stores it: the chat template's
     prompt (system + tools + the opening page; `short`: the opening alone), each tool call closed by
-    <|im_end|> (mask 1), each observation in the loop's frame (mask 0)."""
+    <|im_end|> (mask 1), each observation in the loop's frame (mask 0). `sampled`: the tokens a
+    policy sampled for each action, in place of the call's canonical rendering."""
     from environments.browser.kind import SYSTEM_PROMPT, TOOL_SCHEMAS
     from environments.read_number.demos import tool_call_text
     from task_workers.policy.chat import observation_frame
@@ -232,8 +234,9 @@ def render(episode: Played, *, tokenizer_dir: Path, short: bool) -> tuple[list[i
     tools = None if short else [TOOL_SCHEMAS[name] for name in TOOLS]
     ids = list(tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, return_dict=False))
     mask = [0] * len(ids)
-    for call, observation in episode.turns:
-        action = chat(tool_call_text(call["name"], call["arguments"]) + "<|im_end|>")
+    for index, (call, observation) in enumerate(episode.turns):
+        action = sampled[index] if sampled is not None else \
+            chat(tool_call_text(call["name"], call["arguments"]) + "<|im_end|>")
         ids += action
         mask += [1] * len(action)
         if observation is not None:
@@ -336,17 +339,19 @@ def consumed_groups(run_id: int) -> dict[str, int]:
 
 
 def rendering_check(run_ids: list[int], *, tokenizer_dir: Path, limit: int = 200) -> dict[str, int]:
-    """Re-render stored episodes of these runs with `render` (their opening page, tool calls and
-    observations) and count those whose token ids equal what the worker stored: the warm-up's
-    demonstrations are exactly what the agent loop produces. Compared: completed episodes whose every
-    turn stopped on <|im_end|> with a parsed tool call (a cut or malformed completion renders apart)."""
+    """Re-render stored episodes of these runs with `render` (their opening page, observations, and
+    the tokens the policy sampled for each action) and count those whose token ids and loss mask equal
+    what the worker stored: the warm-up frames its demonstrations exactly as the agent loop does.
+    Compared: completed episodes whose every turn stopped on <|im_end|> with a parsed tool call.
+    `canonical`: those whose sampled actions are, token for token, the demonstrations' rendering of
+    the call (a sample may spell the same text with other tokens, or add text after the call)."""
     from sqlalchemy import select
 
     from core.db import session_scope
     from core.models import Episode, Turn
     from core.models.artifact import EpisodeArtifact
 
-    compared = matched = 0
+    compared = matched = canonical = 0
     with session_scope() as session:
         episodes = session.execute(select(Episode.id).where(Episode.run_id.in_(run_ids), Episode.status == "completed")
                                    .order_by(Episode.id).limit(limit)).scalars().all()
@@ -357,13 +362,15 @@ def rendering_check(run_ids: list[int], *, tokenizer_dir: Path, limit: int = 200
             if not turns or opening is None or any(t.tool_call is None or t.finish_reason != "stop" for t in turns):
                 continue
             steps = [(t.tool_call or {}, t.observation if i < len(turns) - 1 else None) for i, t in enumerate(turns)]
-            ids, mask = render(Played("", 0, opening.decode(), steps, 0.0, False), tokenizer_dir=tokenizer_dir,
-                               short=False)
+            episode = Played("", 0, opening.decode(), steps, 0.0, False)
+            sampled = [t.token_ids[t.prompt_length:] for t in turns]
+            ids, mask = render(episode, tokenizer_dir=tokenizer_dir, short=False, sampled=sampled)
             stored_ids = [token for t in turns for token in t.token_ids]
             stored_mask = [bit for t in turns for bit in t.loss_mask]
             compared += 1
             matched += ids == stored_ids and mask == stored_mask
-    return {"compared": compared, "matched": matched}
+            canonical += render(episode, tokenizer_dir=tokenizer_dir, short=False)[0] == stored_ids
+    return {"compared": compared, "matched": matched, "canonical": canonical}
 
 
 def run_browser_rl(settings: BrowserRLSettings, *, console: Console) -> dict[str, Any]:
@@ -421,7 +428,8 @@ def run_browser_rl(settings: BrowserRLSettings, *, console: Console) -> dict[str
     (path / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     console.print(f"  episodes played: {result['episodes']}; groups the trainer consumed: {result['consumed_groups']}; "
                   f"stored episodes re-rendered token for token as the warm-up renders them: "
-                  f"{rendering['matched']}/{rendering['compared']}")
+                  f"{rendering['matched']}/{rendering['compared']} ({rendering['canonical']} with the "
+                  f"demonstrations' very action tokens)")
     console.print("\n  step  train success")
     for point in curve:
         console.print(f"  {point['step']:>4}  {point['success']:.0%}" if point["success"] is not None

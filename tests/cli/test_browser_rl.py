@@ -107,6 +107,9 @@ def test_rl_trains_on_browser_episodes_end_to_end(tmp_path: Path, db_session: Se
     assert trained >= 2 * settings.group_size
     # Both held-out evaluations played every held-out task, every episode through the browser.
     assert result["episodes"]["browser"] >= 2 * settings.test_tasks + trained
-    # The demonstrations are rendered exactly as the loop stores an episode.
-    assert result["rendering"]["compared"] >= 1 and result["rendering"]["matched"] == result["rendering"]["compared"]
+    # The demonstrations are framed exactly as the loop stores an episode (prompt, observations, masks),
+    # and the warm-up taught the model the demonstrations' very action tokens.
+    rendering = result["rendering"]
+    assert rendering["compared"] >= 1 and rendering["matched"] == rendering["compared"], rendering
+    assert rendering["canonical"] >= 1, rendering
     assert "held-out success" in out.getvalue()
