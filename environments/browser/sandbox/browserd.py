@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import posixpath
 import re
 import secrets
 import shutil
@@ -44,7 +45,7 @@ import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 if __package__ in (None, ""):  # run as a script: make the package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -62,8 +63,8 @@ MAX_TREE = 200_000
 MAX_TEXT = 10_000
 ACTION_TIMEOUT = 5.0
 STATIC_PREFIXES = ("/miniwob/", "/core/", "/common/", "/flight/")
-BID = re.compile(r"^[a-zA-Z]?[0-9]{1,9}$")
-MINIWOB_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+BID = re.compile(r"[a-zA-Z]?[0-9]{1,9}\Z")
+MINIWOB_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}\Z")
 HIDE_HUMAN_DISPLAY = """(() => {
   for (const id of ['reward-display', 'click-canvas', 'sync-task-cover']) {
     const el = document.getElementById(id); if (el) el.style.display = 'none';
@@ -86,6 +87,17 @@ class ActionError(Exception):
 
 class Fault(Exception):
     """The machine's fault (Chromium died, the page never answered): the episode is retried."""
+
+
+def _number(value: Any, *, what: str) -> float:
+    """A finite number from the agent's arguments (NaN, infinities, 400-digit integers, text: refused)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ActionError(f"{what}: expected a number, got {json.dumps(value)[:40]}") from None
+    if isinstance(value, bool) or number != number or number in (float("inf"), float("-inf")):
+        raise ActionError(f"{what}: expected a finite number, got {json.dumps(value)[:40]}")
+    return number
 
 
 # -- the sites' server ------------------------------------------------------------------------------
@@ -148,13 +160,20 @@ class SiteServer:
         host = (request.headers.get("Host") or "").split(":")[0]
         with self.lock:
             current, app, nonce = self.generation, self.app, self.nonce
+        if request.path == "/__crucible/blank" and host == f"e{current + 1}.{DOMAIN}":
+            return 200, {"Content-Type": "text/html"}, BLANK  # the next episode's tab, prepared now
         if host != f"e{current}.{DOMAIN}":
             return 410, {"Content-Type": "text/plain"}, b"this page belongs to an episode that has ended"
+        origin = request.headers.get("Origin")
+        if origin is not None and origin != self.origin(current):
+            return 403, {"Content-Type": "text/plain"}, b"cross-origin requests are refused"
         parts = urlsplit(request.path)
         path = parts.path
         if path == "/__crucible/blank":
             return 200, {"Content-Type": "text/html"}, BLANK
         if path.startswith(STATIC_PREFIXES):
+            if app is not None:  # a site's episode never serves MiniWoB++ pages (their scripts would run there)
+                return 404, {"Content-Type": "text/plain"}, b"not found"
             return _static(path, nonce=nonce)
         if app is None:
             return 404, {"Content-Type": "text/plain"}, b"not found"
@@ -195,8 +214,8 @@ CONTENT_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/c
 # Text the agent types can reach a page's HTML (MiniWoB++'s terminal writes each command with innerHTML):
 # markup with an event handler would run the agent's code in the page, and the page's code decides
 # the reward. So every MiniWoB++ page is served under a script nonce that only its own <script> tags
-# carry: injected handlers, javascript: URLs and inserted scripts do not run. ('unsafe-eval' stays:
-# d3 and jscolor build functions from their own strings.)
+# carry: injected handlers, javascript: URLs and inserted scripts do not run, and no eval (jQuery runs
+# a <script> in inserted markup with eval; _open_miniwob also disables that path).
 SCRIPT_TAG = re.compile(rb"<script\b", re.IGNORECASE)
 APP_CSP = "script-src 'none'; object-src 'none'; base-uri 'none'; form-action 'self'"
 
@@ -210,7 +229,7 @@ def _static(path: str, *, nonce: str) -> tuple[int, dict[str, str], bytes]:
     if kind != "text/html":
         return 200, {"Content-Type": kind, "Cache-Control": "max-age=86400"}, target.read_bytes()
     body = SCRIPT_TAG.sub(f'<script nonce="{nonce}"'.encode(), target.read_bytes())
-    csp = f"script-src 'nonce-{nonce}' 'unsafe-eval'; object-src 'none'; base-uri 'none'"
+    csp = f"script-src 'nonce-{nonce}'; object-src 'none'; base-uri 'none'"
     return 200, {"Content-Type": "text/html", "Content-Security-Policy": csp}, body
 
 
@@ -298,6 +317,7 @@ class Driver:
                                   "ProactivelySwapBrowsingInstance", "RenderDocument"),
                 log_path=os.path.join(self.profile, "chromium.log"))
             self.browser.listeners.append(self._on_event)
+            self.browser.call("Target.setDiscoverTargets", discover=True)
         return self.browser
 
     def _drop_browser(self) -> None:
@@ -311,6 +331,11 @@ class Driver:
             self.profile = ""
 
     def _on_event(self, message: dict[str, Any]) -> None:
+        if message.get("method") == "Target.targetCreated" and self.browser is not None:
+            info = message.get("params", {}).get("targetInfo", {})
+            if info.get("type") == "page" and info.get("openerId"):  # a window a page opened: closed, the
+                self.browser.send("Target.closeTarget", {"targetId": info.get("targetId")})  # task stays in front
+            return
         if message.get("method") == "Page.javascriptDialogOpening" and self.browser is not None:
             params = message.get("params", {})
             self.dialogs.append(f"{params.get('type', 'dialog')}: {str(params.get('message', ''))[:200]}")
@@ -420,6 +445,11 @@ class Driver:
               Math.seedrandom({json.dumps(str(seed))});
               core.EPISODE_MAX_TIME = 1e9;
               core.startEpisodeReal();
+              // One problem per episode: the START cover (shown again when a task ends) cannot draw a
+              // new one, and jQuery runs no <script> found in markup the agent typed.
+              core.startEpisode = core.startEpisodeReal = function () {{}};
+              if (core.cover_div) core.cover_div.remove();
+              if (window.jQuery) jQuery.globalEval = function () {{}};
               for (let i = 0; i < 200 && !WOB_TASK_READY; i++) await new Promise(r => setTimeout(r, 25));
               return [WOB_TASK_READY, String(core.getUtterance())];
             }})()""", await_promise=True, timeout=15)
@@ -612,10 +642,7 @@ class Driver:
         tab.call("Input.dispatchKeyEvent", type="keyUp", **common)
 
     def _do_scroll(self, tab: Tab, args: dict[str, Any]) -> None:
-        try:
-            dx, dy = float(args.get("dx", 0)), float(args.get("dy", 0))
-        except (TypeError, ValueError):
-            raise ActionError(f"scroll: expected numbers dx and dy, got {json.dumps(args)[:60]}") from None
+        dx, dy = _number(args.get("dx", 0), what="scroll: dx"), _number(args.get("dy", 0), what="scroll: dy")
         if not all(-10000 <= v <= 10000 for v in (dx, dy)):
             raise ActionError(f"scroll: expected dx and dy within ±10000, got {dx:g}, {dy:g}")
         self._mouse(tab, "mouseWheel", self.viewport[0] / 2, self.viewport[1] / 2, deltaX=dx, deltaY=dy)
@@ -628,7 +655,9 @@ class Driver:
             raise ActionError(f"goto: expected a URL on {tab.origin}, got {json.dumps(url)[:80]}")
         target = tab.origin + url if url.startswith("/") and not url.startswith("//") else url
         parts = urlsplit(target)
-        if f"{parts.scheme}://{parts.netloc}" != tab.origin or parts.path.startswith(STATIC_PREFIXES):
+        # As Chromium will resolve it (dots, %2e, backslashes, doubled slashes) before checking the prefix.
+        path = "/" + posixpath.normpath("/" + unquote(parts.path).replace("\\", "/")).lstrip("/")
+        if f"{parts.scheme}://{parts.netloc}" != tab.origin or (path + "/").startswith(STATIC_PREFIXES):
             raise ActionError(f"goto: expected a URL on this site ({tab.origin}/...), got {url[:120]!r}")
         error = tab.navigate(target, timeout=ACTION_TIMEOUT * 2)
         if error:
@@ -648,10 +677,7 @@ class Driver:
         self.browser.wait_event(tab.session, {"Page.loadEventFired"}, timeout=ACTION_TIMEOUT) if self.browser else None
 
     def _do_noop(self, tab: Tab, args: dict[str, Any]) -> None:
-        try:
-            wait_ms = float(args.get("wait_ms", 0))
-        except (TypeError, ValueError):
-            raise ActionError(f"noop: expected wait_ms as a number, got {json.dumps(args.get('wait_ms'))[:40]}") from None
+        wait_ms = _number(args.get("wait_ms", 0), what="noop: wait_ms")
         time.sleep(min(max(wait_ms, 0.0), 5000.0) / 1000)
 
     # -- observing --------------------------------------------------------------------------------
@@ -695,7 +721,10 @@ class Driver:
         url, title = page[0], page[1]
         reply: dict[str, Any] = {"url": url, "title": title, "tree": tree}
         if shot_id is not None:
-            reply["screenshot"] = self.browser.wait(shot_id, method="Page.captureScreenshot", timeout=10)["data"]
+            try:
+                reply["screenshot"] = self.browser.wait(shot_id, method="Page.captureScreenshot", timeout=10)["data"]
+            except CdpError as error:  # a page the agent made unpaintable: no picture, not a fault
+                reply["screenshot_error"] = str(error)[:200]
         reply.update(self._miniwob_status())
         return reply
 
@@ -706,7 +735,8 @@ class Driver:
             return dict(self._ended)
         try:
             status = self.tab.evaluate(
-                "({nonce: window.__crucible_nonce || '', done: !!WOB_DONE_GLOBAL, raw: WOB_RAW_REWARD_GLOBAL,"
+                "({nonce: window.__crucible_nonce || '', done: !!WOB_DONE_GLOBAL || WOB_EPISODE_ID > 0,"
+                " raw: WOB_RAW_REWARD_GLOBAL,"
                 " reward: WOB_REWARD_GLOBAL, reason: WOB_REWARD_REASON === null ? '' : String(WOB_REWARD_REASON)})")
         except (ActionError, CdpError):
             status = None

@@ -7,8 +7,7 @@ time between actions. `eval` (an operator op the agent never gets) appears only 
 page's own code (a timer of the page, a script that some other hole let run) or to read what a test
 needs; every such use says so.
 
-A test marked xfail(strict=True) shows a hole that is still open: it fails while the hole is there,
-and turns the suite red (XPASS) once it is closed, so the marker is then removed.
+The holes the review found are closed; their tests failed before the fixes and stay as guards.
 
     .venv/bin/pytest -q -p no:cacheprovider tests/environments/browser/test_red_team_browser.py
 """
@@ -61,12 +60,7 @@ def _not_rewarded(state: dict[str, Any]) -> bool:
     return not (state.get("done") and float(state.get("raw_reward") or 0) > 0)
 
 
-# -- holes still open -------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE (high): MiniWoB++ ships jQuery 1.12.4, whose .before/.append/.html run <script> bodies found in "
-    "inserted markup with jQuery.globalEval = window.eval, which the pages' CSP allows ('unsafe-eval'). "
-    "The terminal task writes each typed command into a div with innerHTML and inserts it with .before(): "
-    "a typed <script> runs in the page and ends the task with reward 1 (36 key presses, any seed)."))
+# -- holes found by the review, closed (each test failed before its fix) -------------------------------------------------------------------------------
 def test_a_script_typed_into_the_terminal_cannot_end_the_task(driver: Driver) -> None:
     page = driver.call("open", task=miniwob("terminal", 7))
     assert page["ok"], page
@@ -78,31 +72,20 @@ def test_a_script_typed_into_the_terminal_cannot_end_the_task(driver: Driver) ->
     assert _not_rewarded(state), state
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE (medium): after a task ends, core.endEpisode calls core.startEpisode, which shows MiniWoB's START "
-    "cover again; clicking it (its bid is fixed per task, learnable) starts a new problem and resets "
-    "WOB_DONE_GLOBAL. A page that ends its task by itself between two actions (moving-items does, 9.9 s "
-    "after its start, with -1 when no circle was clicked) is restarted by the agent's next action, a click "
-    "on the cover: the driver never sees the -1, the episode scores 0 and the agent gets a fresh problem."))
 def test_a_task_the_page_ended_cannot_be_restarted_into_a_new_problem(driver: Driver) -> None:
     page = driver.call("open", task=miniwob("click-button", 11))
     assert page["ok"] and not page["done"], page
-    cover = driver.call("eval", expression="document.getElementById('sync-task-cover').getAttribute('bid')")
-    assert cover["value"]  # the cover exists (hidden) from the page's load, with a bid like any element
+    cover = driver.call("eval", expression="document.getElementById('sync-task-cover')")
+    assert cover["value"] is None  # the driver removes the START cover once the problem is drawn
     # Stands in for the page's own timer ending the task while the agent thinks (moving-items: 9.9 s, -1;
     # tried for real: the same click on its cover, bid 38 for seed 1, leaves done false and reward 0).
     driver.call("eval", expression="setTimeout(() => core.endEpisode(-1, false, 'the page timed out'), 0); 1")
     assert _wait_for(driver, "WOB_DONE_GLOBAL && WOB_RAW_REWARD_GLOBAL === -1", seconds=10)
-    driver.act("click", bid=cover["value"])
+    driver.call("eval", expression="core.startEpisode(); core.startEpisodeReal(); 1")  # what the cover did
     state = driver.call("state")
     assert state["done"] and state["raw_reward"] == -1.0, state
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE (medium): noop's wait_ms is not checked for NaN (time.sleep(nan) raises ValueError) nor "
-    "scroll/noop for integers too large for a float (OverflowError): the driver answers with a fault, which the worker "
-    "treats as the machine's failure: the episode is retried and never trained on. The agent can discard "
-    "any episode it is losing."))
 @pytest.mark.parametrize(("action", "args"), [
     ("noop", {"wait_ms": "nan"}),
     ("noop", {"wait_ms": float("nan")}),  # sent as the JSON literal NaN, which Python's json accepts
@@ -115,11 +98,6 @@ def test_odd_numbers_are_action_errors_not_faults(driver: Driver, action: str, a
     assert reply["ok"] and reply["error"], reply
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE (medium, needs script in a page, which the terminal hole gives): the old episode's context is "
-    "disposed only after the next open has switched the server to the next origin, and the server answers "
-    "any request whose Host is the current origin, whoever sends it. A page of episode N that loops "
-    "fetch(POST) to e<N+1> (its own hostname + 1, same port) fills the cart of episode N+1's shop."))
 def test_a_page_of_an_ended_episode_cannot_change_the_next_site(driver: Driver) -> None:
     task = site(4)
     product = shop.Site(task["site_seed"]).catalogue[0]
@@ -141,13 +119,6 @@ def test_a_page_of_an_ended_episode_cannot_change_the_next_site(driver: Driver) 
     assert driver.call("state")["site"]["cart"] == shop.Site(task["site_seed"]).state()["cart"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE (medium, latent): a link that opens a window (any target but _self) puts the task's tab in the "
-    "background: the settle's requestAnimationFrame never fires (5 s every later step) and "
-    "Page.captureScreenshot of the hidden tab gets no answer in 10 s, a CdpError the driver answers as a "
-    "fault: the episode is retried, never trained on. No page served today has such a link (the terminal "
-    "echoes one, 18 key presses, which stalls each step 5 s but whose tab still screenshots); a site "
-    "with one hands the agent a way to discard any episode."))
 def test_a_link_that_opens_a_window_cannot_fault_the_episode(driver: Driver) -> None:
     page = driver.call("open", task=miniwob("click-button", 5), screenshot=True)
     driver.call("eval", expression=(  # stands in for a page of the site's own with such a link
@@ -158,10 +129,6 @@ def test_a_link_that_opens_a_window_cannot_fault_the_episode(driver: Driver) -> 
     assert reply["url"] == page["url"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE (low): goto refuses /miniwob/ and /core/ by a prefix test on the raw path, so dot segments, "
-    "%2e and a backslash reach them (Chromium normalizes after the check): a shop task can open any "
-    "MiniWoB++ page, scripts running, on the shop's origin (the terminal among them)."))
 @pytest.mark.parametrize("url", ["/./miniwob/terminal.html", "/x/../miniwob/terminal.html", "/%2e/miniwob/terminal.html",
                                  "/\\miniwob/terminal.html", "/.//core/core.js"])
 def test_goto_cannot_reach_the_miniwob_files_by_another_spelling(driver: Driver, url: str) -> None:
@@ -171,10 +138,6 @@ def test_goto_cannot_reach_the_miniwob_files_by_another_spelling(driver: Driver,
     assert "/miniwob/" not in reply["url"] and "/core/" not in reply["url"], reply["url"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE (low, message only): the bid pattern ends with $, which Python lets match before a final newline; "
-    "'15\\n' passes and breaks the page's querySelector, so the agent reads 'the page raised: SyntaxError' "
-    "instead of what a bid looks like (use fullmatch or \\Z)."))
 def test_a_bid_with_a_trailing_newline_is_refused_as_malformed(driver: Driver) -> None:
     page = driver.call("open", task=miniwob("enter-text", 5))
     box = _bid(page["tree"], "textbox")
@@ -224,11 +187,9 @@ def test_another_pages_reward_does_not_count(driver: Driver) -> None:
     assert _wait_for(driver, f"{frame}.core && {frame}.document.readyState === 'complete'", seconds=10)
     link = _bid(driver.call("observe")["tree"], "link", "open it")
     assert driver.act("click", bid=link)["url"] == page["url"]  # the new window is not the observed page
-    window = "window.open('', 'other-window')"  # the named window the click opened (no new one)
-    assert _wait_for(driver, f"(() => {{ const w = {window}; return w && w.core && w.document.readyState === "
-                             "'complete'; })()", seconds=10)
-    # Stands in for the other pages' own code ending their tasks with reward 1.
-    for where in (frame, window):
+    # The window the click opened is closed by the driver; the iframe's page stands in for another
+    # page's own code ending its task with reward 1.
+    for where in (frame,):
         ended = driver.call("eval", expression=f"(() => {{ const w = {where}; w.core.startEpisodeReal(); "
                                                "w.core.endEpisode(1, false, 'elsewhere'); "
                                                "return w.WOB_DONE_GLOBAL && w.WOB_RAW_REWARD_GLOBAL; })()")
