@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import httpx
 
 from core.errors import CrucibleError
-from core.settings import Settings
+from core.settings import Settings, public_url
 
 MIN_FREE_DISK_GB = 5.0
 
@@ -82,17 +82,31 @@ def check_docker() -> CheckResult:
 
 
 def check_policy_server(settings: Settings) -> CheckResult:
-    url = f"{settings.policy_url}/models"
+    """One server (CRUCIBLE_POLICY_URL): the check "policy server"."""
+    return _check_policy_replica(settings.policy_url, "policy server", "CRUCIBLE_POLICY_URL")
+
+
+def check_policy_pool(settings: Settings) -> list[CheckResult]:
+    """Each replica of CRUCIBLE_POLICY_URLS, as "policy replica N"; one server: "policy server"."""
+    if not settings.policy_urls:
+        return [check_policy_server(settings)]
+    return [_check_policy_replica(url, f"policy replica {index}", "CRUCIBLE_POLICY_URLS")
+            for index, url in enumerate(settings.policy_urls, start=1)]
+
+
+def _check_policy_replica(base_url: str, name: str, setting: str) -> CheckResult:
+    shown = public_url(base_url)  # never a password in the report
+    url = f"{base_url.removesuffix('/').removesuffix('/v1')}/v1/models"
     try:
         response = httpx.get(url, timeout=3)
         response.raise_for_status()
         models = [m.get("id") for m in response.json().get("data", [])]
-    except (httpx.HTTPError, ValueError) as error:
+    except (httpx.HTTPError, ValueError, AttributeError) as error:
         return CheckResult(
-            "policy server", False, False, f"{url}: {error}",
-            "start one with `crucible serve MODEL_DIR` or set CRUCIBLE_POLICY_URL",
+            name, False, False, f"{shown}: {type(error).__name__}: {str(error).replace(base_url, shown)[:300]}",
+            f"start one with `crucible serve MODEL_DIR` or correct {setting}",
         )
-    return CheckResult("policy server", True, False, f"{settings.policy_url} serving {', '.join(map(str, models))}")
+    return CheckResult(name, True, False, f"{shown} serving {', '.join(map(str, models))}")
 
 
 def check_disk(settings: Settings) -> CheckResult:
@@ -109,4 +123,4 @@ def check_disk(settings: Settings) -> CheckResult:
 
 def run_checks(settings: Settings) -> list[CheckResult]:
     database, url = check_database(settings)
-    return [check_docker(), database, check_broker(settings, url), check_policy_server(settings), check_disk(settings)]
+    return [check_docker(), database, check_broker(settings, url), *check_policy_pool(settings), check_disk(settings)]

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import os
 import socket
+import string
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -22,6 +24,8 @@ from core.errors import ConfigError
 
 ENV_PREFIX = "CRUCIBLE_"
 BROKER_SCHEMES = ("redis", "rediss", "amqp", "amqps", "pyamqp", "sqla+postgresql", "memory")
+MAX_POLICY_REPLICAS = 256
+MAX_URL_CHARS = 2048
 
 
 def _default_data_dir() -> Path:
@@ -39,7 +43,11 @@ class Settings(BaseSettings):
     broker_url: str | None = None
     """Celery broker (redis://, amqp://). Unset: Celery's SQLAlchemy transport on the database."""
     policy_url: str = "http://127.0.0.1:8000/v1"
-    """OpenAI-compatible policy server (vLLM) base URL."""
+    """OpenAI-compatible policy server (vLLM) base URL. With CRUCIBLE_POLICY_URLS and this unset: the
+    first of those (the server the trainer syncs weights to)."""
+    policy_urls: Annotated[list[str] | None, NoDecode] = None
+    """Comma-separated policy servers (vLLM replicas of one model) that workers share episodes among,
+    each episode on one replica (task_workers/policy/pool.py). Unset: CRUCIBLE_POLICY_URL alone."""
     policy_tokenizer: Path | None = None
     """The served model's directory: workers tokenize environment text with it locally (else over HTTP)."""
     data_dir: Path = Field(default_factory=_default_data_dir)
@@ -105,6 +113,50 @@ class Settings(BaseSettings):
             raise ValueError("expected an http:// or https:// URL")
         return value.rstrip("/")
 
+    @field_validator("policy_urls", mode="before")
+    @classmethod
+    def _split_policy_urls(cls, value: object) -> object:
+        if isinstance(value, str):
+            if len(value) > MAX_POLICY_REPLICAS * (MAX_URL_CHARS + 1):
+                raise ValueError(f"expected at most {MAX_POLICY_REPLICAS} URLs of {MAX_URL_CHARS} characters, "
+                                 f"comma-separated ({len(value)} characters given)")
+            return [url.strip() for url in value.split(",") if url.strip()]
+        return value
+
+    @field_validator("policy_urls")
+    @classmethod
+    def _check_policy_urls(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("expected one or more comma-separated http:// or https:// URLs")
+        if len(value) > MAX_POLICY_REPLICAS:
+            raise ValueError(f"expected at most {MAX_POLICY_REPLICAS} URLs ({len(value)} given)")
+        urls: list[str] = []
+        seen: dict[str, str] = {}
+        for url in value:
+            if not _is_http_url(url):
+                raise ValueError(f"expected http:// or https:// URLs of at most {MAX_URL_CHARS} characters, "
+                                 f"not {_clip(url)}")
+            url = url.rstrip("/")
+            key = _server_key(url)
+            if key in seen:
+                raise ValueError(f"expected each server once, {_clip(url)} repeats {_clip(seen[key])}")
+            seen[key] = url
+            urls.append(url)
+        return urls
+
+    @model_validator(mode="after")
+    def _policy_url_from_pool(self) -> Settings:
+        if self.policy_urls and "policy_url" not in self.model_fields_set:
+            self.policy_url = self.policy_urls[0]
+        return self
+
+    @property
+    def policy_pool(self) -> list[str]:
+        """The policy servers workers use: CRUCIBLE_POLICY_URLS, else CRUCIBLE_POLICY_URL alone."""
+        return list(self.policy_urls) if self.policy_urls else [self.policy_url]
+
     @field_validator("sandbox_networks", mode="before")
     @classmethod
     def _split_networks(cls, value: object) -> object:
@@ -144,6 +196,42 @@ def _postgres_url(value: str) -> URL:
     return url
 
 
+def _is_http_url(value: str) -> bool:
+    if len(value) > MAX_URL_CHARS or not value.startswith(("http://", "https://")):
+        return False
+    if any(char in value for char in string.whitespace) or not value.isprintable():
+        return False
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018  (raises on a bad port)
+    except ValueError:
+        return False
+    return bool(parts.hostname)
+
+
+def public_url(url: str) -> str:
+    """`url` without credentials, query or fragment: how a policy replica is named in turns and reports."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+
+
+def _server_key(url: str) -> str:
+    """Two spellings of one server (…:8000 and …:8000/v1/, any case of the host) give one key."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{parts.scheme}://{(parts.hostname or '').lower()}:{port}{parts.path.rstrip('/').removesuffix('/v1')}"
+
+
+def _clip(value: object, limit: int = 120) -> str:
+    """repr(value), cut to `limit` characters with how many were cut (an error stays one short line)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
 def _describe(error: ValidationError) -> str:
     """One line per bad setting: name, what is expected, what was given."""
     lines = []
@@ -154,7 +242,7 @@ def _describe(error: ValidationError) -> str:
             continue
         field = str(item["loc"][0])
         given = item.get("input")
-        lines.append(f"{ENV_PREFIX}{field.upper()}: {message}, got {given!r}")
+        lines.append(f"{ENV_PREFIX}{field.upper()}: {message}, got {_clip(given)}")
     return "; ".join(lines)
 
 

@@ -1,6 +1,7 @@
-"""What a task-worker process holds for its whole life: one policy client, one Docker backend, one
-warm pool per sandbox spec, the event sink, the heartbeat and the reaper. Created on first use (after
-Celery forks), closed at worker shutdown — which returns every sandbox (nothing is left running).
+"""What a task-worker process holds for its whole life: one policy pool (a client per replica), one
+Docker backend, one warm pool per sandbox spec, the event sink, the heartbeat and the reaper. Created
+on first use (after Celery forks), closed at worker shutdown — which returns every sandbox (nothing is
+left running).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from environments.spec import EnvironmentSpec
 from task_workers.policy.client import PolicyClient, local_tokenizer
+from task_workers.policy.pool import PolicyPool
 from task_workers.sandbox import PoolSet, Reaper, SandboxBackend, SandboxSpec, make_backend
 from task_workers.sandbox.db_events import DbEventSink
 from task_workers.sandbox.events import EventSink
@@ -58,7 +60,7 @@ class DockerSandboxes:
 
 @dataclass
 class WorkerContext:
-    policy: PolicyClient
+    policy: PolicyPool
     sandboxes: DockerSandboxes
     backend: SandboxBackend
     events: EventSink
@@ -92,7 +94,8 @@ def worker_context() -> WorkerContext:
             sandboxes = DockerSandboxes(backend=backend, events=events, worker=settings.worker_name,
                                         min_size=settings.sandbox_pool_min, max_size=settings.sandbox_pool_max)
             tokenizer = local_tokenizer(str(settings.policy_tokenizer)) if settings.policy_tokenizer else None
-            policy = PolicyClient(base_url=settings.policy_url, tokenizer=tokenizer)
+            policy = PolicyPool(settings.policy_pool,
+                                client_factory=lambda url: PolicyClient(base_url=url, tokenizer=tokenizer))
             _context = WorkerContext(policy, sandboxes, backend, events, reaper)
         return _context
 

@@ -152,6 +152,8 @@ class Turn(Base):
     reports one, else the version when the request was sent. None: the server reported no version."""
     weight_version_end: Mapped[int | None] = mapped_column(Integer)
     """The newest weight version that sampled a token of it (else the version once it returned)."""
+    replica: Mapped[str | None] = mapped_column(Text)
+    """The policy replica (its URL, without credentials) that sampled it; None: a lone policy client."""
     finish_reason: Mapped[str | None] = mapped_column(String(32))
     search: Mapped[str] = mapped_column(
         TSVECTOR,

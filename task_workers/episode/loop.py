@@ -26,6 +26,7 @@ from task_workers.episode.errors import PolicyFault, SandboxFault
 from task_workers.episode.trajectory import ArtifactRecord, Trajectory, TurnRecord
 from task_workers.policy.chat import observation_frame
 from task_workers.policy.client import Completion, ContextOverflow, PolicyClient, PolicyError
+from task_workers.policy.pool import EpisodePolicy
 
 NO_TOOL_CALL = "No tool call found. Call exactly one tool as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>."
 
@@ -35,7 +36,7 @@ class LoopContext:
     kind: EnvironmentKind
     task: Any
     sandbox: Sandbox
-    policy: PolicyClient
+    policy: PolicyClient | EpisodePolicy
     limits: Limits
     sampling: Sampling
     tool_parser: str = "hermes"
@@ -125,7 +126,7 @@ def run_agent_loop(ctx: LoopContext, *, prompt_ids: list[int]) -> Trajectory:
             tool_call=call, observation=observation, tool_output_full=cap_text(result.output, 65536),
             exit_code=result.exit_code, tool_status=result.status, duration_s=result.duration_s,
             truncated=result.truncated_bytes > 0 or observation != result.observation,
-            truncated_bytes=result.truncated_bytes,
+            truncated_bytes=result.truncated_bytes, replica=completion.replica,
         ))
         trajectory.artifacts += [ArtifactRecord(len(trajectory.turns) - 1, a.name, a.media_type, a.data)
                                  for a in result.artifacts]

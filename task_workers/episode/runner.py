@@ -32,6 +32,7 @@ from task_workers.episode.loop import LoopContext, initial_prompt, run_agent_loo
 from task_workers.episode.persist import claim_episode, store_episode
 from task_workers.episode.trajectory import ArtifactRecord, Trajectory
 from task_workers.policy.client import PolicyClient
+from task_workers.policy.pool import PolicyPool
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +93,9 @@ def _run_sampling(session: Any, episode: Episode) -> tuple[Sampling, bool]:
 
 
 def run_episode(
-    episode_id: int, *, policy: PolicyClient, sandboxes: SandboxProvider, worker: str
+    episode_id: int, *, policy: PolicyClient | PolicyPool, sandboxes: SandboxProvider, worker: str
 ) -> EpisodeOutcome:
+    """`policy`: one server, or a pool whose replica the episode leases for all its turns."""
     started = time.monotonic()
     loaded = _load(episode_id, worker=worker)
     if loaded is None:
@@ -102,6 +104,7 @@ def run_episode(
     kind = get_kind(loaded.spec.kind)(loaded.spec)
     task = kind.parse_task(loaded.payload)  # type: ignore[attr-defined]
     with ExitStack() as stack:
+        episode_policy = stack.enter_context(policy.episode()) if isinstance(policy, PolicyPool) else policy
         try:
             sandbox = stack.enter_context(sandboxes.lease(spec=loaded.spec, run_id=loaded.run_id, episode_id=episode_id))
         except CrucibleError as error:
@@ -119,7 +122,7 @@ def run_episode(
             except (RuntimeError, CrucibleError) as error:
                 raise SandboxFault(f"the first observation failed: {error}") from error
             instruction, opening_artifacts = opening.text, opening.artifacts
-        ctx = LoopContext(kind=kind, task=task, sandbox=sandbox, policy=policy, limits=loaded.spec.limits,
+        ctx = LoopContext(kind=kind, task=task, sandbox=sandbox, policy=episode_policy, limits=loaded.spec.limits,
                           sampling=loaded.sampling, tool_parser=loaded.spec.tool_parser,
                           require_version=loaded.training)
         trajectory = run_agent_loop(ctx, prompt_ids=initial_prompt(ctx, instruction=instruction))

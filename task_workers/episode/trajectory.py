@@ -30,6 +30,8 @@ class TurnRecord:
     duration_s: float | None = None
     truncated: bool = False
     truncated_bytes: int = 0
+    replica: str | None = None
+    """The policy replica that sampled it (task_workers/policy/pool.py); None from a lone client."""
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,11 @@ class ContextOverflow(PolicyError):
     """The prompt plus the response would not fit the model's context."""
 
 
+class ReplicaUnavailable(PolicyError):
+    """The server did not answer, or answered 5xx/429, after every retry: the server is at fault, not the
+    request, so a pool of replicas sends the request to another one (task_workers/policy/pool.py)."""
+
+
 @dataclass(frozen=True)
 class Completion:
     token_ids: list[int]
@@ -56,6 +61,8 @@ class Completion:
     """The server's version once the completion returned: says whether weights that were still being
     probed (a provisional label) were verified since."""
     seconds: float
+    replica: str | None = None
+    """The pool replica that sampled it (task_workers/policy/pool.py); None from a lone client."""
 
     @property
     def version_start(self) -> str | None:
@@ -205,7 +212,7 @@ class PolicyClient:
                 delay = self._backoff_s * 2**attempt
                 logger.warning("policy request failed (%s); retrying in %.1fs", failure, delay)
                 time.sleep(delay)
-        raise PolicyError(failure)
+        raise ReplicaUnavailable(failure)  # a request's own faults (4xx) were raised above
 
 
 def _completion(choice: dict[str, Any], logprobs: list[float], *, versions: tuple[str | None, ...],

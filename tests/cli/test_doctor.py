@@ -75,3 +75,22 @@ def test_bad_settings_give_one_clear_line_and_no_trace(variable: str, value: str
     assert result.returncode == 2
     assert result.stderr.strip() == message
     assert result.stdout == ""
+
+
+def test_doctor_shows_each_policy_replica(database_url: str) -> None:
+    """CRUCIBLE_POLICY_URLS: one row per replica (none is running here: each is a warning, not a failure)."""
+    import socket
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+    urls = ",".join(f"http://127.0.0.1:{port}/v1" for port in ports)
+    result = _run(["doctor", "-o", "json"], _clean_env(CRUCIBLE_DATABASE_URL=database_url, CRUCIBLE_POLICY_URLS=urls))
+    checks = {check["name"]: check for check in json.loads(result.stdout)}
+    assert "policy server" not in checks
+    for index, port in enumerate(ports, start=1):
+        check = checks[f"policy replica {index}"]
+        assert not check["ok"] and not check["required"]
+        assert check["detail"].startswith(f"http://127.0.0.1:{port}/v1: ConnectError")

@@ -40,7 +40,8 @@ def _populate(session: Session) -> int:
     episode_id, _ = insert_episode(session, run_id=the_run.id, group_id=group.id, sample_index=0,
                                    task_id=the_task.id, environment_id=env.id, status="completed", num_turns=2)
     for turn in browser_trajectory().turns:
-        session.execute(insert(Turn).values(run_id=the_run.id, episode_id=episode_id, **vars(turn)))
+        columns = {name: value for name, value in vars(turn).items() if name != "replica"}  # added by 0007
+        session.execute(insert(Turn).values(run_id=the_run.id, episode_id=episode_id, **columns))
     session.commit()
     return episode_id
 
@@ -65,5 +66,7 @@ def test_0006_upgrades_a_populated_database_and_downgrades(empty_url: str) -> No
         with Session(engine) as session:
             assert session.execute(select(func.count()).select_from(Turn)).scalar_one() == 2
         migrate.upgrade("head", url=empty_url)
+        with Session(engine) as session:  # 0007: turns stored before the policy pool name no replica
+            assert session.execute(select(Turn.replica)).scalars().all() == [None, None]
     finally:
         engine.dispose()
