@@ -7,15 +7,19 @@ format as vLLM) and real Docker sandboxes from a warm pool: episodes/s, and per 
 episode loop spends beyond the sandbox step itself (policy round trips, tokenizing, parsing, the
 shell session's framing). Target: ≤ 5 ms per turn.
 
-Part 2 — sync vs async at equal work on a long-tail workload (heavy-tailed policy latency, as with
-tool-heavy tasks), `--pairs` interleaved (sync, async) pairs in one process. Both modes: the real
-controller dispatching, the real episode runner in `--slots` worker threads with Docker sandboxes,
-the same tasks in the same dispatch order (checked), a stand-in trainer that consumes groups strictly
-in dispatch order (a batch waits for its slowest group in both modes), `--updates` updates of
-`--step-s` each, the same drop rule for stale groups (sync's bound is 0 by definition, async's
-`--staleness`). Reported per pair and as medians: wall-clock to the same counted trained samples,
-generation-side idle slot-seconds, trainer-side idle seconds, and the fraction of the ideal no-idle
-pipeline (formula in the output). The figure to quote is `speedup.median` (min–max).
+Part 2 — sync vs async at equal work on a long-tail workload (heavy-tailed policy latency per task,
+Pareto α 1.5, as with tool-heavy tasks; read_number episodes, whose CPU work is small), `--pairs`
+interleaved (sync, async) pairs in one process. Both modes: the real controller dispatching, the real
+episode runner in `--slots` worker threads with Docker sandboxes, the same tasks in the same dispatch
+order, a stand-in trainer, `--updates` updates of `--step-s` each, the same drop rule for stale groups
+(sync's bound is 0 by definition, async's `--staleness`). `--consume dispatch` (default, equal work):
+the trainer consumes groups strictly in dispatch order — a batch waits for its slowest group in both
+modes, so both train the same tasks (checked: `same_tasks_in_same_order`). `--consume complete`: as
+the real trainer claims them (lowest-indexed complete groups first); faster, but slow tasks are
+trained later or dropped as stale — the bias is measured (`bias`: mean policy delay of the trained
+tasks per mode, stale drops). Reported per pair and as medians: wall-clock to the same counted trained
+samples, generation-side idle slot-seconds, trainer-side idle seconds, and the fraction of the ideal
+no-idle pipeline (formula in the output). The figure to quote is `speedup.median` (min–max).
 """
 
 from __future__ import annotations
@@ -147,16 +151,29 @@ def _pareto_delays(n: int, *, seed: int, alpha: float = 1.5, scale_s: float = 0.
     return [round(min(cap_s, scale_s * rng.paretovariate(alpha)), 3) for _ in range(n)]
 
 
-class InOrderTrainer:
-    """A stand-in GRPO trainer that consumes groups strictly in dispatch order (group_index): batch k is
-    groups k·B … k·B+B−1, waited for until every one is complete, however slow its tail — the same
-    groups, hence the same tasks, in both modes. Each update takes `step_s` (a sleep: this measures
-    scheduling, not learning). The staleness rule is the real trainer's (a group sampled more than the
-    run's bound behind is dropped); drops are counted and reported. Trained samples are counted from the
-    episodes of the groups it consumed, not computed."""
+# The long-tail workload's task: a read_number episode (a sandbox step, then an exact-match grade of the
+# submitted answer). Its CPU work is small, so that on 2 cores the comparison measures scheduling under
+# heavy-tailed generation, as on a cluster where generation runs on accelerators; with code_repo's
+# pytest grading in fresh sandboxes, 8 slots saturate 2 cores and both modes are CPU-bound.
+TAIL_PAYLOAD = {"path": "number.txt", "number": "4711"}
 
-    def __init__(self, *, run_id: int, batch_size: int, bound: int, step_s: float, updates: int) -> None:
+
+class StandInTrainer:
+    """A stand-in GRPO trainer. `consume="dispatch"`: strictly in dispatch order (group_index) — batch k
+    is groups k·B … k·B+B−1, waited for until every one is complete, however slow its tail: the same
+    groups, hence the same tasks, in both modes. `consume="complete"`: as the real trainer claims them
+    (`trainer.store.claim_complete_groups`: the lowest-indexed B groups that are complete, not waiting
+    for an earlier slow one) — slow groups are trained later, or dropped as stale and replaced: the bias
+    toward fast tasks this brings is measured (`bias` in the output). Sync mode is the same under both
+    (it dispatches one batch at a time). Each update takes `step_s` (a sleep: this measures scheduling,
+    not learning). The staleness rule is the real trainer's (a group sampled more than the run's bound
+    behind is dropped); drops are counted and reported. Trained samples are counted from the episodes
+    of the groups it consumed, not computed."""
+
+    def __init__(self, *, run_id: int, batch_size: int, bound: int, step_s: float, updates: int,
+                 consume: str) -> None:
         self.run_id, self.batch_size, self.bound, self.step_s, self.updates = run_id, batch_size, bound, step_s, updates
+        self.consume = consume
         self.staleness: list[int] = []
         self.dropped = 0
         self.task_order: list[int] = []
@@ -165,6 +182,11 @@ class InOrderTrainer:
         self.done = threading.Event()
 
     def _next_batch(self, session: Any, cursor: int) -> list[EpisodeGroup] | None:
+        if self.consume == "complete":
+            from trainer.store import claim_complete_groups
+
+            claimed = claim_complete_groups(session, run_id=self.run_id, limit=self.batch_size)
+            return claimed if len(claimed) == self.batch_size else None
         groups = session.execute(
             select(EpisodeGroup).where(EpisodeGroup.run_id == self.run_id, EpisodeGroup.group_index >= cursor,
                                        EpisodeGroup.status != GroupStatus.DROPPED)
@@ -189,7 +211,7 @@ class InOrderTrainer:
                 self.dropped += len(stale)
                 if stale:
                     continue  # the rest joins the next batch, still in dispatch order (replacements come last)
-                cursor = groups[-1].group_index + 1
+                cursor = max(cursor, groups[-1].group_index + 1)
                 self.staleness += [version - g.policy_version for g in groups]
                 self.task_order += [g.task_id for g in groups]
                 started = time.monotonic()
@@ -219,12 +241,17 @@ class SlotClock:
                    if episodes is None or eid in episodes)
 
 
+CONSUMPTION = {
+    "dispatch": "in dispatch order (group_index): a batch waits for its slowest group in both modes",
+    "complete": ("as the real trainer claims groups (trainer.store.claim_complete_groups): the lowest-indexed "
+                 "complete groups, not waiting for a slow earlier one; identical to dispatch order in sync mode"),
+}
 IDEAL = ("ideal no-idle pipeline: generation never waits for training, training never waits for a batch: "
          "max(G + step_s, T + G/updates), G = slot-seconds of the trained episodes / slots, T = updates × step_s "
          "(the last update cannot overlap generation; the first batch cannot overlap training)")
 
 
-def _tail_run(*, mode: str, label: str, image: str, payload: dict[str, Any], tasks: int, url: str, slots: int,
+def _tail_run(*, mode: str, label: str, image: str, tasks: int, url: str, slots: int, consume: str,
               group_size: int, batch_size: int, updates: int, step_s: float, staleness: int) -> dict[str, Any]:
     from controller.config import ControllerConfig
     from controller.loop import Controller
@@ -235,12 +262,12 @@ def _tail_run(*, mode: str, label: str, image: str, payload: dict[str, Any], tas
 
     with session_scope() as session:
         if session.execute(select(Task).where(Task.environment_name == "tail")).first() is None:
-            spec = {"name": "tail", "kind": "code_repo", "image": image,
+            spec = {"name": "tail", "kind": "read_number", "image": image,
                     "sandbox": {"memory": "256m", "pids": 128, "workspace_size": "32m", "tmp_size": "32m"},
                     "limits": {"max_turns": 5, "episode_timeout_s": 300}}
             register_environment(session, spec=parse_spec(spec))
             session.add_all([Task(environment_name="tail", external_id=f"tail-{i}", instruction=f"[script:tail-{i}]",
-                                  payload=payload) for i in range(tasks)])
+                                  payload=TAIL_PAYLOAD) for i in range(tasks)])
         # The same seed: the controller's task picks are deterministic in (seed, group index), so both
         # modes dispatch the same tasks in the same order (checked: `task_order` is compared).
         run = create_run(session, config=RunConfig(
@@ -276,7 +303,8 @@ def _tail_run(*, mode: str, label: str, image: str, payload: dict[str, Any], tas
         def send_task(self, name: str, args: list[int] | None = None, **_: Any) -> None:
             pool.submit(run_with_retries, args[0])
 
-    trainer = InOrderTrainer(run_id=run_id, batch_size=batch_size, bound=bound, step_s=step_s, updates=updates)
+    trainer = StandInTrainer(run_id=run_id, batch_size=batch_size, bound=bound, step_s=step_s, updates=updates,
+                             consume=consume)
     controller = Controller(engine=get_engine(), dispatcher=LocalDispatcher(), settings=ControllerConfig(),
                             name=f"bench-{label}")
     try:
@@ -299,7 +327,7 @@ def _tail_run(*, mode: str, label: str, image: str, payload: dict[str, Any], tas
                          bound=bound, step_s=step_s, updates=updates)
 
 
-def _tail_figures(*, run_id: int, trainer: InOrderTrainer, clock: SlotClock, started: float, wall: float,
+def _tail_figures(*, run_id: int, trainer: StandInTrainer, clock: SlotClock, started: float, wall: float,
                   slots: int, bound: int, step_s: float, updates: int) -> dict[str, Any]:
     ended = started + wall
     with session_scope() as session:
@@ -328,20 +356,19 @@ def _tail_figures(*, run_id: int, trainer: InOrderTrainer, clock: SlotClock, sta
     }
 
 
-def sync_vs_async(*, image: str, tmp: Path, pairs: int, slots: int, updates: int, staleness: int,
-                  step_s: float, group_size: int, batch_size: int) -> dict[str, Any]:
+def sync_vs_async(*, image: str, pairs: int, slots: int, updates: int, staleness: int,
+                  step_s: float, group_size: int, batch_size: int, consume: str) -> dict[str, Any]:
     # One task per trained group in dispatch order, plus the groups async has in flight at the end.
     tasks = (updates + staleness + 1) * batch_size
     delays = _pareto_delays(tasks, seed=7)
-    scripts = {f"tail-{i}": [{"text": tool_call("bash", command="true"), "delay_s": d}, tool_call("submit")]
-               for i, d in enumerate(delays)}
-    payload = _task_payload(tmp)
+    scripts = {f"tail-{i}": [{"text": tool_call("bash", command=f"cat {TAIL_PAYLOAD['path']}"), "delay_s": d},
+                             tool_call("submit", answer=TAIL_PAYLOAD["number"])] for i, d in enumerate(delays)}
     settings = {"slots": slots, "group_size": group_size, "batch_size": batch_size, "updates": updates,
-                "step_s": step_s}
+                "step_s": step_s, "consume": consume}
     counter = iter(range(10**6))
 
     def side(mode: str) -> Callable[[], dict[str, Any]]:
-        return lambda: _tail_run(mode=mode, label=f"{mode}-{next(counter)}", image=image, payload=payload,
+        return lambda: _tail_run(mode=mode, label=f"{mode}-{next(counter)}", image=image,
                                  tasks=tasks, url=url, staleness=staleness, **settings)
 
     with serve_in_process(scripts) as url:
@@ -350,6 +377,13 @@ def sync_vs_async(*, image: str, tmp: Path, pairs: int, slots: int, updates: int
         run["speed"] = 1.0 / run["wall_s"]
     summary = paired_summary(runs["async"], runs["sync"], key="speed")
     same_tasks = all(a["task_order"] == s["task_order"] for a, s in zip(runs["async"], runs["sync"], strict=True))
+    same_task_multiset = all(sorted(a["task_order"]) == sorted(s["task_order"])
+                             for a, s in zip(runs["async"], runs["sync"], strict=True))
+    with session_scope() as session:  # task id → its scripted policy delay: what each run trained on
+        delay_of = {task_id: delays[int(external.removeprefix("tail-"))] for task_id, external in session.execute(
+            select(Task.id, Task.external_id).where(Task.environment_name == "tail")).all()}
+    for run in runs["sync"] + runs["async"]:
+        run["trained_policy_delay_mean_s"] = round(statistics.fmean(delay_of[t] for t in run["task_order"]), 3)
     same_samples = all(a["samples_trained"] == s["samples_trained"]
                        for a, s in zip(runs["async"], runs["sync"], strict=True))
     for run in runs["sync"] + runs["async"]:
@@ -362,10 +396,16 @@ def sync_vs_async(*, image: str, tmp: Path, pairs: int, slots: int, updates: int
     return {
         "window": ("wall-clock from the first dispatch to the end of the last update, on both sides; the same "
                    "controller, worker slots, tasks (same dispatch order), number of updates and drop rule"),
-        "consumption": "in dispatch order (group_index): a batch waits for its slowest group in both modes",
+        "consumption": (CONSUMPTION[consume]),
         "staleness_bound": {"sync": 0, "async": staleness,
                             "note": "sync mode is the bound 0 by definition; both enforce it with the same rule"},
-        "same_tasks_in_same_order": same_tasks, "same_samples_trained": same_samples,
+        "same_tasks_in_same_order": same_tasks, "same_tasks_in_any_order": same_task_multiset,
+        "same_samples_trained": same_samples,
+        "bias": {"trained_policy_delay_mean_s": {mode: p50(mode, "trained_policy_delay_mean_s")
+                                                 for mode in ("sync", "async")},
+                 "dropped_stale_groups": {mode: p50(mode, "dropped_stale_groups") for mode in ("sync", "async")},
+                 "note": "p50 over runs of the mean scripted policy delay of the groups each trained on (equal "
+                         "in both modes when the same tasks are trained; lower in async = biased to fast tasks)"},
         "speedup": {"metric": "sync wall ÷ async wall to the same trained samples, per pair",
                     "median": summary["ratio_median"], "min": summary["ratio_min"], "max": summary["ratio_max"],
                     "per_pair": summary["ratios"], "pairs": summary["pairs"]},
@@ -374,7 +414,7 @@ def sync_vs_async(*, image: str, tmp: Path, pairs: int, slots: int, updates: int
         "ideal": IDEAL,
         "runs": runs,
         "workload": {"policy_delay_s": _ms_like(delays), "tasks": tasks, **settings,
-                     "trainer": "stand-in: in-order consumption, step_s per update (sleep), real controller dispatch, "
+                     "trainer": "stand-in: step_s per update (sleep), real controller dispatch, "
                                 "real episode runner and Docker sandboxes"},
         "targets": {"speedup": 2.5, "fraction_of_ideal": 0.85},
     }
@@ -392,12 +432,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--part", choices=["all", "orchestration", "tail"], default="all")
     parser.add_argument("--pairs", type=int, default=5, help="part 2: interleaved (sync, async) pairs")
-    parser.add_argument("--updates", type=int, default=4, help="part 2: trained batches per run")
-    parser.add_argument("--slots", type=int, default=8, help="part 2: episodes run at once (both modes)")
-    parser.add_argument("--staleness", type=int, default=1, help="part 2: async mode's staleness bound")
+    parser.add_argument("--updates", type=int, default=8, help="part 2: trained batches per run")
+    parser.add_argument("--slots", type=int, default=16, help="part 2: episodes run at once (both modes)")
+    parser.add_argument("--staleness", type=int, default=2, help="part 2: async mode's staleness bound")
     parser.add_argument("--step-s", type=float, default=1.0, help="part 2: seconds per (stand-in) update")
     parser.add_argument("--group-size", type=int, default=2, help="part 2: episodes per group")
     parser.add_argument("--batch-size", type=int, default=4, help="part 2: groups per update")
+    parser.add_argument("--consume", choices=sorted(CONSUMPTION), default="dispatch",
+                        help="part 2: the stand-in trainer's order of consumption")
     args = parser.parse_args(argv)
     for name in ("episodes", "concurrency", "turns", "pairs", "updates", "slots", "group_size", "batch_size"):
         if getattr(args, name) < 1:
@@ -419,8 +461,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                                     concurrency=args.concurrency, turns=args.turns)
         if args.part in ("all", "tail"):
             result["sync_vs_async"] = sync_vs_async(
-                image=image, tmp=Path(tmp), pairs=args.pairs, slots=args.slots, updates=args.updates,
-                staleness=args.staleness, step_s=args.step_s, group_size=args.group_size, batch_size=args.batch_size)
+                image=image, pairs=args.pairs, slots=args.slots, updates=args.updates,
+                staleness=args.staleness, step_s=args.step_s, group_size=args.group_size, batch_size=args.batch_size,
+                consume=args.consume)
     print(json.dumps(result, indent=2))
     return result
 

@@ -25,6 +25,11 @@ What is compared (the `window` field of the output says it again):
 
 Pairs are interleaved in one process (ours, TRL; then TRL, ours; …). The figure to quote is
 `speedup.ratio_median` with `ratio_min`–`ratio_max`. Needs `trl` (dev extra).
+
+Where the time goes (`profile`, after the pairs, outside every timed window): one more update per side
+under `torch.profiler` (CPU), the operators with the most self time and their share of the profiled
+total. The profiler adds its own overhead per operator, so its totals are not the timed figures;
+the shares say which operators dominate each side.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ from trainer.step import update
 from trainer.tiny_model import make_tiny_model
 
 LR, CLIP, MAX_GRAD_NORM = 1e-5, (0.2, 0.28), 1.0
+PROFILE_TOP = 6
 # One micro-batch holding the whole batch, as TRL's per-device batch does.
 CONFIG = {"optimizer": {"lr": LR, "max_grad_norm": MAX_GRAD_NORM, "micro_batch_tokens": 1 << 20},
           "loss": {"clip_low": CLIP[0], "clip_high": CLIP[1], "kl_beta": 0.0}}
@@ -197,6 +203,35 @@ def measure_trl(model_dir: Path, batches: list[Batch]) -> dict[str, Any]:
             "first_loss": first_loss, "first_grad_norm": first_norm}
 
 
+def _profile(step: Any) -> dict[str, Any]:
+    """One call of `step` under the CPU profiler: its total self time and the top operators' shares."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof, \
+            contextlib.redirect_stdout(sys.stderr):
+        step()
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:PROFILE_TOP]
+    return {"profiled_total_ms": round(total / 1e3, 1),
+            "top_ops": [{"op": e.key, "self_ms": round(e.self_cpu_time_total / 1e3, 1), "calls": e.count,
+                         "share": round(e.self_cpu_time_total / total, 3)} for e in top]}
+
+
+def profile_both(model_dir: Path, batches: list[Batch]) -> dict[str, Any]:
+    """After one warm-up update per side, one profiled update each on the same next batch."""
+    config = TrainerConfig.model_validate(CONFIG)
+    engine = TorchEngine(model=AutoModelForCausalLM.from_pretrained(model_dir), config=config)
+    ours = [batch.samples() for batch in batches[:2]]
+    update(engine, ours[0], config=config)
+    trainer = _trl_trainer(model_dir, updates=2, group=batches[0].group, batch_rows=len(batches[0].completions))
+    trl_inputs = [batch.trl_inputs() for batch in batches[:2]]
+    with contextlib.redirect_stdout(sys.stderr):
+        _trl_update(trainer, trl_inputs[0])
+    return {"note": "one update per side under torch.profiler (CPU), after a warm-up; outside every timed window; "
+                    "profiler overhead included in its totals, so compare shares, not these totals with the timings",
+            "ours": _profile(lambda: update(engine, ours[1], config=config)),
+            "trl": _profile(lambda: _trl_update(trainer, trl_inputs[1]))}
+
+
 def _same_work(ours: list[dict[str, Any]], trl: list[dict[str, Any]]) -> dict[str, Any]:
     """Equal counted tokens in every pair (else the comparison is void), and the first update's loss
     and gradient norm on each side."""
@@ -222,6 +257,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--prompt-len", type=int, default=192)
     parser.add_argument("--completion-len", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1, help="torch threads, both sides.")
+    parser.add_argument("--no-profile", dest="profile", action="store_false",
+                        help="skip the profiled update per side (`profile` in the output)")
     args = parser.parse_args(argv)
     for name in ("pairs", "steps", "prompts", "group", "prompt_len", "completion_len", "threads"):
         least = 2 if name == "group" else 1  # a group of one has no relative advantage
@@ -238,6 +275,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         batches = build_batches(info.path, count=args.steps + 1, **shape)
         runs = interleave(pairs=args.pairs, sides={"ours": lambda: measure_ours(info.path, batches),
                                                    "trl": lambda: measure_trl(info.path, batches)})
+        profile = profile_both(info.path, batches) if args.profile else None
     check = _same_work(runs["ours"], runs["trl"])
     summary = paired_summary(runs["ours"], runs["trl"], key="tokens_per_s")
     import trl
@@ -258,6 +296,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "ours_tokens_per_s": [round(r["tokens_per_s"], 1) for r in runs["ours"]],
         "trl_tokens_per_s": [round(r["tokens_per_s"], 1) for r in runs["trl"]],
         "same_work_check": check,
+        "profile": profile,
     }
     sys.stdout.write(json.dumps(out) + "\n")
     return out

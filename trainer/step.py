@@ -63,6 +63,10 @@ class UpdateResult:
     seconds: float = 0.0
 
 
+def engine_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
 def _rows(values: dict[int, torch.Tensor], batch: MicroBatch) -> torch.Tensor:
     """Per-episode (T−1,) tensors back into the micro-batch's (B, T−1) layout."""
     out = torch.zeros_like(batch.mask)
@@ -88,7 +92,11 @@ def update(
     single_pass = opt.epochs == 1 and len(chunks) == 1
     model = engine.module  # its decoder and head are called apart (see trainer.logprobs) ...
     whole = engine if hasattr(next(model.parameters()), "ds_id") else None  # ... unless ZeRO-3 partitions it
-    prox = None if single_pass else sequence_logprobs(model, every, temperature=temperature, whole=whole)
+    # bf16 autocast when the run asks for it: the forward (hence its backward) of the policy, and of the
+    # proximal pass, so that π_θ/π_prox is 1 at the step's start; the loss itself stays float32.
+    autocast = torch.autocast(engine_device(model).type, dtype=torch.bfloat16, enabled=opt.autocast == "bf16")
+    with autocast:
+        prox = None if single_pass else sequence_logprobs(model, every, temperature=temperature, whole=whole)
     ref = None
     if config.loss.kl_beta > 0 and reference is not None:
         ref = sequence_logprobs(reference, every, temperature=temperature)
@@ -97,8 +105,9 @@ def update(
         for chunk in chunks:
             total = int(sum(float(batch.mask.sum()) for batch in chunk))
             for batch in chunk:
-                logp, entropy = token_logprobs(model, batch, temperature=temperature, with_entropy=epoch == 0,
-                                               whole=whole)
+                with autocast:
+                    logp, entropy = token_logprobs(model, batch, temperature=temperature, with_entropy=epoch == 0,
+                                                   whole=whole)
                 tensors = TokenTensors(
                     logp=logp, prox_logp=logp.detach() if prox is None else _rows(prox, batch),
                     behav_logp=batch.behav_logp, advantages=batch.advantages, mask=batch.mask, entropy=entropy,

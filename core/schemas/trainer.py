@@ -58,6 +58,11 @@ class OptimizerConfig(BaseModel):
     """Optimizer steps per epoch; each takes an equal share of the batch's sequences."""
     micro_batch_tokens: int = Field(default=8192, ge=64)
     """Padded tokens per forward/backward; gradients accumulate across micro-batches."""
+    autocast: Literal["off", "bf16"] = "off"
+    """Forward and backward under bf16 autocast (weights, gradients and optimizer state stay float32).
+    Measured to pay on this CPU (avx512_bf16; bench/trainer_options.py); off by default because the
+    trainer's logprobs then differ from vLLM's float32 ones by bf16 rounding (the decoupled correction
+    absorbs it, but token-exact checks would not hold)."""
 
 
 class LoraConfig(BaseModel):

@@ -46,7 +46,7 @@ def test_no_pairs_is_refused(pairs: int) -> None:
 
 def test_the_stand_in_trainer_waits_for_the_next_group_in_dispatch_order(db_session: Session) -> None:
     """A slow group is never overtaken by later fast ones: that would bias async toward fast tasks."""
-    from bench.episodes import InOrderTrainer
+    from bench.episodes import StandInTrainer
 
     run = make_run(db_session, model="/models/none", group_size=1, batch_size=2)
     env, task = make_environment(db_session)
@@ -58,8 +58,12 @@ def test_the_stand_in_trainer_waits_for_the_next_group_in_dispatch_order(db_sess
         db_session.add(group)
         groups.append(group)
     db_session.commit()
-    trainer = InOrderTrainer(run_id=run.id, batch_size=2, bound=1, step_s=0.0, updates=2)
+    trainer = StandInTrainer(run_id=run.id, batch_size=2, bound=1, step_s=0.0, updates=2, consume="dispatch")
     assert trainer._next_batch(db_session, 0) is None  # groups 2 and 3 are complete, but 1 is not
+    # As the real trainer claims (--consume complete): the lowest complete groups, the slow one skipped.
+    claimer = StandInTrainer(run_id=run.id, batch_size=2, bound=1, step_s=0.0, updates=2, consume="complete")
+    assert [g.group_index for g in claimer._next_batch(db_session, 0)] == [0, 2]
+    db_session.rollback()  # the claim's row locks
     groups[1].status = "complete"
     db_session.commit()
     assert [g.group_index for g in trainer._next_batch(db_session, 0)] == [0, 1]
@@ -69,7 +73,7 @@ def test_the_stand_in_trainer_waits_for_the_next_group_in_dispatch_order(db_sess
 def test_a_stale_group_is_dropped_and_the_rest_stay_in_dispatch_order(db_session: Session) -> None:
     """The drop rule is the real trainer's; dropping must not skip the batch's fresh groups. The
     stand-in's own loop, on the database, with bound 0 so a group sampled before update 1 is stale after."""
-    from bench.episodes import InOrderTrainer
+    from bench.episodes import StandInTrainer
 
     run = make_run(db_session, model="/models/none", group_size=1, batch_size=2)
     env, task = make_environment(db_session)
@@ -77,7 +81,7 @@ def test_a_stale_group_is_dropped_and_the_rest_stay_in_dispatch_order(db_session
         db_session.add(EpisodeGroup(run_id=run.id, group_index=index, task_id=task.id, environment_id=env.id,
                                     size=1, policy_version=version, status="complete"))
     db_session.commit()
-    trainer = InOrderTrainer(run_id=run.id, batch_size=2, bound=0, step_s=0.0, updates=2)
+    trainer = StandInTrainer(run_id=run.id, batch_size=2, bound=0, step_s=0.0, updates=2, consume="dispatch")
     trainer.run()
     db_session.expire_all()
     rows = db_session.query(EpisodeGroup).filter(EpisodeGroup.run_id == run.id).order_by(EpisodeGroup.group_index)

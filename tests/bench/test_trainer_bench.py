@@ -23,4 +23,8 @@ def test_ours_and_trls_updates_do_the_same_work_on_the_same_batch(capsys: pytest
     assert check["first_loss"]["max_abs_diff"] < 1e-6
     assert out["speedup"]["pairs"] == 1 and out["speedup"]["min"] <= out["speedup"]["median"] <= out["speedup"]["max"]
     assert "window" in out and "excluded on both" in out["window"]
+    for side in ("ours", "trl"):  # where the time goes, per side
+        ops = out["profile"][side]["top_ops"]
+        assert ops and all(0 < op["share"] <= 1 for op in ops)
+        assert [op["self_ms"] for op in ops] == sorted((op["self_ms"] for op in ops), reverse=True)
     assert capsys.readouterr().out.count("\n") == 1  # ONE JSON object on stdout
