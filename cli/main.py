@@ -16,6 +16,7 @@ from cli.follow import follow
 from cli.images import app as images_app
 from cli.model import app as model_app
 from cli.model import serve
+from cli.rm import app as rm_app
 from cli.sandbox import app as sandbox_app
 from cli.trainer import trainer
 from core.settings import get_settings
@@ -28,6 +29,7 @@ app.add_typer(db.app, name="db")
 app.add_typer(environments.env_app, name="env")
 app.add_typer(environments.tasks_app, name="tasks")
 app.add_typer(model_app, name="model")
+app.add_typer(rm_app, name="rm")
 app.command()(serve)
 app.command()(controller)
 app.command()(trainer)

@@ -6,7 +6,8 @@
     │   └── ServerStartError           vLLM did not become healthy; carries the log tail
     ├── WeightSyncError                a push failed, or the probe shows vLLM disagrees with the trainer
     ├── NonFiniteStep                  a loss or gradient norm was NaN/inf: the step is skipped
-    └── TrainerAlreadyRunning          another trainer holds the run's lock
+    ├── TrainerAlreadyRunning          another trainer holds the run's lock
+    └── PreferenceDataError            a preference pair (JSONL line, mined group) that cannot be trained on
 """
 
 from core.errors import CrucibleError, ServiceUnavailable
@@ -26,3 +27,7 @@ class NonFiniteStep(CrucibleError):
 
 class TrainerAlreadyRunning(CrucibleError):
     """Another trainer process holds the run's advisory lock: one trainer per run."""
+
+
+class PreferenceDataError(CrucibleError):
+    """A preference pair (a JSONL line, a mined group) a reward model cannot be trained on."""
