@@ -4,6 +4,7 @@ ranks pairs it never saw.
     python -m trainer.synthetic_preferences prefs.jsonl --pairs 1000 --seed 0
     crucible model init-tiny tiny
     crucible rm train --pairs prefs.jsonl --model tiny --out rm --epochs 8 -o json
+    crucible rm train --run 7 --model tiny --out rm     # pairs mined from run 7's groups
 
 Heavy imports (torch, transformers) happen inside the command, so `crucible --help` stays fast.
 Threads: torch uses every core unless OMP_NUM_THREADS says otherwise.
@@ -15,10 +16,14 @@ import sys
 from contextlib import redirect_stdout
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from cli.console import OutputFormat, OutputOption, console, print_json, readable_errors, safe
+
+if TYPE_CHECKING:
+    from trainer.preference_pairs import PreferencePair
 
 app = typer.Typer(help="Preference reward models.", no_args_is_help=True)
 
@@ -28,9 +33,26 @@ def _group() -> None:
     """Preference reward models."""  # a callback keeps `rm` a command group even with one command
 
 
+def _load_pairs(*, pairs: Path | None, run: int | None) -> list[PreferencePair]:
+    from core.errors import ConfigError
+    from trainer.preference_pairs import load_pairs_jsonl
+
+    if pairs is not None and run is None:
+        return load_pairs_jsonl(pairs)
+    if run is not None and pairs is None:
+        from core.db import session_scope
+        from trainer.preference_mining import mine_pairs
+
+        with session_scope() as session:
+            return mine_pairs(session, run_id=run)
+    raise ConfigError("expected exactly one of --pairs FILE or --run ID, got "
+                      + ("both" if pairs is not None else "neither"))
+
+
 @app.command("train")
 def train(
-    pairs: Path = typer.Option(..., "--pairs", help='JSONL, one {"prompt", "chosen", "rejected"} a line.'),
+    pairs: Path | None = typer.Option(None, "--pairs", help='JSONL, one {"prompt", "chosen", "rejected"} a line.'),
+    run: int | None = typer.Option(None, "--run", help="Or mine a run's groups: best vs worst episode of each."),
     model: Path = typer.Option(..., "--model", help="A local causal LM directory; its trunk is the reward model's."),
     out: Path = typer.Option(..., "--out", help="Where to write the reward model (new or empty)."),
     epochs: int = typer.Option(3, "--epochs", help="Passes over the training pairs."),
@@ -47,11 +69,10 @@ def train(
     with readable_errors(), redirect_stdout(sys.stderr):
         from transformers.utils import logging as hf_logging
 
-        from trainer.preference_pairs import load_pairs_jsonl
         from trainer.reward_model import train_reward_model
 
         hf_logging.disable_progress_bar()
-        loaded = load_pairs_jsonl(pairs)
+        loaded = _load_pairs(pairs=pairs, run=run)
         report = train_reward_model(pairs=loaded, model_dir=model, out_dir=out, epochs=epochs, lr=lr, seed=seed,
                                     held_out=held_out, batch_size=batch_size, max_tokens=max_tokens)
     if output == OutputFormat.json:
