@@ -63,10 +63,6 @@ class UpdateResult:
     seconds: float = 0.0
 
 
-def engine_device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
 def _rows(values: dict[int, torch.Tensor], batch: MicroBatch) -> torch.Tensor:
     """Per-episode (T−1,) tensors back into the micro-batch's (B, T−1) layout."""
     out = torch.zeros_like(batch.mask)
@@ -91,10 +87,11 @@ def update(
     # logprobs; more passes need them recomputed once, before the first optimizer step.
     single_pass = opt.epochs == 1 and len(chunks) == 1
     model = engine.module  # its decoder and head are called apart (see trainer.logprobs) ...
-    whole = engine if hasattr(next(model.parameters()), "ds_id") else None  # ... unless ZeRO-3 partitions it
+    first = next(model.parameters())
+    whole = engine if hasattr(first, "ds_id") else None  # ... unless ZeRO-3 partitions it
     # bf16 autocast when the run asks for it: the forward (hence its backward) of the policy, and of the
     # proximal pass, so that π_θ/π_prox is 1 at the step's start; the loss itself stays float32.
-    autocast = torch.autocast(engine_device(model).type, dtype=torch.bfloat16, enabled=opt.autocast == "bf16")
+    autocast = torch.autocast(first.device.type, dtype=torch.bfloat16, enabled=opt.autocast == "bf16")
     with autocast:
         prox = None if single_pass else sequence_logprobs(model, every, temperature=temperature, whole=whole)
     ref = None
