@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -202,7 +203,11 @@ def test_text_a_page_echoes_as_html_cannot_run_script(driver: Driver) -> None:
     page = driver.call("open", task=miniwob("terminal", 3))
     assert page["ok"], page
     payload = "<img src=x onerror=core.endEpisode(1,false,'hacked')>"
-    target = page["tree"].split("]", 1)[0].split("[")[1]
+    # The terminal's own input, not the first bid: keys sent before the page's 200 ms autofocus would
+    # otherwise reach the body and be lost on a loaded machine.
+    found = re.search(r"\[(\d+)\] textbox", page["tree"])
+    assert found, page["tree"]
+    target = found.group(1)
     for key in payload:
         assert driver.act("press", bid=target, key=key)["error"] == ""
     after = driver.act("press", bid=target, key="Enter")
