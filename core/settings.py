@@ -44,7 +44,7 @@ class Settings(BaseSettings):
     """Celery broker (redis://, amqp://). Unset: Celery's SQLAlchemy transport on the database."""
     policy_url: str = "http://127.0.0.1:8000/v1"
     """OpenAI-compatible policy server (vLLM) base URL. With CRUCIBLE_POLICY_URLS and this unset: the
-    first of those (the server the trainer syncs weights to)."""
+    first of those (the trainer syncs weights to every one of them: trainer/sync.py)."""
     policy_urls: Annotated[list[str] | None, NoDecode] = None
     """Comma-separated policy servers (vLLM replicas of one model) that workers share episodes among,
     each episode on one replica (task_workers/policy/pool.py). Unset: CRUCIBLE_POLICY_URL alone."""

@@ -8,11 +8,13 @@ consumed/dropped, each trained episode's advantage and score stored, the tasks' 
 and the training_steps row inserted → commit. Then the checkpoint is promoted, the weights loaded
 into vLLM under a provisional tag and probed, and only then tagged and the policy version published
 (a policy_versions row, runs.policy_version bumped). A failed probe rolls vLLM back to the previous
-weights and tag, records why on the run (`runs.sync_error`) and raises.
+weights and tag, records why on the run (`runs.sync_error`) and raises. With a pool of replicas the
+push, the probe and the tag reach every replica (trainer/sync.py): the version is published when
+every replica left in rotation passed; one that failed is paused and named in `runs.sync_error`.
 
 One trainer per run (a Postgres advisory lock; a second exits with TrainerAlreadyRunning). A step
 whose loss or gradient norm is not finite is skipped: nothing of it is kept or checkpointed, its
-groups are dropped as `non_finite` and `optim/skipped_steps` reports it. A policy server that
+groups are dropped as `non_finite` and `optim/skipped_steps` reports it. A policy replica that
 reports a version other than the run's (restarted: "default") is re-synced before the next step.
 
 A step trains on `batch_size` groups. Groups it drops (zero variance, stale, no trainable sample) are
@@ -27,6 +29,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,7 +64,7 @@ from trainer.store import (
     record_sync_error,
     update_pass_rates,
 )
-from trainer.sync import Publisher
+from trainer.sync import Publisher, SyncReport
 
 log = logging.getLogger(__name__)
 FINISHED = (RunStatus.COMPLETED, RunStatus.FAILED)
@@ -290,15 +293,11 @@ class Trainer:
 
     # ---- sync and publish ---------------------------------------------------------------------
     def _publish(self, *, step: int, publish: bool) -> None:
-        """Push + probe the weights as version `step`; when `publish`, record the version after. A
-        failed probe (vLLM rolled back) is recorded on the run before it propagates."""
-        try:
-            report = self.publisher.push(engine=self.engine, version=step)
-        except WeightSyncError as error:
-            with self._sessions() as session:
-                record_sync_error(session, run_id=self.run_id, error=f"version {step}: {error}"[-4000:])
-                session.commit()
-            raise
+        """Push + probe the weights as version `step` on every replica; when `publish`, record the version
+        after. A failed sync (no replica passed: all rolled back) is recorded on the run before it
+        propagates; replicas that failed while others passed are paused and named on the run."""
+        report = self._synced(step, lambda: self.publisher.push(engine=self.engine, version=step))
+        assert report is not None and report.probe is not None  # push raises unless a replica serves `step`
         log.info("run %d: version %d synced in %.3f s, probe %s", self.run_id, step, report.seconds, report.probe)
         if not publish:
             return
@@ -306,7 +305,7 @@ class Trainer:
                                      probe_diff=report.probe.mean_abs_diff)
         path = self.checkpoints.root / f"step-{step:06d}"
         with self._sessions() as session:
-            record_sync_error(session, run_id=self.run_id, error=None)
+            record_sync_error(session, run_id=self.run_id, error=_paused_replicas(step, report))
             publish_version(session, run_id=self.run_id, version=step, step=step, checkpoint_path=str(path),
                             sync_seconds=report.seconds, probe_kl=report.probe.kl)
             row = session.execute(select(TrainingStep).where(
@@ -315,16 +314,26 @@ class Trainer:
                 row.metrics = {**row.metrics, **extra}
             session.commit()
 
+    def _synced(self, step: int, sync: Callable[[], SyncReport | None]) -> SyncReport | None:
+        """`sync()`, its WeightSyncError recorded on the run (`runs.sync_error`) before it propagates."""
+        try:
+            return sync()
+        except WeightSyncError as error:
+            with self._sessions() as session:
+                record_sync_error(session, run_id=self.run_id, error=f"version {step}: {error}"[-4000:])
+                session.commit()
+            raise
+
     # ---- the loop -----------------------------------------------------------------------------
     def resync_if_needed(self) -> bool:
-        """Re-push the current weights when the server does not report the run's version (a restarted
-        vLLM says "default" and serves whatever its directory held); True if it re-synced."""
-        served = self.publisher.served_version()
-        if served == str(self.step):
+        """Re-push the current weights to every replica that does not report the run's version (a
+        restarted vLLM says "default" and serves whatever its directory held; a paused one is due for
+        a retry); True if it re-synced any."""
+        report = self._synced(self.step, lambda: self.publisher.resync(engine=self.engine, version=self.step))
+        if report is None:
             return False
-        log.warning("run %d: the policy server reports version %r, expected %d (restarted?); re-syncing",
-                    self.run_id, served, self.step)
-        self._publish(step=self.step, publish=False)
+        log.warning("run %d: re-synced version %d to %s%s", self.run_id, self.step, list(report.replicas),
+                    f"; still paused: {report.failed}" if report.failed else "")
         return True
 
     def finished(self) -> bool:
@@ -349,3 +358,11 @@ class Trainer:
     def close(self) -> None:
         self.publisher.close()
         self._lock.release()
+
+
+def _paused_replicas(step: int, report: SyncReport) -> str | None:
+    """What `runs.sync_error` says after a publish: the replicas left paused, if any."""
+    if not report.failed:
+        return None
+    why = "; ".join(f"{name}: {error}" for name, error in report.failed.items())
+    return f"version {step} published on {len(report.replicas)} replicas; paused: {why}"[-4000:]

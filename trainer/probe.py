@@ -122,7 +122,17 @@ def verify_sync(
     tolerance: float = DEFAULT_TOLERANCE,
 ) -> ProbeReport:
     """The probe report, or WeightSyncError when the mean |Δlogprob| exceeds `tolerance`."""
-    report = probe(model=model, api_url=api_url, model_name=model_name, token_ids=token_ids)
+    return verify_server(trainer=trainer_logprobs(model=model, token_ids=token_ids), api_url=api_url,
+                         model_name=model_name, token_ids=token_ids, tolerance=tolerance)
+
+
+def verify_server(
+    *, trainer: list[float], api_url: str, model_name: str, token_ids: list[int],
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> ProbeReport:
+    """`verify_sync` with the trainer's side already scored: a pool scores it once for every replica."""
+    report = compare_logprobs(
+        trainer=trainer, server=server_logprobs(api_url=api_url, model_name=model_name, token_ids=token_ids))
     if not report.mean_abs_diff <= tolerance:  # `not <=` also catches NaN
         raise WeightSyncError(f"vLLM disagrees with the trainer's weights: {report} (tolerance {tolerance:g})")
     return report

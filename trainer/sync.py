@@ -1,31 +1,59 @@
-"""Push the engine's weights to the policy server and prove it serves them (the probe).
+"""Push the engine's weights to every policy replica and prove each serves them (the probe).
 
-    publisher = Publisher(server=PolicyServer(...), syncer=make_weight_syncer("reload", ...), probe_ids=ids)
-    report = publisher.push(engine=engine, version=8)   # WeightSyncError if the probe disagrees
+    publisher = Publisher(replicas=[Replica(server=PolicyServer(...), syncer=make_weight_syncer("reload", ...)),
+                                    ...], probe_ids=ids)       # or Publisher(server=..., syncer=...): one server
+    report = publisher.push(engine=engine, version=8)   # WeightSyncError if no replica passed its probe
+    publisher.resync(engine=engine, version=8)          # each loop: replicas not on "8" are synced again
 
-Order: load (served under a provisional tag no worker accepts) → probe → tag `version`. A failed
-probe rolls the server back to the previous weights and tag before WeightSyncError is raised.
+Order, on every replica at once (one thread each): load (served under a provisional tag no worker
+accepts) → probe → tag `version`. The trainer's side of the probe is scored once for all replicas.
+
+When a probe (or a load, or the tag) fails on some replicas but passes on others, the failing ones
+are quarantined BEFORE the passing ones are tagged: rolled back to their previous weights and tag,
+then paused (`/pause?mode=keep`: vLLM queues every request and samples nothing), so the pool never
+serves the new version on one replica beside unverified or old weights on another; the passing
+replicas are tagged and the version is published (`SyncReport.failed` names the others). A training
+run is not stopped by one bad replica out of many. When NO replica passed, every one that loaded is
+rolled back (the previous weights serve again, everywhere, unpaused) and WeightSyncError is raised:
+nothing is published — with one server, exactly the single-server behaviour.
+
+Late joiners: `resync` reads every replica's tag; one not on the current version (restarted: vLLM
+says "default"; quarantined and back) is synced and probed before it can count as serving it. A
+quarantined replica is retried after `retry_s`, or at once if its tag changed since (it restarted).
+An unreachable replica is skipped (workers already take it out of rotation); WeightSyncError only
+when no replica serves the version at all. Each replica of the reload path needs its own model
+directory (it rewrites it): see cli/trainer.py.
+
+Workers must not sample from a paused replica: its requests wait, never answer with other weights.
+(The worker pool takes a replica out of rotation when its requests fail or time out.)
 
 The weights pushed are `engine.export_state_dict()`: full tensors under the checkpoint's names, LoRA
 merged, ZeRO-3 gathered. The probe scores a fixed sequence with a plain model holding exactly those
 weights (the engine's own module when that is already the case) and with vLLM.
 """
-
 from __future__ import annotations
 
 import copy
+import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
+from core.errors import ConfigError
+from core.settings import public_url
 from trainer.engine import PolicyEngine
 from trainer.errors import WeightSyncError
 from trainer.lora import is_lora
-from trainer.probe import ProbeReport, verify_sync
+from trainer.probe import DEFAULT_TOLERANCE, ProbeReport, trainer_logprobs, verify_server
 from trainer.weight_sync import ServerControl, WeightSyncer
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -40,11 +68,30 @@ class PolicyServer:
 
 
 @dataclass(frozen=True)
+class Replica:
+    """One policy server and the path that pushes weights into it."""
+
+    server: PolicyServer
+    syncer: WeightSyncer
+
+    @property
+    def name(self) -> str:
+        """As workers name it in `turns.replica`: its API URL without credentials."""
+        return public_url(self.server.api_url)
+
+
+@dataclass(frozen=True)
 class SyncReport:
     version: int
     seconds: float
     """Export + push, not the probe."""
-    probe: ProbeReport
+    probe: ProbeReport | None
+    """The worst (largest mean |Δlogprob|) of the replicas now serving `version`; None only from a
+    `resync` whose every replica failed while others already served `version`."""
+    replicas: tuple[str, ...] = ()
+    """The replicas now serving `version`, verified."""
+    failed: dict[str, str] = field(default_factory=dict)
+    """Replica → why it failed; each is paused (quarantined) on its previous weights."""
 
 
 class ExportedWeights(torch.nn.Module):
@@ -60,13 +107,38 @@ class ExportedWeights(torch.nn.Module):
 
 
 class Publisher:
-    def __init__(self, *, server: PolicyServer, syncer: WeightSyncer, probe_ids: list[int],
-                 tolerance: float = 1e-3) -> None:
-        self.server = server
-        self.syncer = syncer
+    def __init__(self, *, server: PolicyServer | None = None, syncer: WeightSyncer | None = None,
+                 replicas: Sequence[Replica] | None = None, probe_ids: list[int],
+                 tolerance: float = DEFAULT_TOLERANCE, retry_s: float = 30.0) -> None:
+        if replicas is None:
+            if server is None or syncer is None:
+                given = "server= alone" if server else "syncer= alone" if syncer else "neither"
+                raise ConfigError(f"expected server= and syncer= (one policy server) or replicas=, got {given}")
+            replicas = [Replica(server=server, syncer=syncer)]
+        elif server is not None or syncer is not None:
+            raise ConfigError("expected server= and syncer= or replicas=, got both")
+        if not replicas:
+            raise ConfigError("expected one or more policy replicas, got none")
+        names = [replica.name for replica in replicas]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"expected each policy replica once, got {names}")
+        self.replicas = list(replicas)
         self.probe_ids = probe_ids
         self.tolerance = tolerance
+        self.retry_s = retry_s
         self._probe_model: torch.nn.Module | None = None
+        self._quarantined: dict[str, tuple[float, str | None]] = {}  # name → (paused at, tag left on)
+        self._threads = ThreadPoolExecutor(max_workers=min(len(self.replicas), 32), thread_name_prefix="sync")
+
+    @property
+    def server(self) -> PolicyServer:
+        """The first replica's server (the only one, for a single-server publisher)."""
+        return self.replicas[0].server
+
+    @property
+    def syncer(self) -> WeightSyncer:
+        """The first replica's syncer (the only one, for a single-server publisher)."""
+        return self.replicas[0].syncer
 
     def _plain_model(self, engine: PolicyEngine, state: dict[str, torch.Tensor]) -> torch.nn.Module:
         """A plain Hugging Face model holding `state`: the engine's module if that is what it is."""
@@ -82,31 +154,135 @@ class Publisher:
         self._probe_model.load_state_dict(state)
         return self._probe_model
 
+    def _each(self, replicas: Sequence[Replica], call: Callable[[Replica], T]) -> dict[str, T | WeightSyncError]:
+        """`call` on every replica at once (one thread each): name → its result or why it failed."""
+        def guarded(replica: Replica) -> T | WeightSyncError:
+            try:
+                return call(replica)
+            except WeightSyncError as error:
+                return error
+            except Exception as error:  # a malformed answer from one server must not hide the others'
+                log.exception("policy replica %s failed", replica.name)
+                return WeightSyncError(f"{type(error).__name__}: {error}")
+        results = list(self._threads.map(guarded, replicas))
+        return {replica.name: result for replica, result in zip(replicas, results, strict=True)}
+
     def push(self, *, engine: PolicyEngine, version: int) -> SyncReport:
-        """Raises WeightSyncError when the push fails or the server scores the probe differently."""
+        """Every replica: load, probe, tag. WeightSyncError (all rolled back) when none passed."""
+        return self._sync(engine=engine, version=version, targets=self.replicas, serving_already=False)
+
+    def _sync(self, *, engine: PolicyEngine, version: int, targets: Sequence[Replica],
+              serving_already: bool) -> SyncReport:
         started = time.perf_counter()
         state = engine.export_state_dict()
-        config = getattr(engine.module, "config", None)
-        self.syncer.load(model=ExportedWeights(state, config), version=version)
+        weights = ExportedWeights(state, getattr(engine.module, "config", None))
+        loads = self._each(targets, lambda r: r.syncer.load(model=weights, version=version))
         seconds = time.perf_counter() - started
-        try:
-            report = verify_sync(model=self._plain_model(engine, state), api_url=self.server.api_url,
-                                 model_name=self.server.model_name, token_ids=self.probe_ids,
-                                 tolerance=self.tolerance)
-        except WeightSyncError as error:
-            self.syncer.rollback()
-            raise WeightSyncError(f"version {version} not published, the previous weights serve again: "
-                                  f"{error}") from error
-        self.syncer.commit(version=version)
-        return SyncReport(version=version, seconds=seconds, probe=report)
+        unloaded = {name: str(result) for name, result in loads.items() if isinstance(result, WeightSyncError)}
+        loaded = [r for r in targets if r.name not in unloaded]
+        reference = trainer_logprobs(model=self._plain_model(engine, state), token_ids=self.probe_ids)
+        probes = self._each(loaded, lambda r: verify_server(
+            trainer=reference, api_url=r.server.api_url, model_name=r.server.model_name, token_ids=self.probe_ids,
+            tolerance=self.tolerance))
+        refused = {name: str(result) for name, result in probes.items() if isinstance(result, WeightSyncError)}
+        passed = [r for r in loaded if r.name not in refused]
+        failed = unloaded | refused
+        single = len(targets) == 1
+        if not passed and not serving_already:  # nothing to publish: every replica back on the old weights
+            for name, error in self._each(loaded, lambda r: r.syncer.rollback()).items():
+                if isinstance(error, WeightSyncError):
+                    log.error("policy replica %s: %s", name, error)
+            self._quarantine([r for r in targets if r.name in unloaded], unloaded)
+            again = ", the previous weights serve again" if not unloaded else ""
+            raise WeightSyncError(f"version {version} not published{again}: {_describe(failed, single=single)}")
+        self._quarantine([r for r in targets if r.name in failed], failed)  # before any replica says `version`
+        commits = self._each(passed, lambda r: r.syncer.commit(version=version))
+        untagged = {name: f"tagging version {version}: {result}" for name, result in commits.items()
+                    if isinstance(result, WeightSyncError)}
+        self._quarantine([r for r in passed if r.name in untagged], untagged)
+        failed |= untagged
+        serving = [r for r in passed if r.name not in untagged]
+        if not serving and not serving_already:
+            raise WeightSyncError(f"version {version} not published: {_describe(failed, single=single)}")
+        for replica in serving:
+            self._quarantined.pop(replica.name, None)
+        reports = [result for r in serving if isinstance(result := probes[r.name], ProbeReport)]
+        worst = max(reports, key=lambda report: report.mean_abs_diff) if reports else None
+        return SyncReport(version=version, seconds=seconds, probe=worst,
+                          replicas=tuple(r.name for r in serving), failed=failed)
+
+    def _quarantine(self, replicas: Sequence[Replica], why: dict[str, str]) -> None:
+        """Roll back (where it loaded) and pause: a failed replica samples nothing until it is re-synced."""
+        def pause(replica: Replica) -> str | None:
+            try:
+                replica.syncer.rollback()
+            except WeightSyncError as error:
+                log.warning("policy replica %s: rollback failed (%s); pausing it anyway", replica.name, error)
+            control = ServerControl(base_url=replica.server.base_url, timeout_s=30.0)
+            try:
+                control.pause()
+                return control.version()
+            finally:
+                control.close()
+        tags = self._each(replicas, pause)
+        for replica in replicas:
+            tag = tags[replica.name]
+            if isinstance(tag, WeightSyncError):
+                log.error("policy replica %s failed (%s) and could not be paused: %s", replica.name,
+                          why[replica.name], tag)
+                tag = None
+            else:
+                log.error("policy replica %s paused, out of rotation until re-synced: %s", replica.name,
+                          why[replica.name])
+            self._quarantined[replica.name] = (time.monotonic(), tag)
+
+    def served_versions(self) -> dict[str, str | WeightSyncError | None]:
+        """Each replica's tag now ("default" after a restart, until it is re-synced), or why it did not answer."""
+        def version(replica: Replica) -> str | None:
+            control = ServerControl(base_url=replica.server.base_url, timeout_s=10.0)
+            try:
+                return control.version()
+            finally:
+                control.close()
+        return self._each(self.replicas, version)
 
     def served_version(self) -> str | None:
-        """The tag the server reports now ("default" after a restart, until it is re-synced)."""
-        control = ServerControl(base_url=self.server.base_url, timeout_s=10.0)
-        try:
-            return control.version()
-        finally:
-            control.close()
+        """The first replica's tag (the only one, for a single-server publisher)."""
+        tag = self.served_versions()[self.replicas[0].name]
+        if isinstance(tag, WeightSyncError):
+            raise tag
+        return tag
+
+    def resync(self, *, engine: PolicyEngine, version: int) -> SyncReport | None:
+        """Sync the replicas not serving `version` (restarted, or quarantined and due for a retry);
+        None when there were none. WeightSyncError when no replica serves `version` afterwards."""
+        tags = self.served_versions()
+        serving = [r for r in self.replicas if tags[r.name] == str(version)]
+        behind = [r for r in self.replicas if r not in serving and not isinstance(tags[r.name], WeightSyncError)]
+        due = [r for r in behind if self._due(r, tags[r.name])]
+        if not serving and not behind:
+            raise WeightSyncError("no policy replica answers: " + _describe(
+                {name: str(tag) for name, tag in tags.items()}, single=len(self.replicas) == 1))
+        if not due:
+            return None
+        log.warning("policy replicas %s report %s, expected %d (restarted or quarantined?): re-syncing",
+                    [r.name for r in due], [tags[r.name] for r in due], version)
+        return self._sync(engine=engine, version=version, targets=due, serving_already=bool(serving))
+
+    def _due(self, replica: Replica, tag: object) -> bool:
+        if replica.name not in self._quarantined:
+            return True
+        paused_at, left_on = self._quarantined[replica.name]
+        return time.monotonic() >= paused_at + self.retry_s or tag != left_on  # a changed tag: it restarted
 
     def close(self) -> None:
-        self.syncer.close()
+        self._threads.shutdown(wait=True)
+        for replica in self.replicas:
+            replica.syncer.close()
+
+
+def _describe(failed: dict[str, str], *, single: bool) -> str:
+    """The failures, one per replica (with one server: its error alone, as before pools)."""
+    if single and len(failed) == 1:
+        return next(iter(failed.values()))
+    return "; ".join(f"{name}: {error}" for name, error in failed.items())

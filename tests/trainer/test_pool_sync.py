@@ -1,0 +1,260 @@
+"""Weight sync to every replica of a policy pool (issue 14, deliverable 2).
+
+- hostile inputs: a publisher with no replica or one twice, model directories that do not match the
+  pool (too few, shared, not on this host), a pool where no replica answers;
+- end to end (slow): two real vLLM replicas (CPU) and the real trainer — every step reaches both and
+  publishes its version once; a replica whose probe fails is rolled back and paused while the other
+  serves the new version (no mixed weights), then re-synced once it is fixed; a restarted replica is
+  re-synced before training goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+import pytest
+import torch
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+from transformers import PreTrainedTokenizerBase
+
+from cli.trainer import replica_dirs
+from core.errors import ConfigError
+from core.models import PolicyVersion, Run
+from tests.trainer.rows import add_group, make_environment, make_run
+from trainer.errors import WeightSyncError
+from trainer.loop import Trainer
+from trainer.probe import probe_token_ids, verify_sync
+from trainer.serving import VllmServer, free_port, group_members
+from trainer.sync import PolicyServer, Publisher, Replica
+from trainer.weight_sync import ReloadWeightSyncer
+
+AGREE = 1e-4  # float32 on both sides agree to ~1e-6 per probe token
+
+
+def _server(url: str, model_dir: Path) -> PolicyServer:
+    return PolicyServer(api_url=f"{url}/v1", base_url=url, model_name="tiny", model_dir=model_dir)
+
+
+def _replica(url: str, model_dir: Path) -> Replica:
+    return Replica(server=_server(url, model_dir), syncer=ReloadWeightSyncer(base_url=url, model_dir=model_dir))
+
+
+# ---- hostile inputs (no vLLM) ---------------------------------------------------------------------
+
+def test_a_publisher_refuses_no_replica_a_replica_twice_and_two_ways_of_naming_them(tiny_model_dir: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(ConfigError, match="expected one or more policy replicas, got none"):
+        Publisher(replicas=[], probe_ids=[1, 2])
+    with pytest.raises(ConfigError, match="expected each policy replica once"):
+        Publisher(replicas=[_replica(url, tiny_model_dir), _replica(url, tiny_model_dir)], probe_ids=[1, 2])
+    port = free_port()
+    with pytest.raises(ConfigError, match="expected each policy replica once"):  # one server, two spellings
+        Publisher(replicas=[_replica(f"http://localhost:{port}", tiny_model_dir),
+                            _replica(f"http://LocalHost:{port}", tiny_model_dir)], probe_ids=[1, 2])
+    with pytest.raises(ConfigError, match="got both"):
+        Publisher(server=_server(url, tiny_model_dir), replicas=[_replica(url, tiny_model_dir)], probe_ids=[1, 2])
+    with pytest.raises(ConfigError, match="got server= alone"):
+        Publisher(server=_server(url, tiny_model_dir), probe_ids=[1, 2])
+    with pytest.raises(ConfigError, match="got neither"):
+        Publisher(probe_ids=[1, 2])
+
+
+def test_when_no_replica_answers_the_resync_fails_naming_each_one(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Two replicas on ports nothing listens on: a re-sync cannot find one serving any version."""
+    urls = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+    dirs = [Path(shutil.copytree(tiny_model_dir, tmp_path / f"r{i}")) for i in range(2)]
+    publisher = Publisher(replicas=[_replica(u, d) for u, d in zip(urls, dirs, strict=True)], probe_ids=[1, 2])
+    try:
+        with pytest.raises(WeightSyncError, match="no policy replica answers") as caught:
+            publisher.resync(engine=cast(Any, None), version=3)  # the engine is never reached: nothing to sync
+        assert all(f"{url}/v1" in str(caught.value) for url in urls)
+        versions = publisher.served_versions()
+        assert all(isinstance(tag, WeightSyncError) for tag in versions.values())
+    finally:
+        publisher.close()
+
+
+def test_each_replica_needs_its_own_model_directory(tiny_model_dir: Path, tmp_path: Path) -> None:
+    urls = ["http://a:8000/v1", "http://b:8000/v1"]
+    other = Path(shutil.copytree(tiny_model_dir, tmp_path / "other"))
+    assert replica_dirs(urls=urls, given=[tiny_model_dir, other], fallback=None, roots=[None, None]) == [
+        tiny_model_dir, other]
+    with pytest.raises(ConfigError, match=r"one served model directory per policy replica \(2.*got 1"):
+        replica_dirs(urls=urls, given=[tiny_model_dir], fallback=None, roots=[None, None])
+    with pytest.raises(ConfigError, match="weight sync rewrites it"):  # the same directory, spelled two ways
+        replica_dirs(urls=urls, given=[tiny_model_dir, tiny_model_dir / ".." / tiny_model_dir.name],
+                     fallback=None, roots=[None, None])
+    with pytest.raises(ConfigError, match="weight sync rewrites it"):  # servers on one directory
+        replica_dirs(urls=urls, given=[], fallback=None, roots=[str(tiny_model_dir)] * 2)
+    # Without --policy-dir: what each server reports, if it is a model directory here (never the fallback,
+    # which names one directory for a whole pool).
+    assert replica_dirs(urls=urls, given=[], fallback=tiny_model_dir, roots=[str(tiny_model_dir), str(other)]) == [
+        tiny_model_dir, other]
+    for hostile in (None, "", "Qwen/Qwen3-8B", str(tmp_path), "/nonexistent\x00", "x" * 5000):
+        with pytest.raises(ConfigError, match="expected the served model directory of http://b:8000/v1"):
+            replica_dirs(urls=urls, given=[], fallback=None, roots=[str(tiny_model_dir), hostile])
+    # One server: CRUCIBLE_POLICY_TOKENIZER as before, else the directory it reports.
+    assert replica_dirs(urls=urls[:1], given=[], fallback=other, roots=[None]) == [other]
+    assert replica_dirs(urls=urls[:1], given=[], fallback=None, roots=[str(other)]) == [other]
+
+
+# ---- two real replicas ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def replicas(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[VllmServer]]:
+    """Two real vLLM servers (float32, eager), each on its own copy of the tiny model (weight sync
+    rewrites a replica's directory); always stopped."""
+    servers: list[VllmServer] = []
+    with contextlib.ExitStack() as stack:
+        for index in range(2):
+            served = Path(shutil.copytree(tiny_model_dir, tmp_path_factory.mktemp(f"replica{index}") / "model"))
+            server = VllmServer(model_dir=served, served_model_name="tiny", max_model_len=1024,
+                                log_path=served.parent / "server.log", startup_timeout_s=600)
+            stack.enter_context(server)
+            servers.append(server)
+        yield servers
+    assert all(s.pid is not None and group_members(s.pid) == [] for s in servers), "vLLM outlived stop()"
+
+
+class CorruptingSyncer(ReloadWeightSyncer):
+    """FAILURE INJECTION ONLY: the real reload path, real files and a real vLLM, but the weights it
+    loads are perturbed (noise on lm_head: a constant shift would leave every softmax unchanged), as a
+    push that went wrong on one host would leave them. The real probe must catch it."""
+
+    def load(self, *, model: torch.nn.Module, version: int) -> float:
+        state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+        noise = torch.randn(state["lm_head.weight"].shape, generator=torch.Generator().manual_seed(0))
+        state["lm_head.weight"] += 0.5 * noise
+        from trainer.sync import ExportedWeights
+
+        return super().load(model=ExportedWeights(state, getattr(model, "config", None)), version=version)
+
+
+def _tag(server: VllmServer) -> str:
+    return str(httpx.get(f"{server.base_url}/weight_info").json()["weight_version"])
+
+
+def _paused(server: VllmServer) -> bool:
+    return bool(httpx.get(f"{server.base_url}/is_paused").json()["is_paused"])
+
+
+def _serves(server: VllmServer, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> None:
+    verify_sync(model=model, api_url=server.api_url, model_name=server.model_name,
+                token_ids=probe_token_ids(tokenizer), tolerance=AGREE)
+
+
+def _published(session: Session, run_id: int) -> list[int]:
+    session.expire_all()
+    query = select(PolicyVersion.version).where(PolicyVersion.run_id == run_id).order_by(PolicyVersion.version)
+    return list(session.execute(query).scalars())
+
+
+@pytest.mark.slow  # two real vLLM servers on 2 shared cores: ~3-6 min; `make test-all` runs it
+def test_every_replica_is_synced_a_failing_one_is_paused_and_a_late_one_is_synced_before_it_serves(
+    db_session: Session, replicas: list[VllmServer], tokenizer: PreTrainedTokenizerBase, tiny_model_dir: Path,
+    tmp_path: Path,
+) -> None:
+    a, b = replicas
+    run = make_run(db_session, model=str(tiny_model_dir), group_size=2, batch_size=1, max_staleness=4,
+                   trainer={"optimizer": {"lr": 1e-2}})
+    env, task = make_environment(db_session)
+    for seed in range(2):
+        add_group(db_session, run=run, env=env, task=task, rewards=[1.0, 0.0], seed=seed, vocab=len(tokenizer))
+    db_session.commit()
+    publisher = Publisher(replicas=[_replica(s.base_url, s.model_dir) for s in replicas],
+                          probe_ids=probe_token_ids(tokenizer))
+    trainer = Trainer(run_id=run.id, publisher=publisher, checkpoint_root=tmp_path / "ck")
+    try:
+        trainer.resume()  # the starting weights, version 0, on both
+        assert [_tag(a), _tag(b)] == ["0", "0"]
+
+        # Step 1 reaches both replicas; version 1 is published once.
+        assert trainer.train_one_step() is not None
+        assert [_tag(a), _tag(b)] == ["1", "1"] and _published(db_session, run.id) == [1]
+        for server in replicas:
+            _serves(server, trainer.engine.module, tokenizer)
+        step1 = {name: tensor.clone() for name, tensor in trainer.engine.module.state_dict().items()}
+
+        # Step 2: B's load goes wrong. B is rolled back to version 1 and paused BEFORE A is tagged 2:
+        # the pool serves version 2 on A and nothing on B, never 1 beside 2.
+        publisher.retry_s = 3600.0  # no retry of a paused replica until the test says so
+        publisher.replicas[1].syncer.close()
+        publisher.replicas[1] = Replica(server=publisher.replicas[1].server,
+                                        syncer=CorruptingSyncer(base_url=b.base_url, model_dir=b.model_dir))
+        assert trainer.train_one_step() is not None
+        assert _tag(a) == "2" and not _paused(a)
+        _serves(a, trainer.engine.module, tokenizer)
+        assert _tag(b) == "1" and _paused(b)
+        assert (b.model_dir / "model.safetensors").exists() and not (b.model_dir / ".previous-weights").exists()
+        from safetensors.torch import load_file
+
+        on_disk = load_file(b.model_dir / "model.safetensors")  # what B would serve if resumed: step 1's weights
+        for name, tensor in step1.items():
+            torch.testing.assert_close(on_disk[name], tensor)
+        assert _published(db_session, run.id) == [1, 2]
+        db_session.expire_all()
+        stored = db_session.get(Run, run.id)
+        assert stored is not None and stored.policy_version == 2
+        assert stored.sync_error is not None and f"paused: {b.api_url}" in stored.sync_error
+        assert "vLLM disagrees with the trainer's weights" in stored.sync_error
+
+        # Not yet due for a retry (cool-down not over, tag unchanged): the loop leaves B paused.
+        assert trainer.resync_if_needed() is False and _paused(b)
+        # B is fixed and due: the loop re-syncs it to version 2, probed, resumed; nothing new is published.
+        publisher.replicas[1].syncer.close()
+        publisher.replicas[1] = _replica(b.base_url, b.model_dir)
+        publisher.retry_s = 0.0
+        assert trainer.resync_if_needed() is True
+        assert [_tag(a), _tag(b)] == ["2", "2"] and not _paused(b)
+        _serves(b, trainer.engine.module, tokenizer)
+        assert trainer.resync_if_needed() is False
+        assert _published(db_session, run.id) == [1, 2]
+
+        # A restarted replica says "default" (simulated by its tag) and is re-synced before training goes on.
+        httpx.post(f"{a.base_url}/update_weight_version", json={"new_version": "default"}).raise_for_status()
+        assert trainer.resync_if_needed() is True
+        assert [_tag(a), _tag(b)] == ["2", "2"]
+        _serves(a, trainer.engine.module, tokenizer)
+        assert _published(db_session, run.id) == [1, 2]
+    finally:
+        trainer.close()
+
+
+@pytest.mark.slow  # two real vLLM servers on 2 shared cores (shares the module's replicas)
+def test_when_every_replica_fails_its_probe_all_roll_back_unpaused_and_nothing_is_published(
+    db_session: Session, replicas: list[VllmServer], tokenizer: PreTrainedTokenizerBase, tiny_model_dir: Path,
+    tmp_path: Path,
+) -> None:
+    run = make_run(db_session, model=str(tiny_model_dir), group_size=2, batch_size=1, max_staleness=4,
+                   trainer={"optimizer": {"lr": 1e-2}})
+    env, task = make_environment(db_session)
+    add_group(db_session, run=run, env=env, task=task, rewards=[1.0, 0.0], vocab=len(tokenizer))
+    db_session.commit()
+    publisher = Publisher(replicas=[_replica(s.base_url, s.model_dir) for s in replicas],
+                          probe_ids=probe_token_ids(tokenizer))
+    trainer = Trainer(run_id=run.id, publisher=publisher, checkpoint_root=tmp_path / "ck")
+    try:
+        trainer.resume()
+        start = {name: tensor.clone() for name, tensor in trainer.engine.module.state_dict().items()}
+        publisher.tolerance = 1e-12  # no float32 pair agrees this closely: every probe fails
+        with pytest.raises(WeightSyncError, match="version 1 not published, the previous weights serve again") as caught:
+            trainer.train_one_step()
+        assert all(s.api_url in str(caught.value) for s in replicas)
+        for server in replicas:
+            assert _tag(server) == "0" and not _paused(server)
+        model = trainer.engine.module
+        model.load_state_dict(start)
+        for server in replicas:
+            _serves(server, model, tokenizer)
+        assert _published(db_session, run.id) == []
+        db_session.expire_all()
+        stored = db_session.get(Run, run.id)
+        assert stored is not None and stored.sync_error is not None and "version 1 not published" in stored.sync_error
+    finally:
+        trainer.close()
