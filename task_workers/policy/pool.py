@@ -11,8 +11,12 @@ again. The episode moves to another replica and repeats the request there: promp
 the conversation moves losslessly; each turn records the replica that sampled it. Only when no
 replica is healthy does the episode raise `PolicyError`, an infrastructure fault (retried as before).
 
-Not here yet (issue 14): weight sync reaches only `CRUCIBLE_POLICY_URL` (the first replica unless
-set), not every replica.
+A replica the trainer paused (trainer/sync.py quarantines one whose weights failed their probe: vLLM
+queues its requests and samples nothing) still lists its model, so both the re-probe and the lease
+ask `GET /is_paused` too: a new episode goes to an unpaused replica when there is one (a replica is
+also paused for the moment of every weight load, so a paused replica is passed over, not taken out
+of rotation; when all are paused the episode waits on one); the re-probe keeps a paused replica out
+of rotation. The answer is cached for `pause_check_s` per replica.
 """
 
 from __future__ import annotations
@@ -58,13 +62,15 @@ class _Replica:
         self.retry_at = 0.0  # monotonic time after which a down replica is re-probed
         self.probing = False
         self.last_error: str | None = None
+        self.paused = False
+        self.paused_checked_at = -float("inf")  # monotonic time of the last GET /is_paused
 
 
 class PolicyPool:
     """The replicas one worker process shares among its episode threads (thread-safe)."""
 
     def __init__(
-        self, urls: list[str], *, cooldown_s: float = 30.0, probe_timeout_s: float = 3.0,
+        self, urls: list[str], *, cooldown_s: float = 30.0, probe_timeout_s: float = 3.0, pause_check_s: float = 2.0,
         client_factory: Callable[[str], PolicyClient] | None = None,
     ) -> None:
         if not urls:
@@ -73,6 +79,7 @@ class PolicyPool:
         self._replicas = [_Replica(url, factory(url)) for url in urls]
         self._cooldown_s = cooldown_s
         self._probe_timeout_s = probe_timeout_s
+        self._pause_check_s = pause_check_s
         self._lock = threading.Lock()
         self._choices = 0
 
@@ -119,11 +126,19 @@ class PolicyPool:
         return chosen
 
     def _choose(self, exclude: set[str]) -> _Replica | None:
+        now = time.monotonic()
+        with self._lock:
+            stale = [r for r in self._replicas if r.healthy and r.name not in exclude
+                     and r.paused_checked_at + self._pause_check_s <= now]
+        for replica in stale:  # outside the lock: one short GET each, at most every pause_check_s
+            paused = self._is_paused(replica)
+            with self._lock:
+                replica.paused, replica.paused_checked_at = paused, time.monotonic()
         with self._lock:
             candidates = [r for r in self._replicas if r.healthy and r.name not in exclude]
             if not candidates:
                 return None
-            chosen = min(candidates, key=lambda r: (r.leases, r.in_flight, r.chosen_at))
+            chosen = min(candidates, key=lambda r: (r.paused, r.leases, r.in_flight, r.chosen_at))
             self._choices += 1
             chosen.chosen_at = self._choices
             chosen.leases += 1
@@ -173,16 +188,30 @@ class PolicyPool:
                 logger.info("policy replica %s is back in rotation", replica.name)
 
     def _probe(self, replica: _Replica) -> str | None:
-        """None if the replica lists its model; else why not."""
-        root = replica.url.removesuffix("/").removesuffix("/v1")
+        """None if the replica lists its model and is not paused; else why not."""
         try:
-            response = httpx.get(f"{root}/v1/models", timeout=self._probe_timeout_s)
+            response = httpx.get(f"{_root(replica)}/v1/models", timeout=self._probe_timeout_s)
             response.raise_for_status()
             if not response.json().get("data"):
                 return "GET /v1/models listed no model"
         except (httpx.HTTPError, ValueError, AttributeError) as error:
             return f"GET /v1/models: {error!r}"
+        if self._is_paused(replica):
+            return "paused (the trainer quarantines a replica whose weights failed their probe until it re-syncs it)"
         return None
+
+    def _is_paused(self, replica: _Replica) -> bool:
+        """GET /is_paused says so. A server without the route (404), or one that does not answer, is
+        not called paused here: its requests fail on their own and take it out of rotation."""
+        try:
+            response = httpx.get(f"{_root(replica)}/is_paused", timeout=self._probe_timeout_s)
+            return response.status_code == 200 and response.json().get("is_paused") is True
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return False
+
+
+def _root(replica: _Replica) -> str:
+    return replica.url.removesuffix("/").removesuffix("/v1")
 
 
 class EpisodePolicy:

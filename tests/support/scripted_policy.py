@@ -3,7 +3,8 @@ and benchmarks of everything around the model (it stands in for the model's choi
 at least one test drives a real vLLM on CPU too).
 
 Routes: /v1/models, /v1/completions (token-id prompts, `return_token_ids`, logprobs), /tokenize (text
-or chat messages + tools), /detokenize, /weight_info, /update_weight_version, /health.
+or chat messages + tools), /detokenize, /weight_info, /update_weight_version, /is_paused (what
+`paused` says; it pauses nothing), /health.
 
 Tokens are bytes (0-255) plus ChatML specials. A task's instruction names its script with
 `[script:NAME]`; turn k of an episode gets `scripts[NAME][k]` — a string, a `Reply`, or a callable.
@@ -90,6 +91,8 @@ class ScriptedPolicy:
         self.max_model_len = max_model_len
         self.weight_version = "0"
         self.requests = 0
+        self.paused = False
+        """What GET /is_paused reports (as vLLM's dev route); requests are served regardless."""
         self.app = self._build()
 
     def _reply(self, prompt: str) -> Reply:
@@ -148,6 +151,10 @@ class ScriptedPolicy:
         @app.post("/detokenize")
         async def detokenize_route(request: Request) -> dict[str, str]:
             return {"prompt": detokenize((await request.json())["tokens"])}
+
+        @app.get("/is_paused")
+        def is_paused() -> dict[str, bool]:
+            return {"is_paused": self.paused}
 
         @app.get("/weight_info")
         def weight_info() -> dict[str, str]:

@@ -152,6 +152,32 @@ def test_ties_rotate_and_a_released_replica_is_chosen_again(thread_replicas) -> 
     pool.close()
 
 
+def test_a_paused_replica_gets_no_new_episode_and_a_probe_keeps_it_out(thread_replicas) -> None:
+    """The trainer pauses a replica whose weights failed their probe (trainer/sync.py); vLLM then queues its
+    requests, yet still lists its model. New episodes go elsewhere; the re-probe keeps it out until resumed."""
+    servers = [server for server, _ in thread_replicas]
+    pool = _pool([url for _, url in thread_replicas], pause_check_s=0.0)
+    servers[0].paused = True
+    with ExitStack() as stack:
+        episodes = [stack.enter_context(pool.episode()) for _ in range(4)]
+        for policy in episodes:
+            policy.model()
+        chosen = [policy.replica for policy in episodes]
+    assert pool.names[0] not in chosen and set(chosen) == set(pool.names[1:]), chosen
+    health = {h.name: h for h in pool.health(probe=True)}
+    assert not health[pool.names[0]].healthy and "paused" in str(health[pool.names[0]].last_error)
+    # Every replica paused (each is, for the moment of a weight load): an episode still gets one and waits.
+    for server in servers:
+        server.paused = True
+    with pool.episode() as policy:
+        policy.model()
+        assert policy.replica in pool.names[1:]
+    for server in servers:
+        server.paused = False
+    assert all(h.healthy for h in pool.health(probe=True))
+    pool.close()
+
+
 def test_a_replica_killed_mid_episode_hands_the_episode_to_the_other(process_replicas) -> None:
     pool = _pool([replica.url for replica in process_replicas], cooldown_s=0.0)
     by_name = dict(zip(pool.names, process_replicas, strict=True))
