@@ -75,6 +75,9 @@ class LayerResult:
     passed: bool
     detail: str = ""
     duration_s: float = 0.0
+    record: dict[str, Any] | None = None
+    """What a layer keeps beyond its one-line detail, stored with the episode (a judge: its prompt,
+    whole output, parsed score and latency)."""
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,50 @@ class Limits(BaseModel):
     """Tool output shown to the policy is capped head+tail to this many characters."""
 
 
+class JudgeConfig(BaseModel):
+    """A model judge as the verifier's last layer (`judge`, environments/judge.py): any OpenAI-compatible
+    completions server, e.g. a vLLM of its own or the policy's. Its layer score counts with
+    `verifier.weights.judge` (default 0: recorded, not rewarded)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(min_length=1, max_length=2048)
+    """The judge server's OpenAI API root (`http://host:port/v1`)."""
+    model: str = Field(min_length=1, max_length=512)
+    """The model name the server serves."""
+    rubric: str = Field(min_length=1, max_length=64 * 1024)
+    mode: Literal["pointwise"] = "pointwise"
+    """`pointwise`: each episode is scored alone. (Pairwise within a group, GenRM-style, exists as
+    `Judge.pairwise` with both orders asked; it is not yet wired into groups.)"""
+    scale: int = Field(default=10, ge=1, le=100)
+    """Scores run from 0 to `scale`; the layer's score is score / scale."""
+    pass_threshold: float = Field(default=0.5, ge=0, le=1)
+    """The layer counts as passed at this normalised score or above."""
+    constrain: bool = True
+    """Enforce the answer's form with vLLM's structured outputs (a regex); off: parse a free answer."""
+    max_tokens: int = Field(default=256, ge=16, le=4096)
+    temperature: float = Field(default=0.0, ge=0, le=2)
+    max_transcript_chars: int = Field(default=12_000, ge=500, le=200_000)
+    """The episode's text is cut (head and tail kept) to this many characters in the judge's prompt."""
+    timeout_s: float = Field(default=60.0, gt=0, le=600)
+    retries: int = Field(default=2, ge=0, le=10)
+    """Retries of a judge that does not answer; after them the episode is an infrastructure fault."""
+
+    @field_validator("url")
+    @classmethod
+    def _url_is_http(cls, value: str) -> str:
+        from urllib.parse import urlsplit
+
+        try:
+            parts = urlsplit(value)
+            ok = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 0) >= 0
+        except ValueError:  # a bad port or bracket
+            ok = False
+        if not ok or any(c.isspace() or ord(c) < 32 for c in value):
+            raise ValueError(f"expected an http(s) URL such as http://127.0.0.1:8001/v1, got {value[:100]!r}")
+        return value
+
+
 class VerifierConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -57,6 +101,8 @@ class VerifierConfig(BaseModel):
     (subtract `flag_penalty` from the reward), or `record` it only."""
     flag_penalty: float = Field(default=1.0, ge=0, le=100)
     """Subtracted from a flagged episode's reward under `flag_policy: penalize`."""
+    judge: JudgeConfig | None = None
+    """A model judge as the last layer (any kind): see JudgeConfig."""
 
 
 class BrowserSettings(BaseModel):
@@ -133,6 +179,8 @@ class EnvironmentSpec(BaseModel):
         data = self.model_dump(mode="json")
         if data.get("browser") is None:  # specs from before the section existed keep their hash
             data.pop("browser", None)
+        if data["verifier"].get("judge") is None:  # likewise for the judge
+            data["verifier"].pop("judge", None)
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

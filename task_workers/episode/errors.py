@@ -2,7 +2,8 @@
 
     InfrastructureFault
     ├── SandboxFault   the sandbox died, could not be created, or the task could not be set up
-    └── PolicyFault    the policy server failed after its retries
+    ├── PolicyFault    the policy server failed after its retries
+    └── JudgeFault     the judge layer's server failed after its retries
 """
 
 from core.termination import TerminationReason
@@ -18,3 +19,9 @@ class SandboxFault(InfrastructureFault):
 
 class PolicyFault(InfrastructureFault):
     reason = TerminationReason.POLICY_ERROR
+
+
+class JudgeFault(InfrastructureFault):
+    """A grading fault of the machine's, as a verifier's (GraderFault → SandboxFault): same reason."""
+
+    reason = TerminationReason.SANDBOX_ERROR

@@ -82,7 +82,8 @@ def _layers(verdict: Verdict | None) -> list[dict[str, Any]]:
     if verdict is None:
         return []
     return [{"name": layer.name, "score": layer.score, "passed": layer.passed, "detail": layer.detail[-4000:],
-             "duration_s": round(layer.duration_s, 4)} for layer in verdict.layers]
+             "duration_s": round(layer.duration_s, 4), **({"record": layer.record} if layer.record else {})}
+            for layer in verdict.layers]
 
 
 def record_fault(session: Session, *, episode_id: int, reason: TerminationReason, message: str, worker: str,

@@ -9,6 +9,7 @@ retry; the agent's own outcomes are stored. Running the same episode twice store
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from contextlib import AbstractContextManager, ExitStack
@@ -23,11 +24,13 @@ from core.errors import CrucibleError
 from core.models import Environment, Episode, Task
 from core.schemas.run import Sampling
 from core.termination import TerminationReason
-from environments.base import GraderFault, Sandbox, ToolCall, Verdict
+from environments.base import GraderFault, LayerResult, Sandbox, ToolCall, Verdict
+from environments.judge import LAYER as JUDGE_LAYER
+from environments.judge import Judge, JudgeUnavailable, transcript_of
 from environments.registry import get_kind
 from environments.service import spec_of
 from environments.spec import EnvironmentSpec
-from task_workers.episode.errors import SandboxFault
+from task_workers.episode.errors import JudgeFault, SandboxFault
 from task_workers.episode.loop import LoopContext, initial_prompt, run_agent_loop
 from task_workers.episode.persist import claim_episode, store_episode
 from task_workers.episode.trajectory import ArtifactRecord, Trajectory
@@ -131,12 +134,36 @@ def run_episode(
         sandbox_id = getattr(sandbox, "id", None)
     timings = {**trajectory.timings, "lease": leased - started, "setup": set_up - leased, "verify": verify_s,
                "total": time.monotonic() - started}
+    if loaded.spec.verifier.judge is not None:  # after the sandbox went back: the judge needs only text
+        judged = time.monotonic()
+        verdict = _judge(loaded, trajectory, verdict)
+        timings["judge"] = time.monotonic() - judged
+        timings["total"] = time.monotonic() - started
     with session_scope() as session:
         stored = store_episode(session, episode_id=episode_id, trajectory=trajectory, verdict=verdict,
                                sandbox_id=sandbox_id, timings={k: round(v, 4) for k, v in timings.items()})
     logger.info("episode %s ended: %s reward=%s stored=%s", episode_id, trajectory.termination,
                 verdict.reward, stored)
     return EpisodeOutcome(episode_id, stored, trajectory.termination, verdict.reward)
+
+
+def _judge(loaded: _Loaded, trajectory: Trajectory, verdict: Verdict) -> Verdict:
+    """The verdict with the judge's layer added, its score counted with `verifier.weights.judge`. An
+    episode a hack monitor zeroed is not sent to the judge (nothing it says could count)."""
+    verifier = loaded.spec.verifier
+    assert verifier.judge is not None
+    if verdict.flags and verifier.flag_policy == "zero":
+        layer = LayerResult(name=JUDGE_LAYER, score=0.0, passed=False, detail="not run: a hack monitor flagged the episode")
+        return dataclasses.replace(verdict, layers=[*verdict.layers, layer])
+    judge = Judge(verifier.judge)
+    try:
+        layer = judge.pointwise(instruction=loaded.instruction, transcript=transcript_of(trajectory.turns))
+    except JudgeUnavailable as error:
+        raise JudgeFault(str(error)) from error
+    finally:
+        judge.close()
+    reward = verdict.reward + verifier.weights.get(JUDGE_LAYER, 0.0) * layer.score
+    return dataclasses.replace(verdict, reward=reward, layers=[*verdict.layers, layer])
 
 
 def _verify(kind: Any, sandbox: Sandbox, task: Any, trajectory: Trajectory, sandboxes: SandboxProvider,

@@ -7,8 +7,10 @@ import re
 from pathlib import Path
 
 from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session
 
 import api.dashboard
+from core.models import Episode
 from tests.api.trajectories import SeededRun
 
 DASHBOARD = Path(api.dashboard.__file__).parent
@@ -47,6 +49,24 @@ def test_episode_page_has_turns_tools_verifier_diff_and_sandbox(client: TestClie
     assert "exit 1" in html and "truncated (512 bytes cut)" in html
     assert "hidden_tests" in html and "+return a + b" in html
     assert "crucible sandbox shell sb-00011" in html
+
+
+def test_episode_page_shows_the_judges_prompt_output_and_score_escaped(client: TestClient, seeded: SeededRun,
+                                                                       db_session: Session) -> None:
+    """The judge layer's record (environments/judge.py): the judge, its score and latency, its whole output
+    and the prompt it read, which holds the agent's text, so it is escaped like every stored output."""
+    episode = db_session.get(Episode, seeded.episode_ids[0][1])
+    record = {"judge": "http://127.0.0.1:8001/v1", "model": "tiny-judge", "mode": "pointwise",
+              "prompt": "Rubric: be brief\n<script>alert(1)</script> Score: 10", "output": "Reason: short.\nScore: 7",
+              "score": 0.7, "scale": 10, "seconds": 0.42, "error": None}
+    episode.verifier_layers = [*episode.verifier_layers, {"name": "judge", "score": 0.7, "passed": True,
+                                                          "detail": "score 7/10", "duration_s": 0.42, "record": record}]
+    db_session.commit()
+    html = client.get(f"/episodes/{episode.id}").text
+    judge = html[html.index('class="judge-record"'):]
+    assert "tiny-judge" in judge and "http://127.0.0.1:8001/v1" in judge and "score 7.0/10" in judge
+    assert "Reason: short.\nScore: 7" in judge and "&lt;script&gt;alert(1)&lt;/script&gt; Score: 10" in judge
+    assert "<script>alert(1)" not in html
 
 
 def test_unknown_ids_render_an_html_404(client: TestClient, seeded: SeededRun) -> None:
