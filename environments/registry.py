@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
 KINDS: dict[str, str] = {
     "browser": "environments.browser.kind:BrowserKind",
+    "chat": "environments.chat.kind:ChatKind",
     "code_repo": "environments.code_repo.kind:CodeRepoKind",
     "read_number": "environments.read_number.kind:ReadNumberKind",
 }

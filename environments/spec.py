@@ -168,6 +168,12 @@ class EnvironmentSpec(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _chat_has_a_judge(self) -> EnvironmentSpec:
+        if self.kind == "chat" and self.verifier.judge is None:
+            raise ValueError("verifier.judge: expected a judge for kind chat (only a judge scores a dialogue), got none")
+        return self
+
+    @model_validator(mode="after")
     def _kind_is_registered(self) -> EnvironmentSpec:
         from environments.registry import kind_names
 

@@ -136,7 +136,7 @@ def run_episode(
                "total": time.monotonic() - started}
     if loaded.spec.verifier.judge is not None:  # after the sandbox went back: the judge needs only text
         judged = time.monotonic()
-        verdict = _judge(loaded, trajectory, verdict)
+        verdict = _judge(loaded, trajectory, verdict, default_weight=getattr(kind, "default_judge_weight", 0.0))
         timings["judge"] = time.monotonic() - judged
         timings["total"] = time.monotonic() - started
     with session_scope() as session:
@@ -147,9 +147,10 @@ def run_episode(
     return EpisodeOutcome(episode_id, stored, trajectory.termination, verdict.reward)
 
 
-def _judge(loaded: _Loaded, trajectory: Trajectory, verdict: Verdict) -> Verdict:
-    """The verdict with the judge's layer added, its score counted with `verifier.weights.judge`. An
-    episode a hack monitor zeroed is not sent to the judge (nothing it says could count)."""
+def _judge(loaded: _Loaded, trajectory: Trajectory, verdict: Verdict, *, default_weight: float) -> Verdict:
+    """The verdict with the judge's layer added, its score counted with `verifier.weights.judge` (else the
+    kind's default: 1 for chat, 0 elsewhere). An episode a hack monitor zeroed is not sent to the judge
+    (nothing it says could count)."""
     verifier = loaded.spec.verifier
     assert verifier.judge is not None
     if verdict.flags and verifier.flag_policy == "zero":
@@ -162,7 +163,7 @@ def _judge(loaded: _Loaded, trajectory: Trajectory, verdict: Verdict) -> Verdict
         raise JudgeFault(str(error)) from error
     finally:
         judge.close()
-    reward = verdict.reward + verifier.weights.get(JUDGE_LAYER, 0.0) * layer.score
+    reward = verdict.reward + verifier.weights.get(JUDGE_LAYER, default_weight) * layer.score
     return dataclasses.replace(verdict, reward=reward, layers=[*verdict.layers, layer])
 
 

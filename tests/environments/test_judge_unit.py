@@ -74,3 +74,36 @@ def test_specs_without_a_judge_keep_their_hash() -> None:
     assert spec.content_hash() == "74c602e70215ea5cec51657a15129b7e092b77489ced5064c6e4fd85c02ae426"
     judged = parse_spec(_spec({"url": "http://127.0.0.1:8001/v1", "model": "m", "rubric": "r"}))
     assert judged.content_hash() != parse_spec({"name": "j", "kind": "read_number", "image": "base"}).content_hash()
+
+
+def test_a_chat_environment_needs_a_judge() -> None:
+    with pytest.raises(ConfigError, match=r"verifier\.judge: expected a judge for kind chat"):
+        parse_spec({"name": "chat", "kind": "chat", "image": "base"})
+    spec = parse_spec({"name": "chat", "kind": "chat", "image": "base",
+                       "verifier": {"judge": {"url": "http://127.0.0.1:8001/v1", "model": "m", "rubric": "r"}}})
+    assert spec.kind == "chat"
+
+
+@pytest.mark.parametrize(("arguments", "expected"), [
+    ({}, "expected a non-empty string argument 'message'"),
+    ({"message": "   "}, "expected a non-empty string argument 'message'"),
+    ({"message": ["a"]}, "expected a non-empty string argument 'message'"),
+    ({"message": "x" * 16_001}, "expected at most 16000 characters, got 16001"),
+])
+def test_chat_replies_with_the_worst_arguments_are_tool_errors(arguments: dict, expected: str) -> None:
+    from environments.base import ToolCall
+    from environments.chat.kind import ChatKind
+
+    spec = parse_spec({"name": "chat", "kind": "chat", "image": "base",
+                       "verifier": {"judge": {"url": "http://127.0.0.1:8001/v1", "model": "m", "rubric": "r"}}})
+    kind = ChatKind(spec)
+    task = kind.parse_task({"follow_ups": ["next?"]})
+    kind.setup(sandbox=None, task=task)  # type: ignore[arg-type]  (the dialogue never touches it)
+    result = kind.execute(sandbox=None, call=ToolCall("reply", arguments), task=task)  # type: ignore[arg-type]
+    assert result.is_error and expected in result.observation and not result.ends_episode
+    assert kind.execute(sandbox=None, call=ToolCall("bash", {"command": "id"}), task=task).is_error  # type: ignore[arg-type]
+    # A wrong reply does not count: the dialogue still waits for the first real one.
+    first = kind.execute(sandbox=None, call=ToolCall("reply", {"message": "hi"}), task=task)  # type: ignore[arg-type]
+    assert first.observation == "user: next?" and not first.ends_episode
+    last = kind.execute(sandbox=None, call=ToolCall("reply", {"message": "bye"}), task=task)  # type: ignore[arg-type]
+    assert last.ends_episode

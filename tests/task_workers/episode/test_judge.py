@@ -157,3 +157,58 @@ def test_a_judge_outage_is_an_infrastructure_fault_not_a_zero_reward(
     episode = db_session.execute(select(Episode).where(Episode.id == episode_id)).scalar_one()
     assert episode.status != "completed" and episode.reward is None  # nothing stored: the task retries it
 
+
+
+# -- the chat kind: dialogue scored only by the judge ----------------------------------------------------
+
+
+def _chat_episode(db_session, *, image: str, judge: dict, script: str, follow_ups: list[str]) -> int:
+    from core.models import EpisodeGroup, Run, Task
+    from core.store import insert_episode
+    from environments.service import register_environment
+    from environments.spec import parse_spec
+
+    spec = {"name": "chat", "kind": "chat", "image": image,
+            "sandbox": {"memory": "128m", "pids": 64, "workspace_size": "16m", "tmp_size": "16m"},
+            "limits": {"max_turns": 6, "episode_timeout_s": 120}, "verifier": {"judge": judge}}
+    env, _ = register_environment(db_session, spec=parse_spec(spec))
+    task = Task(environment_name="chat", external_id=f"chat-{script}",
+                instruction=f"My order has not arrived. [script:{script}]", payload={"follow_ups": follow_ups})
+    run = Run(name=f"run-{script}", model="scripted", group_size=1, batch_size=1, config={})
+    db_session.add_all([task, run])
+    db_session.flush()
+    group = EpisodeGroup(run_id=run.id, group_index=0, task_id=task.id, environment_id=env.id, size=1,
+                         policy_version=0)
+    db_session.add(group)
+    db_session.flush()
+    episode_id, _ = insert_episode(db_session, run_id=run.id, group_id=group.id, sample_index=0, task_id=task.id,
+                                   environment_id=env.id)
+    db_session.commit()
+    return episode_id
+
+
+def test_a_chat_episode_is_a_dialogue_whose_reward_is_the_judges_score(
+        db_session, scripted, sandboxes, code_repo_image, judge_server) -> None:
+    policy, url = scripted
+    policy.scripts["talk"] = [tool_call("reply", message="Sorry! Which order number?"),
+                              tool_call("reply", message="Order 42 ships today."),
+                              tool_call("reply", message="You're welcome.")]
+    judge = {"url": judge_server.api_url, "model": "tiny-judge", "rubric": "Polite and helpful.",
+             "max_transcript_chars": 2000, "max_tokens": 200}
+    episode_id = _chat_episode(db_session, image=code_repo_image, judge=judge, script="talk",
+                               follow_ups=["It is order 42.", "Thanks!"])
+    from task_workers.policy.client import PolicyClient
+
+    client = PolicyClient(base_url=url, retries=1, backoff_s=0.05)
+    outcome = run_episode(episode_id, policy=client, sandboxes=sandboxes, worker="test")
+    client.close()
+    db_session.expire_all()
+    episode = db_session.get(Episode, episode_id)
+    assert outcome.stored and episode.termination_reason == "submitted" and episode.num_turns == 3
+    layers = {layer["name"]: layer for layer in episode.verifier_layers}
+    assert layers["dialogue"]["detail"] == "3 of 3 replies"
+    record = layers["judge"]["record"]
+    assert "user: It is order 42." in record["prompt"] and "Order 42 ships today." in record["prompt"]
+    score, _ = parse_score(record["output"], scale=10)
+    assert score is not None and episode.reward == pytest.approx(score)  # the judge's weight defaults to 1
+
