@@ -70,6 +70,9 @@ class TurnPublic(BaseModel):
     weight_version_end: int | None = None
     """The newest weight version that sampled a token of this turn (differs when a sync landed mid-turn)."""
     finish_reason: str | None
+    replica: str | None = None
+    """The policy replica that sampled this turn (CRUCIBLE_POLICY_URLS, credentials removed); None with one
+    server."""
     created_at: datetime
     tokens: TurnTokens | None = None
     """Present when asked for with `?tokens=true`."""

@@ -24,7 +24,7 @@ SUMMARY_COLUMNS = (
 TURN_COLUMNS = (
     Turn.index, Turn.prompt_length, Turn.completion_text, Turn.tool_call, Turn.observation, Turn.tool_output_full,
     Turn.exit_code, Turn.tool_status, Turn.duration_s, Turn.generation_s, Turn.truncated, Turn.truncated_bytes,
-    Turn.weight_version, Turn.weight_version_end, Turn.finish_reason, Turn.created_at,
+    Turn.weight_version, Turn.weight_version_end, Turn.finish_reason, Turn.replica, Turn.created_at,
 )
 
 

@@ -7,7 +7,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from core.models import Run
+from core.models import Run, Turn
 from tests.api.trajectories import SeededRun
 
 
@@ -72,6 +72,21 @@ def test_show_has_turns_and_tokens_only_on_request(client: TestClient, seeded: S
     assert with_tokens == {"token_ids": [2, 3, 4, 5, 6], "logprobs": [0.0, 0.0, 0.0, -0.1, -0.2],
                            "loss_mask": [0, 0, 0, 1, 1], "pieces": ["fix", "the", "bug", "run", "pytest"]}
     assert client.get(f"/v1/episodes/{episode_id}/turns/0/tokens").json() == with_tokens
+
+
+def test_each_turn_names_the_policy_replica_that_sampled_it(
+    client: TestClient, db_session: Session, seeded: SeededRun
+) -> None:
+    """A pool of policy servers (task_workers/policy/pool.py) tags every turn; the API and the episode page
+    show it (None with one server)."""
+    episode_id = seeded.episode_ids[0][1]
+    db_session.execute(update(Turn).where(Turn.episode_id == episode_id, Turn.index >= 1)
+                       .values(replica="http://10.0.0.2:8000/v1"))
+    db_session.commit()
+    turns = client.get(f"/v1/episodes/{episode_id}").json()["turns"]
+    assert [t["replica"] for t in turns] == [None, "http://10.0.0.2:8000/v1", "http://10.0.0.2:8000/v1"]
+    html = client.get(f"/episodes/{episode_id}").text
+    assert html.count('<span class="replica"') == 2 and "http://10.0.0.2:8000/v1" in html
 
 
 def test_tokens_are_ids_only_when_the_model_has_no_tokenizer(
