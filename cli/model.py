@@ -1,5 +1,8 @@
 """`crucible model init-tiny DIR` makes a local test model; `crucible serve DIR` serves one with vLLM.
 
+    crucible serve /data/policy --replicas 2 --port 8000   # a local pool: one core share and one copy each
+    export CRUCIBLE_POLICY_URLS=...                        # the line it prints, for workers and the trainer
+
 Heavy imports (torch, transformers) happen inside the commands, so `crucible --help` stays fast.
 """
 
@@ -8,10 +11,14 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from cli.console import console, readable_errors
+from cli.console import console, print_error, readable_errors, safe
+
+if TYPE_CHECKING:
+    from trainer.serving import VllmServer
 
 app = typer.Typer(help="Make policy models.", no_args_is_help=True)
 
@@ -56,14 +63,26 @@ def serve(
     dtype: str = typer.Option("float32", help="float32 keeps logprobs equal to the trainer's; bfloat16 is faster."),
     kv_cache_gib: int = typer.Option(1, help="KV cache size in whole GiB (VLLM_CPU_KVCACHE_SPACE on CPU)."),
     log_file: Path | None = typer.Option(None, help="Server log; default: a new temp file."),
+    replicas: int = typer.Option(1, help="Local replicas: each pinned to an equal share of this machine's "
+                                 "cores, on port, port+1, …, serving its own fresh copy of DIR."),
+    replica_root: Path | None = typer.Option(None, help="Put replica k's copy at ROOT/replica-<k>; default: "
+                                             "<DIR>-replica-<k> beside DIR."),
+    startup_timeout: float = typer.Option(240.0, help="Seconds each server may take to answer /health."),
 ) -> None:
     """Serve a model with vLLM's OpenAI API and the weight-sync routes, until Ctrl-C."""
     from trainer.serving import VllmServer
 
+    if replicas != 1:
+        _serve_pool(model_dir=model_dir, replicas=replicas, replica_root=replica_root, port=port, host=host,
+                    served_model_name=served_model_name, log_file=log_file,
+                    options={"max_model_len": max_model_len, "dtype": dtype, "kv_cache_gib": kv_cache_gib,
+                             "startup_timeout_s": startup_timeout})
+        return
     with readable_errors():
         server = VllmServer(
             model_dir=model_dir, host=host, port=port, max_model_len=max_model_len,
             served_model_name=served_model_name, dtype=dtype, kv_cache_gib=kv_cache_gib, log_path=log_file,
+            startup_timeout_s=startup_timeout,
         )
     console.print(f"starting vLLM on {server.base_url} (log {server.log_path}) ...")
     with readable_errors():
@@ -82,6 +101,65 @@ def serve(
         console.print(f"[red]vLLM exited with code {code}[/]; log {server.log_path}:\n{server.log_tail()}",
                       highlight=False)
         raise typer.Exit(1)
+
+
+def _serve_pool(
+    *, model_dir: Path, replicas: int, replica_root: Path | None, port: int, host: str,
+    served_model_name: str | None, log_file: Path | None, options: dict[str, Any],
+) -> None:
+    """`serve --replicas N`: N pinned servers of fresh copies of `model_dir`, one model name, until
+    Ctrl-C/SIGTERM; one exiting stops them all (exit 1, its log tail)."""
+    from trainer.serving import VllmServer, copy_model_dir, format_cores, replica_plan, start_all
+
+    with readable_errors():
+        plans = replica_plan(model_dir=model_dir, replicas=replicas, port=port, host=host,
+                             replica_root=replica_root, served_model_name=served_model_name)
+        servers = [
+            VllmServer(model_dir=plan.model_dir, host=host, port=plan.port, served_model_name=plan.model_name,
+                       cpus=plan.cpus, log_path=_replica_log(log_file, plan.index), **options)
+            for plan in plans
+        ]
+        for plan in plans:
+            copy_model_dir(model_dir.resolve(), plan.model_dir)
+    console.print(f"starting {len(servers)} vLLM replicas of {plans[0].model_name} ...", markup=False, highlight=False)
+    signal.signal(signal.SIGTERM, _interrupt)  # from here on, SIGTERM stops every replica, started or not
+    try:
+        with readable_errors():
+            start_all(servers)
+    except KeyboardInterrupt:
+        print_error("stopped before every replica was healthy")
+        raise typer.Exit(1) from None
+    for plan, server in zip(plans, servers, strict=True):
+        console.print(f"replica {plan.index}: {server.api_url}  cores {format_cores(plan.cpus)}  pid {server.pid}  "
+                      f"dir {plan.model_dir}  log {server.log_path}", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"CRUCIBLE_POLICY_URLS={','.join(server.api_url for server in servers)}",
+                  markup=False, highlight=False, soft_wrap=True)
+    console.print(f"serving {plans[0].model_name!r} on {len(servers)} replicas; Ctrl-C stops them all",
+                  markup=False, highlight=False, soft_wrap=True)
+    _watch_pool(servers)
+
+
+def _watch_pool(servers: list[VllmServer]) -> None:
+    from trainer.serving import stop_all, wait_first_exit
+
+    exited: VllmServer | None = None
+    code = None
+    try:
+        exited = wait_first_exit(servers)
+        code = exited.poll()  # read before stop_all forgets the process
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop_all(servers)
+    if exited is not None:
+        console.print(f"[red]vLLM replica {safe(exited.api_url)} exited with code {code}[/]; every replica "
+                      f"is stopped; log {safe(exited.log_path)}:\n{safe(exited.log_tail())}", highlight=False)
+        raise typer.Exit(1)
+
+
+def _replica_log(log_file: Path | None, index: int) -> Path | None:
+    """`--log-file server.log` → server-replica-0.log, …; None: each server's default (named by its port)."""
+    return None if log_file is None else log_file.with_name(f"{log_file.stem}-replica-{index}{log_file.suffix}")
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -7,12 +7,17 @@ The server runs in its own process group, so `stop()` (SIGTERM, then SIGKILL aft
 also ends vLLM's engine-core and worker processes. Started with the dev-mode routes
 (`VLLM_SERVER_DEV_MODE=1`) that weight sync needs, and with processed logprobs so its logprobs are
 those of the distribution it sampled from.
+
+A local pool (`crucible serve DIR --replicas N`): `replica_plan` gives each replica a port, an equal
+contiguous share of this process's cores and its own copy of DIR (the reload weight-sync path rewrites
+the directory a server reads); `start_all` launches them together and stops them all if one fails.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -23,6 +28,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -60,9 +68,12 @@ class VllmServer:
         startup_timeout_s: float = 240.0,
         log_path: Path | None = None,
         extra_args: tuple[str, ...] = (),
+        cpus: Sequence[int] | None = None,
     ) -> None:
         self.model_dir = Path(model_dir).resolve()
         self.host = host
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"expected a port from 0 (any free one) to 65535, got {port}")
         self.port = port or free_port(host)  # 0: pick a free one now, so URLs are known before start
         self.max_model_len = max_model_len
         self.model_name = served_model_name or str(self.model_dir)  # vLLM's own default: the --model arg
@@ -76,9 +87,11 @@ class VllmServer:
         self.startup_timeout_s = startup_timeout_s
         self.log_path = Path(log_path) if log_path else Path(tempfile.gettempdir()) / f"crucible-vllm-{self.port}.log"
         self.extra_args = extra_args
+        self.cpus = None if cpus is None else _usable_cores(cpus)
         self._process: subprocess.Popen[bytes] | None = None
         self._last_pid: int | None = None
         self._tmp_dir: str | None = None
+        self._launched_at = 0.0
 
     @property
     def base_url(self) -> str:
@@ -125,10 +138,25 @@ class VllmServer:
         env["VLLM_SERVER_DEV_MODE"] = "1"  # /pause, /resume, /collective_rpc, /update_weight_version
         # KV cache in whole GiB (CPU backend); without it vLLM takes a large slice of a shared machine's RAM.
         env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_gib)
+        if self.cpus:
+            # The CPU worker's OpenMP threads, one per core of the share ("auto" keeps cores of the
+            # share back for the scheduler process: on a one-core share, none would be left to compute).
+            env["VLLM_CPU_OMP_THREADS_BIND"] = format_cores(self.cpus)
         return env
 
     def start(self) -> None:
         """Launch the server and block until `/health` answers 200; ServerStartError otherwise."""
+        self.launch()
+        try:
+            with httpx.Client(timeout=2.0) as client:
+                while not self.healthy(client):
+                    time.sleep(0.5)
+        except BaseException:
+            self.stop()
+            raise
+
+    def launch(self) -> None:
+        """Start the server process and return at once: `healthy()` says when it serves."""
         if self._process is not None:
             raise ConfigError(f"expected a stopped server, got one running as pid {self._process.pid}")
         if not (self.model_dir / "config.json").is_file():
@@ -140,37 +168,36 @@ class VllmServer:
                 self.command(), env=self.environment(), stdin=subprocess.DEVNULL,
                 stdout=log_file, stderr=subprocess.STDOUT,
                 start_new_session=True,  # own process group: stop() reaches the engine processes too
+                # Pinned in the child between fork and exec, so vLLM and every process it starts
+                # inherit the share from their first instruction (no window to spawn elsewhere).
+                preexec_fn=functools.partial(os.sched_setaffinity, 0, self.cpus) if self.cpus else None,
             )
         self._last_pid = self._process.pid
+        self._launched_at = time.monotonic()
         atexit.register(self.stop)
         log.info("vllm starting: pid %d, %s, log %s", self._process.pid, self.base_url, self.log_path)
-        try:
-            self._wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
 
-    def _wait_healthy(self) -> None:
-        assert self._process is not None
-        started = time.monotonic()
-        deadline = started + self.startup_timeout_s
-        with httpx.Client(timeout=2.0) as client:
-            while time.monotonic() < deadline:
-                code = self._process.poll()
-                if code is not None:
-                    raise ServerStartError(
-                        f"vLLM exited with code {code} before becoming healthy: {self.first_error()}; "
-                        f"log {self.log_path} ends with:\n{self.log_tail()}"
-                    )
-                with contextlib.suppress(httpx.HTTPError):
-                    if client.get(f"{self.base_url}/health").status_code == 200:
-                        log.info("vllm healthy after %.1f s", time.monotonic() - started)
-                        return
-                time.sleep(0.5)
-        raise ServerStartError(
-            f"vLLM did not answer /health within {self.startup_timeout_s:.0f} s; "
-            f"log {self.log_path} ends with:\n{self.log_tail()}"
-        )
+    def healthy(self, client: httpx.Client) -> bool:
+        """Whether `/health` answers 200 now; ServerStartError once the server has exited or has not
+        answered within `startup_timeout_s` of its launch (the caller stops it)."""
+        if self._process is None:
+            raise ConfigError("expected a launched server, got none")
+        code = self._process.poll()
+        if code is not None:
+            raise ServerStartError(
+                f"vLLM exited with code {code} before becoming healthy: {self.first_error()}; "
+                f"log {self.log_path} ends with:\n{self.log_tail()}"
+            )
+        with contextlib.suppress(httpx.HTTPError):
+            if client.get(f"{self.base_url}/health").status_code == 200:
+                log.info("vllm healthy after %.1f s", time.monotonic() - self._launched_at)
+                return True
+        if time.monotonic() - self._launched_at > self.startup_timeout_s:
+            raise ServerStartError(
+                f"vLLM did not answer /health within {self.startup_timeout_s:.0f} s; "
+                f"log {self.log_path} ends with:\n{self.log_tail()}"
+            )
+        return False
 
     def log_text(self) -> str:
         try:
@@ -216,6 +243,10 @@ class VllmServer:
             raise ConfigError("expected a started server, got none")
         return self._process.wait()
 
+    def poll(self) -> int | None:
+        """The exit code if the server has exited on its own, else None (also when never started)."""
+        return None if self._process is None else self._process.poll()
+
     def __enter__(self) -> VllmServer:
         self.start()
         return self
@@ -257,3 +288,130 @@ def _group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def format_cores(cpus: Iterable[int]) -> str:
+    """Cores as a list with ranges, `0-3,6` (the form of vLLM's VLLM_CPU_OMP_THREADS_BIND and of
+    /proc's Cpus_allowed_list)."""
+    parts: list[str] = []
+    ordered = sorted(set(cpus))
+    start = 0
+    for i, core in enumerate(ordered):
+        if i + 1 == len(ordered) or ordered[i + 1] != core + 1:
+            first = ordered[start]
+            parts.append(str(first) if first == core else f"{first}-{core}")
+            start = i + 1
+    return ",".join(parts)
+
+
+def _usable_cores(cpus: Sequence[int]) -> tuple[int, ...]:
+    allowed = os.sched_getaffinity(0)
+    wanted = tuple(sorted(set(cpus)))
+    if not wanted or not set(wanted) <= allowed:
+        raise ConfigError(f"expected cores among {format_cores(allowed)} (this process's affinity), "
+                          f"got {format_cores(wanted) or 'none'}")
+    return wanted
+
+
+@dataclass(frozen=True)
+class ReplicaPlan:
+    """One local replica of a pool: where it listens, the cores it runs on, the copy it serves."""
+
+    index: int
+    port: int
+    cpus: tuple[int, ...]
+    model_dir: Path
+    model_name: str
+    """The same for every replica (workers send one name): the original directory, resolved, by default."""
+
+
+def replica_plan(
+    *, model_dir: Path, replicas: int, port: int, host: str = "127.0.0.1", cores: Sequence[int] | None = None,
+    replica_root: Path | None = None, served_model_name: str | None = None,
+) -> list[ReplicaPlan]:
+    """Split `cores` (default: this process's affinity) into `replicas` contiguous shares, sizes within
+    one of each other (the first replicas take the remainder); ports `port`, `port`+1, … (0: a free one
+    each); replica k serves `<DIR>-replica-<k>` beside DIR, or `<replica_root>/replica-<k>`."""
+    usable = sorted(set(os.sched_getaffinity(0) if cores is None else cores))
+    if replicas < 1:
+        raise ConfigError(f"expected at least 1 replica, got {replicas}")
+    if replicas > len(usable):
+        raise ConfigError(f"expected at most {len(usable)} replicas (one core each), got {replicas}")
+    if not 0 <= port <= 65536 - replicas:
+        raise ConfigError(f"expected a port from 0 (a free one each) to {65536 - replicas} "
+                          f"({replicas} replicas take port, port+1, …), got {port}")
+    source = Path(model_dir).resolve()
+    root = None if replica_root is None else Path(replica_root).resolve()
+    share, extra = divmod(len(usable), replicas)
+    plans: list[ReplicaPlan] = []
+    first = 0
+    for k, replica_port in enumerate(_ports(port=port, count=replicas, host=host)):
+        size = share + (1 if k < extra else 0)
+        copy = source.parent / f"{source.name}-replica-{k}" if root is None else root / f"replica-{k}"
+        if copy.is_relative_to(source) or source.is_relative_to(copy):
+            raise ConfigError(f"expected replica copies outside the model directory {source}, got {copy}")
+        plans.append(ReplicaPlan(index=k, port=replica_port, cpus=tuple(usable[first:first + size]),
+                                 model_dir=copy, model_name=served_model_name or str(source)))
+        first += size
+    return plans
+
+
+def _ports(*, port: int, count: int, host: str) -> list[int]:
+    if port:
+        return [port + k for k in range(count)]
+    ports: list[int] = []
+    while len(ports) < count:  # the OS may hand the same free port out twice in a row
+        candidate = free_port(host)
+        if candidate not in ports:
+            ports.append(candidate)
+    return ports
+
+
+def copy_model_dir(source: Path, target: Path) -> None:
+    """Make `target` a fresh copy of model directory `source` (files the reload path left in an earlier
+    copy go; the weights served are DIR's). Refuses to replace a directory that is not a model copy."""
+    if not (source / "config.json").is_file():
+        raise ConfigError(f"expected a model directory with a config.json, got {source}")
+    if target.is_symlink() or (target.exists() and not (target / "config.json").is_file()):
+        raise ConfigError(f"expected {target} to be absent or an earlier replica copy (a model directory), "
+                          "got something else; move it or pass --replica-root")
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(source, target)
+
+
+def start_all(servers: Sequence[VllmServer]) -> None:
+    """Launch every server at once and block until all answer `/health`. The first that exits or times
+    out stops them all and is raised, naming its URL; so does Ctrl-C."""
+    try:
+        for server in servers:
+            server.launch()  # one thread: the pinning preexec_fn never forks beside another thread
+        waiting = list(servers)
+        with httpx.Client(timeout=2.0) as client:
+            while waiting:
+                for server in list(waiting):
+                    try:
+                        if server.healthy(client):
+                            waiting.remove(server)
+                    except ServerStartError as error:
+                        raise ServerStartError(f"{server.api_url}: {error}") from None
+                if waiting:
+                    time.sleep(0.5)
+    except BaseException:
+        stop_all(servers)
+        raise
+
+
+def stop_all(servers: Sequence[VllmServer]) -> None:
+    """Stop every server, in parallel (each may take its grace period)."""
+    with ThreadPoolExecutor(max_workers=max(len(servers), 1)) as pool:
+        list(pool.map(lambda server: server.stop(), servers))
+
+
+def wait_first_exit(servers: Sequence[VllmServer], *, poll_s: float = 0.5) -> VllmServer:
+    """Block until one of the started servers exits on its own; that server."""
+    while True:
+        for server in servers:
+            if server.poll() is not None:
+                return server
+        time.sleep(poll_s)
