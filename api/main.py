@@ -19,7 +19,7 @@ from api.errors import install_error_handlers
 from api.limits import BodyLimitMiddleware
 from api.observability import ApiMetrics, MetricsMiddleware
 from api.production import check_ready_to_serve
-from api.routes import environments, episodes, groups, health, meta, runs, sandboxes, tasks
+from api.routes import environments, episodes, groups, health, meta, policy, runs, sandboxes, tasks
 from core.settings import get_settings
 
 
@@ -49,7 +49,7 @@ def create_app() -> FastAPI:
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)  # outermost: it counts the 413s too
     install_error_handlers(app)
     app.include_router(health.router)
-    for module in (environments, tasks, runs, episodes, groups, sandboxes, meta):
+    for module in (environments, tasks, runs, episodes, groups, sandboxes, policy, meta):
         app.include_router(module.router)
     install_dashboard(app)
     return app

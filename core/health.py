@@ -94,19 +94,59 @@ def check_policy_pool(settings: Settings) -> list[CheckResult]:
             for index, url in enumerate(settings.policy_urls, start=1)]
 
 
-def _check_policy_replica(base_url: str, name: str, setting: str) -> CheckResult:
-    shown = public_url(base_url)  # never a password in the report
-    url = f"{base_url.removesuffix('/').removesuffix('/v1')}/v1/models"
+@dataclass(frozen=True)
+class ReplicaStatus:
+    """One policy server as a client sees it now."""
+
+    name: str
+    """Its URL without credentials (as turns name it)."""
+    serving: bool
+    """It lists a model and is not paused: episodes can be sampled there."""
+    models: list[str]
+    paused: bool | None
+    """vLLM's dev route `/is_paused` (the trainer pauses a replica whose weights failed their probe, and
+    every replica for the moment of a weight load); None where the server has no such route."""
+    weight_version: str | None
+    """The version tag it serves (`/weight_info`; "default" after a restart until re-synced)."""
+    error: str | None
+
+
+def policy_replica_status(base_url: str, *, timeout_s: float = 3.0) -> ReplicaStatus:
+    shown = public_url(base_url)  # never a password in a report
+    root = base_url.removesuffix("/").removesuffix("/v1")
     try:
-        response = httpx.get(url, timeout=3)
+        response = httpx.get(f"{root}/v1/models", timeout=timeout_s)
         response.raise_for_status()
-        models = [m.get("id") for m in response.json().get("data", [])]
+        models = [str(m.get("id")) for m in response.json().get("data", [])]
     except (httpx.HTTPError, ValueError, AttributeError) as error:
-        return CheckResult(
-            name, False, False, f"{shown}: {type(error).__name__}: {str(error).replace(base_url, shown)[:300]}",
-            f"start one with `crucible serve MODEL_DIR` or correct {setting}",
-        )
-    return CheckResult(name, True, False, f"{shown} serving {', '.join(map(str, models))}")
+        why = f"{type(error).__name__}: {str(error).replace(base_url, shown).replace(root, public_url(root))[:300]}"
+        return ReplicaStatus(shown, False, [], None, None, why)
+    paused = _dev_route(f"{root}/is_paused", "is_paused", timeout_s)
+    version = _dev_route(f"{root}/weight_info", "weight_version", timeout_s)
+    return ReplicaStatus(shown, bool(models) and paused is not True, models,
+                         paused if isinstance(paused, bool) else None, None if version is None else str(version), None)
+
+
+def _dev_route(url: str, key: str, timeout_s: float) -> object:
+    """A field of one of vLLM's dev-mode routes, or None where the server has no such route."""
+    try:
+        response = httpx.get(url, timeout=timeout_s)
+        return response.json().get(key) if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+
+
+def _check_policy_replica(base_url: str, name: str, setting: str) -> CheckResult:
+    status = policy_replica_status(base_url)
+    if status.error is not None:
+        return CheckResult(name, False, False, f"{status.name}: {status.error}",
+                           f"start one with `crucible serve MODEL_DIR` or correct {setting}")
+    version = f", weights {status.weight_version}" if status.weight_version is not None else ""
+    if status.paused:
+        return CheckResult(name, False, False, f"{status.name} serving {', '.join(status.models)}{version}, PAUSED",
+                           "the trainer pauses a replica whose weights failed their probe (see runs.sync_error; "
+                           "it re-syncs it within 30 s) — or it is mid weight load: check again")
+    return CheckResult(name, True, False, f"{status.name} serving {', '.join(status.models)}{version}")
 
 
 def check_disk(settings: Settings) -> CheckResult:

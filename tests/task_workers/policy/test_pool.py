@@ -276,8 +276,13 @@ def test_doctor_checks_each_replica_and_shows_no_credentials(thread_replicas) ->
     live = thread_replicas[0][1]
     settings = load_settings(policy_urls=f"{live},http://user:secret@127.0.0.1:{port}/v1")
     live_check, dead_check = check_policy_pool(settings)
-    assert (live_check.name, live_check.ok, live_check.detail) == ("policy replica 1", True, f"{live} serving scripted")
+    assert (live_check.name, live_check.ok, live_check.detail) == ("policy replica 1", True,
+                                                                   f"{live} serving scripted, weights 0")
     assert dead_check.name == "policy replica 2" and not dead_check.ok and not dead_check.required
     assert dead_check.detail.startswith(f"http://127.0.0.1:{port}/v1: ConnectError")
     assert "secret" not in dead_check.detail + dead_check.fix and "CRUCIBLE_POLICY_URLS" in dead_check.fix
     assert [check.name for check in check_policy_pool(load_settings(policy_url=live))] == ["policy server"]
+    thread_replicas[0][0].paused = True  # as the trainer leaves a replica whose weights failed their probe
+    paused = check_policy_pool(settings)[0]
+    assert not paused.ok and paused.detail.endswith("PAUSED") and "sync_error" in paused.fix
+
