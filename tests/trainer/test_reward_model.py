@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,8 +31,11 @@ GOOD = '{"prompt": "Say 3.", "chosen": "3", "rejected": "4"}'
 
 
 @pytest.fixture(autouse=True)
-def _one_thread() -> None:
+def _one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
     torch.set_num_threads(1)  # the test machine's cores are shared
+    yield
+    torch.set_num_threads(before)  # other tests' processes compare with this one's count
 
 
 def _file(tmp_path: Path, *lines: str | bytes) -> Path:
