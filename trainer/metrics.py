@@ -4,7 +4,7 @@ Renaming one is a breaking change (dashboards and the demo read them).
 Fixed names are constants below; the templated families are:
     reward/{env}/mean, reward/{env}/std, reward/{env}/{component}/mean, rollout/flagged/{flag}
     batch/dropped/{reason}, batch/left_out/{reason}, rollout/termination/{reason}
-    policy/staleness/hist/{lag}, timing_s/{stage}
+    policy/staleness/hist/{lag}, timing_s/{stage}, reward_hacking/judge_agreement/{component}
 The step's cost (cost/…: time and tokens per stage, FLOPs, FLOP/s, MFU) is named in `trainer.cost`.
 """
 
@@ -50,6 +50,12 @@ SKIPPED_STEPS = "optim/skipped_steps"
 SYNC_SECONDS = "sync/seconds"
 PROBE_KL, PROBE_DIFF = "sync/probe_kl", "sync/probe_mean_abs_diff"
 STAGES = ("generate", "score", "advantages", "update", "checkpoint", "commit", "sync")
+LENGTH_REWARD_CORR = "reward_hacking/length_reward_corr"
+"""Pearson correlation of each scored episode's sampled tokens with its reward over the step: a learned
+reward (a judge, a reward model) that pays for length shows it rising while success does not."""
+LENGTH_JUDGE_CORR = "reward_hacking/length_judge_corr"
+"""The same with the judge layer's score alone, over the episodes a judge scored."""
+JUDGE_LAYER = "judge"  # environments.judge.LAYER (not imported: the trainer does not load environments)
 
 
 def reward_key(env: str, stat: str) -> str:
@@ -90,6 +96,41 @@ def reward_metrics(samples: list[Sample]) -> dict[str, float]:
                 components[name].append(value)
         for name, values in components.items():
             out[component_key(env, name)] = statistics.fmean(values)
+    return out
+
+
+def judge_agreement_key(component: str) -> str:
+    return f"reward_hacking/judge_agreement/{component}"
+
+
+def _pearson(xs: list[float], ys: list[float]) -> float | None:
+    """None when either side is constant (no correlation to speak of) or there are fewer than 3 points."""
+    if len(xs) < 3 or statistics.pstdev(xs) == 0 or statistics.pstdev(ys) == 0:
+        return None
+    return statistics.correlation(xs, ys)
+
+
+def hacking_metrics(samples: list[Sample]) -> dict[str, float]:
+    """Monitors for learned rewards (seed: "PPR must guard against exploitation of RM biases"): length
+    against reward and against the judge's score, and how often the judge agrees with each other layer
+    of the same episodes (both ≥ 0.5, or both below) — a judge drifting from the tests is a judge being
+    gamed, or a rubric that says something else."""
+    out: dict[str, float] = {}
+    corr = _pearson([float(s.sampled_tokens) for s in samples], [s.reward for s in samples])
+    if corr is not None:
+        out[LENGTH_REWARD_CORR] = corr
+    judged = [s for s in samples if JUDGE_LAYER in s.components]
+    corr = _pearson([float(s.sampled_tokens) for s in judged], [s.components[JUDGE_LAYER] for s in judged])
+    if corr is not None:
+        out[LENGTH_JUDGE_CORR] = corr
+    agree: dict[str, list[bool]] = defaultdict(list)
+    for sample in judged:
+        judge_passed = sample.components[JUDGE_LAYER] >= 0.5
+        for name, value in sample.components.items():
+            if name != JUDGE_LAYER:
+                agree[name].append((value >= 0.5) == judge_passed)
+    for name, values in agree.items():
+        out[judge_agreement_key(name)] = sum(values) / len(values)
     return out
 
 
@@ -144,7 +185,7 @@ def step_metrics(
     *, plan: BatchPlan, result: UpdateResult | None, timings: dict[str, float]
 ) -> dict[str, float | None]:
     """Everything known when the step is recorded (sync metrics are added after the push)."""
-    metrics: dict[str, float] = {**reward_metrics(plan.scored), **batch_metrics(plan)}
+    metrics: dict[str, float] = {**reward_metrics(plan.scored), **batch_metrics(plan), **hacking_metrics(plan.scored)}
     if result is not None:
         metrics.update(update_metrics(result))
     if plan.scored:
