@@ -5,6 +5,7 @@ ranks pairs it never saw.
     crucible model init-tiny tiny
     crucible rm train --pairs prefs.jsonl --model tiny --out rm --epochs 8 -o json
     crucible rm train --run 7 --model tiny --out rm     # pairs mined from run 7's groups
+    crucible rm serve rm --port 8002                     # POST /v1/score, for the reward_model layer
 
 Heavy imports (torch, transformers) happen inside the command, so `crucible --help` stays fast.
 Threads: torch uses every core unless OMP_NUM_THREADS says otherwise.
@@ -86,3 +87,21 @@ def train(
         f"{report.steps} steps, loss {report.first_train_loss:.4f} → {report.last_train_loss:.4f}, "
         f"{report.seconds:.1f} s", highlight=False,
     )
+
+
+@app.command("serve")
+def serve(
+    reward_model: Path = typer.Argument(..., help="A directory `crucible rm train` wrote."),
+    port: int = typer.Option(8002, min=1, max=65535, help="Port to listen on."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind."),
+) -> None:
+    """Serve a reward model: POST /v1/score scores (prompt, response) items for the reward_model layer."""
+    import uvicorn
+
+    from trainer.reward_model_server import create_app
+
+    with readable_errors():
+        app = create_app(reward_model)
+    console.print(f"[green]serving[/] reward model {safe(str(reward_model))} at http://{host}:{port}/v1/score; "
+                  "Ctrl-C stops it")
+    uvicorn.run(app, host=host, port=port, log_level="warning")

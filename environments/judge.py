@@ -39,8 +39,13 @@ MAX_RECORDED_CHARS = 16_000
 """The prompt and the output are kept up to this many characters each (head and tail)."""
 
 
-class JudgeUnavailable(RuntimeError):
-    """The judge server did not answer (or answered 5xx/429) after every retry: the machine's fault."""
+class LearnedRewardUnavailable(RuntimeError):
+    """A learned reward's server (a judge, a reward model) did not answer after every retry: the
+    machine's fault, so the episode is retried (task_workers: JudgeFault), never scored 0."""
+
+
+class JudgeUnavailable(LearnedRewardUnavailable):
+    """The judge server did not answer (or answered 5xx/429) after every retry."""
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,20 @@ class Limits(BaseModel):
     """Tool output shown to the policy is capped head+tail to this many characters."""
 
 
+def _http_url(value: str) -> str:
+    """A learned reward's server: an http(s) URL with a host, nothing that could split a request line."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(value)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 0) >= 0
+    except ValueError:  # a bad port or bracket
+        ok = False
+    if not ok or any(c.isspace() or ord(c) < 32 for c in value):
+        raise ValueError(f"expected an http(s) URL such as http://127.0.0.1:8001/v1, got {value[:100]!r}")
+    return value
+
+
 class JudgeConfig(BaseModel):
     """A model judge as the verifier's last layer (`judge`, environments/judge.py): any OpenAI-compatible
     completions server, e.g. a vLLM of its own or the policy's. Its layer score counts with
@@ -76,16 +90,25 @@ class JudgeConfig(BaseModel):
     @field_validator("url")
     @classmethod
     def _url_is_http(cls, value: str) -> str:
-        from urllib.parse import urlsplit
+        return _http_url(value)
 
-        try:
-            parts = urlsplit(value)
-            ok = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 0) >= 0
-        except ValueError:  # a bad port or bracket
-            ok = False
-        if not ok or any(c.isspace() or ord(c) < 32 for c in value):
-            raise ValueError(f"expected an http(s) URL such as http://127.0.0.1:8001/v1, got {value[:100]!r}")
-        return value
+
+class RewardModelConfig(BaseModel):
+    """A preference reward model as a verifier layer (`reward_model`, environments/reward_model_layer.py),
+    served by `crucible rm serve`. Its layer score σ(R) counts with `verifier.weights.reward_model`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(min_length=1, max_length=2048)
+    """The server's API root (`http://host:port/v1`; the layer posts to `/score`)."""
+    pass_threshold: float = Field(default=0.5, ge=0, le=1)
+    timeout_s: float = Field(default=60.0, gt=0, le=600)
+    retries: int = Field(default=2, ge=0, le=10)
+
+    @field_validator("url")
+    @classmethod
+    def _url_is_http(cls, value: str) -> str:
+        return _http_url(value)
 
 
 class VerifierConfig(BaseModel):
@@ -103,6 +126,8 @@ class VerifierConfig(BaseModel):
     """Subtracted from a flagged episode's reward under `flag_policy: penalize`."""
     judge: JudgeConfig | None = None
     """A model judge as the last layer (any kind): see JudgeConfig."""
+    reward_model: RewardModelConfig | None = None
+    """A preference reward model as a layer (any kind): see RewardModelConfig."""
 
 
 class BrowserSettings(BaseModel):
@@ -169,8 +194,9 @@ class EnvironmentSpec(BaseModel):
 
     @model_validator(mode="after")
     def _chat_has_a_judge(self) -> EnvironmentSpec:
-        if self.kind == "chat" and self.verifier.judge is None:
-            raise ValueError("verifier.judge: expected a judge for kind chat (only a judge scores a dialogue), got none")
+        if self.kind == "chat" and self.verifier.judge is None and self.verifier.reward_model is None:
+            raise ValueError("verifier.judge: expected a judge or a reward_model for kind chat (only a learned "
+                             "reward scores a dialogue), got neither")
         return self
 
     @model_validator(mode="after")
@@ -185,8 +211,9 @@ class EnvironmentSpec(BaseModel):
         data = self.model_dump(mode="json")
         if data.get("browser") is None:  # specs from before the section existed keep their hash
             data.pop("browser", None)
-        if data["verifier"].get("judge") is None:  # likewise for the judge
-            data["verifier"].pop("judge", None)
+        for section in ("judge", "reward_model"):  # likewise for the learned layers
+            if data["verifier"].get(section) is None:
+                data["verifier"].pop(section, None)
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -18,23 +18,12 @@ from collections import defaultdict
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from core.episode_text import render_turns
 from core.errors import NotFound
 from core.models import Episode, EpisodeGroup, Run, Task, Turn
 from core.termination import EpisodeStatus
 from trainer.errors import PreferenceDataError
 from trainer.preference_pairs import PreferencePair
-
-OBSERVATION_MARK = "[observation]"
-
-
-def render_turns(turns: list[tuple[str, str | None]]) -> str:
-    """An episode's (completion text, observation) per turn as one response text."""
-    parts: list[str] = []
-    for completion, observation in turns:
-        parts.append(completion)
-        if observation:
-            parts.append(f"{OBSERVATION_MARK}\n{observation}")
-    return "\n".join(parts)
 
 
 def _best_and_worst(session: Session, run_id: int) -> list[tuple[int, int, int]]:

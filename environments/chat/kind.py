@@ -4,8 +4,8 @@ The task is the user's side of a conversation: its instruction is the first user
 `follow_ups` the messages the user sends after each reply. The agent answers with `reply(message)`;
 each reply gets the next follow-up as the environment's answer, and the reply to the last one ends the
 episode. Nothing here can tell a good reply from a bad one, so the spec must name a judge
-(`verifier.judge`, environments/judge.py) and the reward is its layer's score
-(`verifier.weights: {judge: 1}` by default). The sandbox is the trivial one every episode leases: the
+(`verifier.judge`, environments/judge.py) or a reward model (`verifier.reward_model`,
+environments/reward_model_layer.py), and the reward is their layers' scores (weight 1 each by default). The sandbox is the trivial one every episode leases: the
 dialogue never touches it.
 
     name: support-chat
@@ -49,8 +49,8 @@ def _error(message: str) -> ToolResult:
 
 class ChatKind:
     name = "chat"
-    default_judge_weight = 1.0
-    """The judge's layer is the reward unless `verifier.weights.judge` says otherwise."""
+    default_learned_weight = 1.0
+    """The judge's and the reward model's layers are the reward unless `verifier.weights` says otherwise."""
 
     def __init__(self, spec: EnvironmentSpec) -> None:
         self.spec = spec

@@ -20,14 +20,17 @@ from sqlalchemy import select
 
 from core.config_files import parse_model
 from core.db import session_scope
+from core.episode_text import render_turns
 from core.errors import CrucibleError
 from core.models import Environment, Episode, Task
 from core.schemas.run import Sampling
 from core.termination import TerminationReason
 from environments.base import GraderFault, LayerResult, Sandbox, ToolCall, Verdict
 from environments.judge import LAYER as JUDGE_LAYER
-from environments.judge import Judge, JudgeUnavailable, transcript_of
+from environments.judge import Judge, LearnedRewardUnavailable, transcript_of
 from environments.registry import get_kind
+from environments.reward_model_layer import LAYER as RM_LAYER
+from environments.reward_model_layer import score_episode
 from environments.service import spec_of
 from environments.spec import EnvironmentSpec
 from task_workers.episode.errors import JudgeFault, SandboxFault
@@ -134,9 +137,9 @@ def run_episode(
         sandbox_id = getattr(sandbox, "id", None)
     timings = {**trajectory.timings, "lease": leased - started, "setup": set_up - leased, "verify": verify_s,
                "total": time.monotonic() - started}
-    if loaded.spec.verifier.judge is not None:  # after the sandbox went back: the judge needs only text
+    if loaded.spec.verifier.judge or loaded.spec.verifier.reward_model:  # after the sandbox went back: text only
         judged = time.monotonic()
-        verdict = _judge(loaded, trajectory, verdict, default_weight=getattr(kind, "default_judge_weight", 0.0))
+        verdict = _learned(loaded, trajectory, verdict, default_weight=getattr(kind, "default_learned_weight", 0.0))
         timings["judge"] = time.monotonic() - judged
         timings["total"] = time.monotonic() - started
     with session_scope() as session:
@@ -147,24 +150,32 @@ def run_episode(
     return EpisodeOutcome(episode_id, stored, trajectory.termination, verdict.reward)
 
 
-def _judge(loaded: _Loaded, trajectory: Trajectory, verdict: Verdict, *, default_weight: float) -> Verdict:
-    """The verdict with the judge's layer added, its score counted with `verifier.weights.judge` (else the
-    kind's default: 1 for chat, 0 elsewhere). An episode a hack monitor zeroed is not sent to the judge
-    (nothing it says could count)."""
+def _learned(loaded: _Loaded, trajectory: Trajectory, verdict: Verdict, *, default_weight: float) -> Verdict:
+    """The verdict with the learned layers the spec names added — the judge's, the reward model's — each
+    score counted with `verifier.weights.<layer>` (else the kind's default: 1 for chat, 0 elsewhere). An
+    episode a hack monitor zeroed is sent to neither (nothing they say could count). A server that does
+    not answer is an infrastructure fault (JudgeFault: retried), never a zero reward."""
     verifier = loaded.spec.verifier
-    assert verifier.judge is not None
+    names = [name for name, config in ((JUDGE_LAYER, verifier.judge), (RM_LAYER, verifier.reward_model)) if config]
     if verdict.flags and verifier.flag_policy == "zero":
-        layer = LayerResult(name=JUDGE_LAYER, score=0.0, passed=False, detail="not run: a hack monitor flagged the episode")
-        return dataclasses.replace(verdict, layers=[*verdict.layers, layer])
-    judge = Judge(verifier.judge)
+        skipped = [LayerResult(name=name, score=0.0, passed=False, detail="not run: a hack monitor flagged the episode")
+                   for name in names]
+        return dataclasses.replace(verdict, layers=[*verdict.layers, *skipped])
+    layers = []
     try:
-        layer = judge.pointwise(instruction=loaded.instruction, transcript=transcript_of(trajectory.turns))
-    except JudgeUnavailable as error:
+        if verifier.judge is not None:
+            judge = Judge(verifier.judge)
+            try:
+                layers.append(judge.pointwise(instruction=loaded.instruction, transcript=transcript_of(trajectory.turns)))
+            finally:
+                judge.close()
+        if verifier.reward_model is not None:
+            response = render_turns([(turn.completion_text, turn.observation) for turn in trajectory.turns])
+            layers.append(score_episode(verifier.reward_model, prompt=loaded.instruction, response=response))
+    except LearnedRewardUnavailable as error:
         raise JudgeFault(str(error)) from error
-    finally:
-        judge.close()
-    reward = verdict.reward + verifier.weights.get(JUDGE_LAYER, default_weight) * layer.score
-    return dataclasses.replace(verdict, reward=reward, layers=[*verdict.layers, layer])
+    reward = verdict.reward + sum(verifier.weights.get(layer.name, default_weight) * layer.score for layer in layers)
+    return dataclasses.replace(verdict, reward=reward, layers=[*verdict.layers, *layers])
 
 
 def _verify(kind: Any, sandbox: Sandbox, task: Any, trajectory: Trajectory, sandboxes: SandboxProvider,

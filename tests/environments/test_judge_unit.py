@@ -77,7 +77,7 @@ def test_specs_without_a_judge_keep_their_hash() -> None:
 
 
 def test_a_chat_environment_needs_a_judge() -> None:
-    with pytest.raises(ConfigError, match=r"verifier\.judge: expected a judge for kind chat"):
+    with pytest.raises(ConfigError, match=r"verifier\.judge: expected a judge or a reward_model for kind chat"):
         parse_spec({"name": "chat", "kind": "chat", "image": "base"})
     spec = parse_spec({"name": "chat", "kind": "chat", "image": "base",
                        "verifier": {"judge": {"url": "http://127.0.0.1:8001/v1", "model": "m", "rubric": "r"}}})

@@ -162,7 +162,8 @@ def test_a_judge_outage_is_an_infrastructure_fault_not_a_zero_reward(
 # -- the chat kind: dialogue scored only by the judge ----------------------------------------------------
 
 
-def _chat_episode(db_session, *, image: str, judge: dict, script: str, follow_ups: list[str]) -> int:
+def _chat_episode(db_session, *, image: str, judge: dict | None, script: str, follow_ups: list[str],
+                  reward_model: dict | None = None) -> int:
     from core.models import EpisodeGroup, Run, Task
     from core.store import insert_episode
     from environments.service import register_environment
@@ -170,7 +171,8 @@ def _chat_episode(db_session, *, image: str, judge: dict, script: str, follow_up
 
     spec = {"name": "chat", "kind": "chat", "image": image,
             "sandbox": {"memory": "128m", "pids": 64, "workspace_size": "16m", "tmp_size": "16m"},
-            "limits": {"max_turns": 6, "episode_timeout_s": 120}, "verifier": {"judge": judge}}
+            "limits": {"max_turns": 6, "episode_timeout_s": 120},
+            "verifier": {"judge": judge, "reward_model": reward_model}}
     env, _ = register_environment(db_session, spec=parse_spec(spec))
     task = Task(environment_name="chat", external_id=f"chat-{script}",
                 instruction=f"My order has not arrived. [script:{script}]", payload={"follow_ups": follow_ups})
@@ -212,3 +214,39 @@ def test_a_chat_episode_is_a_dialogue_whose_reward_is_the_judges_score(
     score, _ = parse_score(record["output"], scale=10)
     assert score is not None and episode.reward == pytest.approx(score)  # the judge's weight defaults to 1
 
+
+
+def test_a_chat_episode_scored_by_a_reward_model_alone(
+        db_session, scripted, sandboxes, code_repo_image, tmp_path) -> None:
+    """`crucible rm serve` as the only learned reward: the reward is σ(R) of the episode rendered as the
+    reward model was trained on it (core.episode_text)."""
+    import math
+
+    from core.episode_text import render_turns
+    from tests.support.reward_model_server import make_reward_model, serve_reward_model
+    from trainer.reward_model import score
+
+    policy, url = scripted
+    policy.scripts["rm-talk"] = [tool_call("reply", message="Which order?"), tool_call("reply", message="It ships today.")]
+    reward_model = make_reward_model(tmp_path)
+    with serve_reward_model(reward_model) as rm_url:
+        episode_id = _chat_episode(db_session, image=code_repo_image, judge=None, script="rm-talk",
+                                   follow_ups=["Order 42."], reward_model={"url": rm_url})
+        from task_workers.policy.client import PolicyClient
+
+        client = PolicyClient(base_url=url, retries=1, backoff_s=0.05)
+        outcome = run_episode(episode_id, policy=client, sandboxes=sandboxes, worker="test")
+        client.close()
+    db_session.expire_all()
+    episode = db_session.get(Episode, episode_id)
+    assert outcome.stored and episode.termination_reason == "submitted"
+    layers = {layer["name"]: layer for layer in episode.verifier_layers}
+    assert "judge" not in layers
+    from core.models import Turn
+
+    turns = [(t.completion_text, t.observation) for t in db_session.execute(
+        select(Turn).where(Turn.episode_id == episode_id).order_by(Turn.index)).scalars()]
+    response = render_turns(turns)
+    raw = score(reward_model, "My order has not arrived. [script:rm-talk]", response)
+    assert layers["reward_model"]["record"]["raw"] == pytest.approx(raw, abs=1e-4)
+    assert episode.reward == pytest.approx(1 / (1 + math.exp(-raw)), abs=1e-4)

@@ -1,0 +1,56 @@
+"""A tiny reward model and `crucible rm serve` run for real (a subprocess), for tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import torch
+
+from tests.support.scripted_policy import _free_port
+from trainer.reward_model import FORMAT, load_base, save_reward_model
+from trainer.tiny_model import make_tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_reward_model(directory: Path) -> Path:
+    """A tiny reward model (seeded trunk and head, untrained: for serving, not learning) at directory/rm."""
+    base = make_tiny_model(out_dir=directory / "base", seed=0).path
+    torch.manual_seed(0)
+    model, tokenizer = load_base(base)
+    out = directory / "rm"
+    save_reward_model(model, tokenizer, out_dir=out, config={"format": FORMAT, "base_model": str(base),
+                                                             "max_tokens": 256})
+    return out
+
+
+@contextmanager
+def serve_reward_model(reward_model_dir: Path) -> Iterator[str]:
+    """`crucible rm serve DIR` on a free port until the block ends; yields its API root (…/v1)."""
+    port = _free_port()
+    child = subprocess.Popen([sys.executable, "-m", "cli.main", "rm", "serve", str(reward_model_dir), "--port", str(port)],
+                             cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if child.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"crucible rm serve did not start: {child.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+            time.sleep(0.2)
+        yield f"{url}/v1"
+    finally:
+        child.terminate()
+        child.wait(30)
