@@ -24,7 +24,7 @@ OURS = sorted(name for name, service in SERVICES.items() if service.get("image")
 
 def test_the_production_services_are_all_there() -> None:
     assert {"postgres", "redis", "api", "controller", "worker", "trainer", "vllm"} <= set(SERVICES)
-    assert {"api", "controller", "worker", "trainer", "vllm", "migrate"} == set(OURS)
+    assert {"api", "controller", "worker", "trainer", "vllm", "vllm-2", "migrate"} == set(OURS)
     assert all(SERVICES[name].get("build") == "." for name in OURS)
 
 
@@ -59,3 +59,17 @@ def test_only_the_worker_sees_the_docker_socket() -> None:
         mounts = [str(volume) for volume in service.get("volumes", [])]
         has_socket = any("docker.sock" in mount for mount in mounts)
         assert has_socket == (name == "worker"), name
+
+
+def test_workers_consume_every_kind_and_the_pool_setting_parses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kind no worker queue names would leave its episodes pending forever (chat was missing once)."""
+    from core.settings import load_settings
+    from environments.registry import kind_names
+
+    command = SERVICES["worker"]["command"]
+    queues = set(command[command.index("--queues") + 1].split(","))
+    assert queues == set(kind_names()) - {"read_number"} | {"celery"}  # read_number is the local demo's
+    environment = COMPOSE["x-crucible"]["environment"]
+    monkeypatch.setenv("CRUCIBLE_POLICY_URLS", _interpolate(environment["CRUCIBLE_POLICY_URLS"]))
+    settings = load_settings()
+    assert settings.policy_urls == [environment["CRUCIBLE_POLICY_URL"]]
