@@ -21,7 +21,7 @@ leased it (turn k's prompt extends turn k−1's, so that replica holds its prefi
 "random": each request to a replica drawn at random (seeded). By default one episode at a time
 (`--routing-slots 1`), so that a TTFT is the prefill alone: with 8 in flight it is mostly queueing
 behind the other episodes' decoding, which swamps what the prefix cache saves (measured once with
-`--routing-slots 8`: 0.75×, 0.70–1.37). Reported: p50/p90 of those TTFTs per side and the paired ratio
+`--routing-slots 8 --routing-episodes 16`: 0.75×, 0.70–1.37). Reported: p50/p90 of those TTFTs per side and the paired ratio
 of p50s (random ÷ affinity).
 """
 
