@@ -124,10 +124,23 @@ class VerifierConfig(BaseModel):
     (subtract `flag_penalty` from the reward), or `record` it only."""
     flag_penalty: float = Field(default=1.0, ge=0, le=100)
     """Subtracted from a flagged episode's reward under `flag_policy: penalize`."""
+    mix: Literal["sum", "zscore"] = "sum"
+    """How the layers make the reward the trainer learns from. `sum`: the episode's reward, Σ weight ×
+    layer score, as the worker computed it. `zscore`: the trainer aligns the scales first — each layer
+    named in `weights` is z-scored within this environment across the batch, then mixed as Σ α × z
+    (α: its weight) — so a layer with a large or shifted scale (a judge's 0–100, a reward model's R)
+    does not drown the others (seed §2: mix learned and verifiable rewards only after aligning scales)."""
     judge: JudgeConfig | None = None
     """A model judge as the last layer (any kind): see JudgeConfig."""
     reward_model: RewardModelConfig | None = None
     """A preference reward model as a layer (any kind): see RewardModelConfig."""
+
+    @model_validator(mode="after")
+    def _zscore_names_its_layers(self) -> VerifierConfig:
+        if self.mix == "zscore" and not any(weight for weight in self.weights.values()):
+            raise ValueError("mix: zscore mixes the layers named in weights (α per layer); expected weights such as "
+                             "{hidden_tests: 0.7, judge: 0.3}, got none")
+        return self
 
 
 class BrowserSettings(BaseModel):
@@ -214,6 +227,8 @@ class EnvironmentSpec(BaseModel):
         for section in ("judge", "reward_model"):  # likewise for the learned layers
             if data["verifier"].get(section) is None:
                 data["verifier"].pop(section, None)
+        if data["verifier"].get("mix") == "sum":  # and for the mixing rule, at its default
+            data["verifier"].pop("mix")
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -1,6 +1,7 @@
 """Rewards → scores → group-relative advantages.
 
     shaped = shaped_reward(sample, loss=cfg)             # reward + DAPO overlong penalty
+    mix_layers(groups)                                   # spec `mix: zscore`: Σ α × z(layer), scales aligned
     normalize_per_environment(groups, mode="on")         # z-score per environment (the run's mode)
     assign_advantages(groups, scale_by_std=False)        # A_i = s_i − mean(s) [ / std(s) ]
 
@@ -42,6 +43,31 @@ def shaped_reward(sample: Sample, *, loss: LossConfig) -> float:
 def has_variance(scores: list[float]) -> bool:
     """False for a group whose samples all scored the same: every advantage would be 0 (DAPO drops it)."""
     return len(scores) >= 2 and max(scores) - min(scores) > STD_EPS
+
+
+def mix_layers(groups: list[Group]) -> dict[str, dict[str, tuple[float, float]]]:
+    """For groups whose environment mixes by z-score (Group.mix: α per layer), replace each sample's
+    score by Σ α·(c − mean_c)/std_c over the layers, the mean and std of each layer taken within the
+    environment across the batch (a layer constant there contributes 0), plus what shaping added to the
+    reward (the overlong penalty). Returns each mixed environment's (mean, std) per layer."""
+    by_env: dict[str, list[tuple[Sample, dict[str, float]]]] = defaultdict(list)
+    for group in groups:
+        if group.mix:
+            by_env[group.environment] += [(sample, group.mix) for sample in group.samples]
+    stats: dict[str, dict[str, tuple[float, float]]] = {}
+    for env, members in by_env.items():
+        alphas = members[0][1]
+        layer_stats = {}
+        for layer in alphas:
+            values = [sample.components.get(layer, 0.0) for sample, _ in members]
+            layer_stats[layer] = (statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0)
+        stats[env] = layer_stats
+        for sample, _ in members:
+            shaping = sample.score - sample.reward
+            sample.score = shaping + sum(
+                alpha * ((sample.components.get(layer, 0.0) - mean) / std if std > STD_EPS else 0.0)
+                for layer, alpha in alphas.items() for mean, std in [layer_stats[layer]])
+    return stats
 
 
 def normalize_per_environment(groups: list[Group], *, mode: str) -> dict[str, tuple[float, float]]:

@@ -2,7 +2,7 @@
 Renaming one is a breaking change (dashboards and the demo read them).
 
 Fixed names are constants below; the templated families are:
-    reward/{env}/mean, reward/{env}/std, reward/{env}/{component}/mean, rollout/flagged/{flag}
+    reward/{env}/mean, reward/{env}/std, reward/{env}/{component}/mean|std, rollout/flagged/{flag}
     batch/dropped/{reason}, batch/left_out/{reason}, rollout/termination/{reason}
     policy/staleness/hist/{lag}, timing_s/{stage}, reward_hacking/judge_agreement/{component}
 The step's cost (cost/…: time and tokens per stage, FLOPs, FLOP/s, MFU) is named in `trainer.cost`.
@@ -96,6 +96,7 @@ def reward_metrics(samples: list[Sample]) -> dict[str, float]:
                 components[name].append(value)
         for name, values in components.items():
             out[component_key(env, name)] = statistics.fmean(values)
+            out[f"reward/{env}/{name}/std"] = statistics.pstdev(values)  # raw: the scale `mix: zscore` aligns
     return out
 
 

@@ -64,11 +64,21 @@ class Group:
     environment: str
     policy_version: int
     samples: list[Sample] = field(default_factory=list)
+    mix: dict[str, float] | None = None
+    """α per layer when the environment's spec says `verifier.mix: zscore` (trainer.advantages.mix_layers);
+    None: the episode's reward is the score."""
 
 
-def _environment_names(session: Session, ids: set[int]) -> dict[int, str]:
-    rows = session.execute(select(Environment.id, Environment.name).where(Environment.id.in_(ids))).all()
-    return {env_id: name for env_id, name in rows}
+def _environments(session: Session, ids: set[int]) -> dict[int, tuple[str, dict[str, float] | None]]:
+    """Each environment's name, and its layers' α when its spec mixes them by z-score."""
+    rows = session.execute(select(Environment.id, Environment.name, Environment.spec)
+                           .where(Environment.id.in_(ids))).all()
+    out: dict[int, tuple[str, dict[str, float] | None]] = {}
+    for env_id, name, spec in rows:
+        verifier = (spec or {}).get("verifier") or {}
+        mixed = verifier.get("mix") == "zscore"
+        out[env_id] = (name, {k: float(v) for k, v in verifier.get("weights", {}).items() if v} if mixed else None)
+    return out
 
 
 def _turns_by_episode(session: Session, episode_ids: list[int]) -> dict[int, list[Any]]:
@@ -106,10 +116,10 @@ def load_groups(session: Session, groups: list[EpisodeGroup]) -> list[Group]:
     """Every episode of `groups` with its turns, in group order then sample order."""
     if not groups:
         return []
-    names = _environment_names(session, {group.environment_id for group in groups})
+    environments = _environments(session, {group.environment_id for group in groups})
     by_id = {
-        group.id: Group(id=group.id, group_index=group.group_index, environment=names[group.environment_id],
-                        policy_version=group.policy_version)
+        group.id: Group(id=group.id, group_index=group.group_index, environment=environments[group.environment_id][0],
+                        policy_version=group.policy_version, mix=environments[group.environment_id][1])
         for group in groups
     }
     episodes = list(session.execute(

@@ -61,7 +61,9 @@ def plan_batch(
             plan.dropped[group.id] = "stale" if stale else "no_trainable_sample"
             continue
         plan.scored += kept
-        if not has_variance([sample.score for sample in kept]):
+        mixed_varies = group.mix is not None and any(
+            has_variance([sample.components.get(layer, 0.0) for sample in kept]) for layer in group.mix)
+        if not has_variance([sample.score for sample in kept]) and not mixed_varies:
             plan.dropped[group.id] = "zero_variance"
             continue
         group.samples = kept

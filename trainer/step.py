@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from sqlalchemy.orm import Session
 
-from trainer.advantages import assign_advantages, normalize_per_environment
+from trainer.advantages import assign_advantages, mix_layers, normalize_per_environment
 from trainer.config import LossConfig, TrainerConfig
 from trainer.engine import PolicyEngine
 from trainer.errors import NonFiniteStep
@@ -43,8 +43,10 @@ def generate(
 
 
 def score(plan: BatchPlan, *, normalization: str) -> dict[str, tuple[float, float]]:
-    """Normalise scores per environment when the run does (`normalization`: the run's resolved mode,
-    on or off, see LossConfig.normalization_for); returns each environment's (mean, std)."""
+    """Mix the layers of environments whose spec says `mix: zscore` (scales aligned first), then normalise
+    scores per environment when the run does (`normalization`: the run's resolved mode, on or off, see
+    LossConfig.normalization_for); returns each environment's (mean, std) before that normalisation."""
+    mix_layers(plan.groups)
     return normalize_per_environment(plan.groups, mode=normalization)
 
 
