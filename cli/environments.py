@@ -17,7 +17,7 @@ from core.settings import get_settings
 from environments.browser.importing import GENERATED_FORMATS
 from environments.browser.task import miniwob_names
 from environments.service import get_environment, list_environments, register_environment
-from environments.spec import check_network_policy, load_spec_file
+from environments.spec import check_network_policy, check_reward_servers, load_spec_file
 from environments.tasks import TaskFormat, import_generated, import_tasks
 
 env_app = typer.Typer(help="Environments: register versioned specs, list and show them.", no_args_is_help=True)
@@ -35,6 +35,7 @@ def register(path: Path = typer.Argument(..., help="YAML or JSON spec file."), o
     with readable_errors():
         spec = load_spec_file(path)  # a bad file is refused before the database is asked anything
         check_network_policy(spec, allowed=get_settings().sandbox_networks)
+        check_reward_servers(spec, allows=get_settings().allows_reward_server)
     with readable_errors(), session_scope() as session:
         row, created = register_environment(session, spec=spec)
         data = {**_env_json(row), "created": created}

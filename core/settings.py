@@ -72,6 +72,9 @@ class Settings(BaseSettings):
     repositories. Unset: the API reads no server path at all (upload archives instead)."""
     sandbox_networks: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Comma-separated Docker networks an environment spec may name (with `allow_network`). Empty: none."""
+    reward_servers: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Comma-separated servers an environment spec may name as its judge or reward model (workers post
+    every episode there). The policy servers are always allowed; anything else only if listed here."""
     worker_name: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     """Identity of this worker; it labels every sandbox the worker owns."""
     worker_concurrency: Annotated[int, Field(ge=1, le=1024)] = 4
@@ -163,6 +166,32 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [name.strip() for name in value.split(",") if name.strip()]
         return value
+
+    @field_validator("reward_servers", mode="before")
+    @classmethod
+    def _split_reward_servers(cls, value: object) -> object:
+        if isinstance(value, str):
+            if len(value) > MAX_POLICY_REPLICAS * (MAX_URL_CHARS + 1):
+                raise ValueError(f"expected at most {MAX_POLICY_REPLICAS} URLs of {MAX_URL_CHARS} characters, "
+                                 f"comma-separated ({len(value)} characters given)")
+            return [url.strip() for url in value.split(",") if url.strip()]
+        return value
+
+    @field_validator("reward_servers")
+    @classmethod
+    def _check_reward_servers(cls, value: list[str]) -> list[str]:
+        for url in value:
+            if not _is_http_url(url):
+                raise ValueError(f"expected http:// or https:// URLs of at most {MAX_URL_CHARS} characters, "
+                                 f"not {_clip(url)}")
+        return [url.rstrip("/") for url in value]
+
+    def allows_reward_server(self, url: str) -> bool:
+        """Whether a spec may name `url` as its judge or reward model: a policy server or a listed one
+        (the same server however spelt: case of the host, default port, a trailing /v1)."""
+        if not _is_http_url(url):
+            return False
+        return _server_key(url) in {_server_key(u) for u in [*self.policy_pool, *self.reward_servers]}
 
     @model_validator(mode="after")
     def _production_rules(self) -> Settings:

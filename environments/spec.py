@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -20,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from core.config_files import load_model_file, parse_model
 from core.errors import ConfigError
 from core.schemas.sandbox import SandboxSpec, describe_errors
+from core.settings import public_url
 
 SANDBOX_IMAGE_PLACEHOLDER = "crucible/placeholder:validate"
 """The sandbox section has no image of its own (the spec's `image` is resolved at build time)."""
@@ -243,6 +245,16 @@ def check_network_policy(spec: EnvironmentSpec, *, allowed: list[str]) -> None:
         listed = ", ".join(allowed) if allowed else "none: CRUCIBLE_SANDBOX_NETWORKS is unset"
         raise ConfigError(f"sandbox.network: expected a network the operator allows ({listed}), got {network!r}"
                           + (" with allow_network" if spec.sandbox.get("allow_network") else ""))
+
+
+def check_reward_servers(spec: EnvironmentSpec, *, allows: Callable[[str], bool]) -> None:
+    """At submission: a judge or reward model URL must be a server the operator allows (the policy
+    servers, or CRUCIBLE_REWARD_SERVERS): workers post every episode there and store what it answers,
+    so a spec must not aim them at an arbitrary address (an internal service, a metadata endpoint)."""
+    for section, config in (("judge", spec.verifier.judge), ("reward_model", spec.verifier.reward_model)):
+        if config is not None and not allows(config.url):
+            raise ConfigError(f"verifier.{section}.url: expected a policy server or one listed in "
+                              f"CRUCIBLE_REWARD_SERVERS, got {public_url(config.url)!r}")
 
 
 def parse_spec(data: Any, *, source: str = "environment spec") -> EnvironmentSpec:

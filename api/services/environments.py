@@ -12,7 +12,7 @@ from api.pagination import decode_cursor, page
 from core.models import Environment, Task
 from core.settings import get_settings
 from environments.service import get_environment, register_environment
-from environments.spec import EnvironmentSpec, check_network_policy
+from environments.spec import EnvironmentSpec, check_network_policy, check_reward_servers
 
 
 def _task_counts(session: Session, names: list[str]) -> dict[str, int]:
@@ -34,6 +34,7 @@ def _columns(row: Environment) -> dict[str, Any]:
 
 def register(session: Session, *, spec: EnvironmentSpec) -> dict[str, Any]:
     check_network_policy(spec, allowed=get_settings().sandbox_networks)
+    check_reward_servers(spec, allows=get_settings().allows_reward_server)
     row, created = register_environment(session, spec=spec)
     return {**_with_counts(session, [row])[0], "created": created}
 

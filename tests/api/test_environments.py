@@ -85,3 +85,31 @@ def test_a_named_network_needs_the_operators_consent(client: TestClient, monkeyp
     finally:
         monkeypatch.undo()
         get_settings.cache_clear()
+
+
+def test_a_judge_or_reward_model_must_be_a_server_the_operator_allows(client: TestClient, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Workers post every episode to a spec's judge and store its answer: a spec cannot aim them at an
+    internal address. Allowed: the policy servers (any spelling of them) and CRUCIBLE_REWARD_SERVERS."""
+    from core.settings import get_settings
+
+    def judged(url: str, section: str = "judge") -> dict:
+        config = {"url": url, "model": "m", "rubric": "r"} if section == "judge" else {"url": url}
+        return {**SPEC, "name": f"judged-{section}", "verifier": {section: config}}
+
+    monkeypatch.setenv("CRUCIBLE_POLICY_URL", "http://127.0.0.1:8000/v1")
+    get_settings.cache_clear()
+    try:
+        for url, section in (("http://169.254.169.254/latest/v1", "judge"), ("http://127.0.0.1:8080/v1", "judge"),
+                             ("http://user:secret@10.0.0.9:8001/v1", "reward_model")):
+            response = client.post("/v1/environments", json=judged(url, section))
+            assert response.status_code == 422, url
+            message = response.json()["error"]["message"]
+            assert message.startswith(f"verifier.{section}.url: expected a policy server or one listed in "
+                                      "CRUCIBLE_REWARD_SERVERS, got") and "secret" not in message
+        assert client.post("/v1/environments", json=judged("http://127.0.0.1:8000")).status_code == 201  # the policy's
+        monkeypatch.setenv("CRUCIBLE_REWARD_SERVERS", "http://10.0.0.9:8001/v1")
+        get_settings.cache_clear()
+        assert client.post("/v1/environments", json=judged("http://10.0.0.9:8001/v1", "reward_model")).status_code == 201
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()

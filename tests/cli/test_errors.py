@@ -61,6 +61,9 @@ def test_debug_shows_the_traceback(spec_dir: Path) -> None:
     ("name: calc\nkind: code_repo\nsandbox: {cpus: many}\n", "sandbox: cpus: expected a number, got \"many\""),
     ("name: calc\nkind: code_repo\nsandbox: {network: lab, allow_network: true}\n",
      "sandbox.network: expected a network the operator allows (none: CRUCIBLE_SANDBOX_NETWORKS is unset), got 'lab'"),
+    ("name: calc\nkind: code_repo\nverifier: {judge: {url: 'http://169.254.169.254/v1', model: m, rubric: r}}\n",
+     "verifier.judge.url: expected a policy server or one listed in CRUCIBLE_REWARD_SERVERS, got "
+     "'http://169.254.169.254/v1'"),
     ("name: calc\nkind: code_repo\ndescription: " + "[" * 5000 + "]" * 5000 + "\n", "expected nesting at most 64 deep"),
     ("a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
      "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n",
