@@ -60,7 +60,8 @@ class OptimizerConfig(BaseModel):
     """Padded tokens per forward/backward; gradients accumulate across micro-batches."""
     autocast: Literal["off", "bf16"] = "off"
     """Forward and backward under bf16 autocast (weights, gradients and optimizer state stay float32).
-    Measured to pay on this CPU (avx512_bf16; bench/trainer_options.py); off by default because the
+    Whether it pays depends on the host's kernels (bench/trainer_options.py: 1.21× on one CPU, 0.67× on
+    another with the same avx512_bf16 flag): measure where you train. Off by default, also because the
     trainer's logprobs then differ from vLLM's float32 ones by bf16 rounding (the decoupled correction
     absorbs it, but token-exact checks would not hold)."""
 
