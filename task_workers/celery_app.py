@@ -25,11 +25,46 @@ def broker_url(settings: Settings | None = None) -> str:
     return broker_url_for(settings, resolve_database_url(settings))
 
 
+BROKER_TABLES_LOCK = 0x0C4B_0B01
+"""Postgres advisory lock key under which the SQLAlchemy transport's tables are created."""
+
+
+def prepare_sqlalchemy_broker(url: str) -> None:
+    """Create the SQLAlchemy transport's tables before first use, one process at a time. kombu creates
+    them on a channel's first connect with no lock, so a worker and the controller starting together on
+    a new database race on `CREATE SEQUENCE queue_id_sequence` and one of them dies (UniqueViolation;
+    seen when `make demo` starts both at once). Under a Postgres advisory lock one process creates them
+    and the others find them (kombu's create_all checks first). Other brokers: nothing to do."""
+    if not url.startswith("sqla+"):
+        return
+    from kombu import Connection
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.pool import NullPool
+
+    engine = create_engine(url.removeprefix("sqla+"), poolclass=NullPool)
+    try:
+        with engine.connect() as lock:
+            lock.execute(text("SELECT pg_advisory_lock(:key)"), {"key": BROKER_TABLES_LOCK})
+            try:
+                with Connection(url) as connection:
+                    channel = connection.channel()
+                    try:
+                        channel._open()  # kombu's create_all, while we hold the lock
+                    finally:
+                        channel.close()
+            finally:
+                lock.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": BROKER_TABLES_LOCK})
+    finally:
+        engine.dispose()
+
+
 def create_app(settings: Settings | None = None) -> Celery:
     settings = settings or get_settings()
+    url = broker_url(settings)
+    prepare_sqlalchemy_broker(url)
     app = Celery("crucible")
     app.conf.update(
-        broker_url=broker_url(settings),
+        broker_url=url,
         task_serializer="json",
         accept_content=["json"],
         task_ignore_result=True,

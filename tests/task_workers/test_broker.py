@@ -41,3 +41,43 @@ def test_redis_broker() -> None:
     if not url:
         pytest.skip("CRUCIBLE_TEST_REDIS_URL is unset (make test sets it)")
     _round_trip(url)
+
+
+def test_processes_starting_together_on_a_new_database_all_get_the_broker_tables(database_url: str,
+                                                                                 tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """kombu creates the SQLAlchemy transport's tables on first connect with no lock: a worker and the
+    controller starting at once on a new database raced on CREATE SEQUENCE and one died (seen in `make
+    demo`). Six processes released at the same instant on an empty database all start; the tables exist."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import psycopg
+    from sqlalchemy import make_url
+
+    admin = make_url(database_url)
+    name = f"broker_race_{uuid.uuid4().hex[:8]}"
+    dsn = admin.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = "sqla+" + admin.set(drivername="postgresql+psycopg", database=name).render_as_string(hide_password=False)
+    go = tmp_path / "go"
+    script = ("import os, sys, time\n"
+              f"while not os.path.exists({str(go)!r}): time.sleep(0.005)\n"
+              "from task_workers.celery_app import prepare_sqlalchemy_broker\n"
+              "prepare_sqlalchemy_broker(sys.argv[1])\n")
+    root = Path(__file__).resolve().parents[2]
+    try:
+        children = [subprocess.Popen([sys.executable, "-c", script, url], cwd=root, stderr=subprocess.PIPE)
+                    for _ in range(6)]
+        time.sleep(3)  # every child imported and waiting
+        go.touch()
+        results = [(child.wait(120), child.stderr.read().decode()[-800:]) for child in children]  # type: ignore[union-attr]
+        assert all(code == 0 for code, _ in results), results
+        with psycopg.connect(admin.set(drivername="postgresql", database=name).render_as_string(hide_password=False)) as conn:
+            tables = {row[0] for row in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+        assert {"kombu_queue", "kombu_message"} <= tables
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
