@@ -12,7 +12,10 @@ Per active run, each pass:
 - a lost episode gets a `worker_lost` record in `failures`, attempts + 1, and goes back to pending
   with a new deadline and a new message — or, once lost `max_attempts` times, ends as failed
   (`worker_lost`);
-- groups with no pending or running episode left are marked complete.
+- groups with no pending or running episode left are marked complete — except those judged pairwise
+  (`verifier.judge.mode: pairwise`), which the worker completes once their judge's scores are stored;
+  one nobody judged (its last episode failed for good, the judge stayed down through every retry) gets
+  one ended episode's task sent again, past its deadline: its redelivery judges the group.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from controller.logs import log_event
 from controller.progress import GroupStatus
 from core.models import Environment, Episode, EpisodeGroup, Run, Worker
 from core.termination import EpisodeStatus, RunStatus, TerminationReason
+from environments.pairwise import pairwise_environments
 
 OUTSTANDING = (EpisodeStatus.PENDING, EpisodeStatus.RUNNING)
 SOURCE = "controller"
@@ -45,6 +49,8 @@ class ReconcileResult:
     slow: list[int] = field(default_factory=list)
     queued: list[int] = field(default_factory=list)
     groups_completed: int = 0
+    judging_resent: list[int] = field(default_factory=list)
+    """Groups judged pairwise that nobody judged: an episode's task was sent again to judge them."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,7 @@ def reconcile_run(
     _handle_overdue(session, run_id=run_id, dispatcher=dispatcher, settings=settings, result=result)
     result.groups_completed = complete_finished_groups(session, run_id=run_id)
     session.commit()
+    _resend_unjudged(session, run_id=run_id, dispatcher=dispatcher, settings=settings, result=result)
     return result
 
 
@@ -75,11 +82,43 @@ def complete_finished_groups(session: Session, *, run_id: int) -> int:
     )
     done = session.execute(
         update(EpisodeGroup)
-        .where(EpisodeGroup.run_id == run_id, EpisodeGroup.status == GroupStatus.RUNNING, ~outstanding)
+        .where(EpisodeGroup.run_id == run_id, EpisodeGroup.status == GroupStatus.RUNNING, ~outstanding,
+               EpisodeGroup.environment_id.not_in(pairwise_environments()))  # completed once judged
         .values(status=GroupStatus.COMPLETE)
         .returning(EpisodeGroup.id)
     ).scalars().all()
     return len(done)
+
+
+def _resend_unjudged(
+    session: Session, *, run_id: int, dispatcher: Dispatcher, settings: ControllerConfig, result: ReconcileResult
+) -> None:
+    """Pairwise groups whose episodes have all ended, unjudged past every episode's deadline: the latest
+    episode's task is sent again with a new deadline (so at most once per horizon); the redelivered task
+    finds the episode ended and judges its group (task_workers/episode/group_judge.py)."""
+    ended = ~exists().where(Episode.group_id == EpisodeGroup.id, Episode.status.in_(OUTSTANDING)).correlate(EpisodeGroup)
+    due = ~exists().where(Episode.group_id == EpisodeGroup.id, Episode.deadline_at >= func.now()).correlate(EpisodeGroup)
+    group_ids = session.execute(
+        select(EpisodeGroup.id).where(EpisodeGroup.run_id == run_id, EpisodeGroup.status == GroupStatus.RUNNING,
+                                      ended, due, EpisodeGroup.environment_id.in_(pairwise_environments()))
+        .with_for_update(skip_locked=True)
+    ).scalars().all()
+    if not group_ids:
+        return
+    now = database_now(session)
+    by_queue: dict[str, list[int]] = defaultdict(list)
+    for group_id in group_ids:
+        episode, env = session.execute(
+            select(Episode, Environment).join(Environment, Environment.id == Episode.environment_id)
+            .where(Episode.group_id == group_id).order_by(Episode.id.desc()).limit(1).with_for_update(of=Episode)
+        ).one()
+        episode.deadline_at = now + episode_horizon(env, settings)
+        by_queue[env.kind].append(episode.id)
+        result.judging_resent.append(group_id)
+    session.commit()
+    log_event("reconcile.resend_unjudged", level=logging.WARNING, run_id=run_id, groups=group_ids)
+    for queue, episode_ids in by_queue.items():
+        send_episodes(session, dispatcher, episode_ids=episode_ids, queue=queue)
 
 
 def _send_all(

@@ -4,6 +4,9 @@
     layer = judge.pointwise(instruction=..., transcript=...)  # LayerResult "judge", its record in .record
     a_wins = judge.pairwise(instruction=..., first=..., second=...)  # both orders asked (position bias)
 
+Pairwise within a GRPO group (GenRM-style, `mode: pairwise`) is environments/pairwise.py: every pair of
+the group's episodes is asked in both orders, and an episode's layer score is its mean win rate.
+
 The judge is any OpenAI-compatible completions server (vLLM: its own, or the policy's), named with
 the model in the environment's spec. It reads the rubric, the task and the episode, and answers
 `Reason: …` then `Score: N` (pointwise, N from 0 to `scale`) or `Winner: A|B` (pairwise). With
@@ -205,16 +208,20 @@ class Judge:
 
     def pairwise(self, *, instruction: str, first: str, second: str) -> PairVerdict:
         """`first` against `second`, asked as (A=first, B=second) and as (A=second, B=first)."""
-        orders = []
+        orders: list[dict[str, Any]] = []
         for a_is_first in (True, False):
             a, b = (first, second) if a_is_first else (second, first)
             prompt = self.pairwise_prompt(instruction=instruction, a=a, b=b, nonce=secrets.token_hex(8))
-            call = self.complete(prompt, answer_regex=r"Reason: [ -~]{1,120}\nWinner: (A|B)\n?")
+            refused: str | None = None
+            try:
+                call = self.complete(prompt, answer_regex=r"Reason: [ -~]{1,120}\nWinner: (A|B)\n?")
+            except ValueError as error:  # the request's own fault (too long for the judge): a tie, recorded
+                call, refused = JudgeCall(prompt=prompt, output="", seconds=0.0), str(error)[:500]
             winner = parse_winner(call.output)
             first_won = None if winner is None else (winner == "A") == a_is_first
             orders.append({"a": "first" if a_is_first else "second", "prompt": _clip(prompt),
                            "output": _clip(call.output), "winner": winner, "first_won": first_won,
-                           "seconds": round(call.seconds, 4)})
+                           "seconds": round(call.seconds, 4), "error": refused})
         wins = [order["first_won"] for order in orders if order["first_won"] is not None]
         score = None if not wins else (sum(wins) + 0.5 * (2 - len(wins))) / 2
         return PairVerdict(score=score, orders=(orders[0], orders[1]))

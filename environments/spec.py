@@ -63,7 +63,8 @@ def _http_url(value: str) -> str:
 class JudgeConfig(BaseModel):
     """A model judge as the verifier's last layer (`judge`, environments/judge.py): any OpenAI-compatible
     completions server, e.g. a vLLM of its own or the policy's. Its layer score counts with
-    `verifier.weights.judge` (default 0: recorded, not rewarded)."""
+    `verifier.weights.judge` (default 0: recorded, not rewarded) — pointwise, or pairwise within a group
+    (`mode`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -72,9 +73,14 @@ class JudgeConfig(BaseModel):
     model: str = Field(min_length=1, max_length=512)
     """The model name the server serves."""
     rubric: str = Field(min_length=1, max_length=64 * 1024)
-    mode: Literal["pointwise"] = "pointwise"
-    """`pointwise`: each episode is scored alone. (Pairwise within a group, GenRM-style, exists as
-    `Judge.pairwise` with both orders asked; it is not yet wired into groups.)"""
+    mode: Literal["pointwise", "pairwise"] = "pointwise"
+    """`pointwise`: each episode is scored alone, by its worker, as it ends. `pairwise` (GenRM-style):
+    once every episode of a GRPO group has ended, each pair of them is compared, asked in both orders
+    (A/B and B/A, so position bias cancels), and an episode's layer score is its mean win rate against
+    the others (a split or unparsed answer is a tie, 0.5). The group becomes claimable by the trainer
+    only after the scores are stored; a judge outage leaves it unclaimable and is retried. Flagged
+    episodes (under `flag_policy: zero`) and ones that are not trained on are not compared; an episode
+    with no one to compare with scores 0.5. `scale` does not apply."""
     scale: int = Field(default=10, ge=1, le=100)
     """Scores run from 0 to `scale`; the layer's score is score / scale."""
     pass_threshold: float = Field(default=0.5, ge=0, le=1)

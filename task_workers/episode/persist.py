@@ -11,7 +11,8 @@ from sqlalchemy.orm import Session
 
 from core.models import Episode, EpisodeArtifact, EpisodeGroup, Turn
 from core.termination import EpisodeStatus, GroupStatus, TerminationReason
-from environments.base import Verdict
+from environments.base import LayerResult, Verdict
+from environments.pairwise import pairwise_environments
 from task_workers.episode.artifacts import screen_artifacts
 from task_workers.episode.trajectory import Trajectory
 
@@ -31,12 +32,14 @@ def claim_episode(session: Session, *, episode_id: int, worker: str) -> Episode 
 
 
 def _mark_group_if_complete(session: Session, group_id: int) -> None:
+    """A group whose episodes have all ended is complete — unless its judge compares them pairwise: then
+    it stays running until group_judge.py has stored the judge's scores and completes it."""
     outstanding = exists().where(
         Episode.group_id == group_id, Episode.status.in_([EpisodeStatus.PENDING, EpisodeStatus.RUNNING])
     )
     session.execute(
         update(EpisodeGroup).where(EpisodeGroup.id == group_id, EpisodeGroup.status == GroupStatus.RUNNING,
-                                   ~outstanding)
+                                   ~outstanding, EpisodeGroup.environment_id.not_in(pairwise_environments()))
         .values(status=GroupStatus.COMPLETE)
     )
 
@@ -79,11 +82,13 @@ def store_episode(
 
 
 def _layers(verdict: Verdict | None) -> list[dict[str, Any]]:
-    if verdict is None:
-        return []
-    return [{"name": layer.name, "score": layer.score, "passed": layer.passed, "detail": layer.detail[-4000:],
-             "duration_s": round(layer.duration_s, 4), **({"record": layer.record} if layer.record else {})}
-            for layer in verdict.layers]
+    return [] if verdict is None else [layer_record(layer) for layer in verdict.layers]
+
+
+def layer_record(layer: LayerResult) -> dict[str, Any]:
+    """A verifier layer as stored in `episodes.verifier_layers`."""
+    return {"name": layer.name, "score": layer.score, "passed": layer.passed, "detail": layer.detail[-4000:],
+            "duration_s": round(layer.duration_s, 4), **({"record": layer.record} if layer.record else {})}
 
 
 def record_fault(session: Session, *, episode_id: int, reason: TerminationReason, message: str, worker: str,

@@ -4,7 +4,9 @@
     transaction → the sandbox is reset and returned to its pool (or destroyed).
 
 Infrastructure faults (sandbox, policy) propagate as InfrastructureFault for the Celery task to
-retry; the agent's own outcomes are stored. Running the same episode twice stores one copy.
+retry; the agent's own outcomes are stored. Running the same episode twice stores one copy. Under a
+pairwise judge, the worker that stores a group's last episode then judges the group (group_judge.py); a
+redelivered episode that has already ended judges its group if that is still to do.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from environments.registry import get_kind
 from environments.reward_model_layer import LAYER as RM_LAYER
 from environments.reward_model_layer import score_episode
 from environments.service import spec_of
-from environments.spec import EnvironmentSpec
+from environments.spec import EnvironmentSpec, JudgeConfig
 from task_workers.episode.errors import JudgeFault, SandboxFault
+from task_workers.episode.group_judge import group_of, judge_finished_group
 from task_workers.episode.loop import LoopContext, initial_prompt, run_agent_loop
 from task_workers.episode.persist import claim_episode, store_episode
 from task_workers.episode.trajectory import ArtifactRecord, Trajectory
@@ -63,6 +66,7 @@ class EpisodeOutcome:
 class _Loaded:
     episode_id: int
     run_id: int
+    group_id: int
     spec: EnvironmentSpec
     instruction: str
     payload: dict[str, Any]
@@ -83,7 +87,7 @@ def _load(episode_id: int, *, worker: str) -> _Loaded | None:
         sampling, training = _run_sampling(session, episode)
         # No deadline yet: the agent's time budget starts at its first observation (run_agent_loop).
         return _Loaded(
-            episode_id=episode.id, run_id=episode.run_id, spec=spec, instruction=task.instruction,
+            episode_id=episode.id, run_id=episode.run_id, group_id=episode.group_id, spec=spec, instruction=task.instruction,
             payload=task.payload, sampling=sampling, training=training,
         )
 
@@ -105,7 +109,9 @@ def run_episode(
     started = time.monotonic()
     loaded = _load(episode_id, worker=worker)
     if loaded is None:
-        logger.info("episode %s already ended; nothing to do", episode_id)
+        group_id = group_of(episode_id)
+        grouped = group_id is not None and judge_finished_group(group_id)  # a retry after a judge outage
+        logger.info("episode %s already ended; %s", episode_id, f"judged group {group_id}" if grouped else "nothing to do")
         return EpisodeOutcome(episode_id, False, None, None)
     kind = get_kind(loaded.spec.kind)(loaded.spec)
     task = kind.parse_task(loaded.payload)  # type: ignore[attr-defined]
@@ -137,7 +143,7 @@ def run_episode(
         sandbox_id = getattr(sandbox, "id", None)
     timings = {**trajectory.timings, "lease": leased - started, "setup": set_up - leased, "verify": verify_s,
                "total": time.monotonic() - started}
-    if loaded.spec.verifier.judge or loaded.spec.verifier.reward_model:  # after the sandbox went back: text only
+    if _pointwise_judge(loaded.spec) or loaded.spec.verifier.reward_model:  # after the sandbox went back: text only
         judged = time.monotonic()
         verdict = _learned(loaded, trajectory, verdict, default_weight=getattr(kind, "default_learned_weight", 0.0))
         timings["judge"] = time.monotonic() - judged
@@ -147,6 +153,8 @@ def run_episode(
                                sandbox_id=sandbox_id, timings={k: round(v, 4) for k, v in timings.items()})
     logger.info("episode %s ended: %s reward=%s stored=%s", episode_id, trajectory.termination,
                 verdict.reward, stored)
+    if _is_pairwise(loaded.spec):  # if it was the group's last: compare them all before the trainer may claim it
+        judge_finished_group(loaded.group_id)
     return EpisodeOutcome(episode_id, stored, trajectory.termination, verdict.reward)
 
 
@@ -156,15 +164,16 @@ def _learned(loaded: _Loaded, trajectory: Trajectory, verdict: Verdict, *, defau
     episode a hack monitor zeroed is sent to neither (nothing they say could count). A server that does
     not answer is an infrastructure fault (JudgeFault: retried), never a zero reward."""
     verifier = loaded.spec.verifier
-    names = [name for name, config in ((JUDGE_LAYER, verifier.judge), (RM_LAYER, verifier.reward_model)) if config]
+    judge_config = _pointwise_judge(loaded.spec)  # a pairwise judge scores the group once it has ended
+    names = [name for name, config in ((JUDGE_LAYER, judge_config), (RM_LAYER, verifier.reward_model)) if config]
     if verdict.flags and verifier.flag_policy == "zero":
         skipped = [LayerResult(name=name, score=0.0, passed=False, detail="not run: a hack monitor flagged the episode")
                    for name in names]
         return dataclasses.replace(verdict, layers=[*verdict.layers, *skipped])
     layers = []
     try:
-        if verifier.judge is not None:
-            judge = Judge(verifier.judge)
+        if judge_config is not None:
+            judge = Judge(judge_config)
             try:
                 layers.append(judge.pointwise(instruction=loaded.instruction, transcript=transcript_of(trajectory.turns)))
             finally:
@@ -176,6 +185,15 @@ def _learned(loaded: _Loaded, trajectory: Trajectory, verdict: Verdict, *, defau
         raise JudgeFault(str(error)) from error
     reward = verdict.reward + sum(verifier.weights.get(layer.name, default_weight) * layer.score for layer in layers)
     return dataclasses.replace(verdict, reward=reward, layers=[*verdict.layers, *layers])
+
+
+def _pointwise_judge(spec: EnvironmentSpec) -> JudgeConfig | None:
+    judge = spec.verifier.judge
+    return judge if judge is not None and judge.mode == "pointwise" else None
+
+
+def _is_pairwise(spec: EnvironmentSpec) -> bool:
+    return spec.verifier.judge is not None and spec.verifier.judge.mode == "pairwise"
 
 
 def _verify(kind: Any, sandbox: Sandbox, task: Any, trajectory: Trajectory, sandboxes: SandboxProvider,

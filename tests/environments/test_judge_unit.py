@@ -55,7 +55,7 @@ def _spec(judge: object) -> dict:
     ({"url": "http://127.0.0.1:99999/v1", "model": "m", "rubric": "r"}, r"expected an http\(s\) URL"),
     ({"url": "http://x/v1\r\nHost: evil", "model": "m", "rubric": "r"}, r"expected an http\(s\) URL"),
     ({"url": "http://127.0.0.1/v1", "model": "m", "rubric": ""}, "rubric"),
-    ({"url": "http://127.0.0.1/v1", "model": "m", "rubric": "r", "mode": "pairwise"}, "mode"),
+    ({"url": "http://127.0.0.1/v1", "model": "m", "rubric": "r", "mode": "listwise"}, "mode"),
     ({"url": "http://127.0.0.1/v1", "model": "m", "rubric": "r", "scale": 0}, "scale"),
     ({"url": "http://127.0.0.1/v1", "model": "m", "rubric": "r", "prompt": "x"}, "prompt"),
     ("http://127.0.0.1/v1", "judge"),
@@ -74,6 +74,11 @@ def test_specs_without_a_judge_keep_their_hash() -> None:
     assert spec.content_hash() == "74c602e70215ea5cec51657a15129b7e092b77489ced5064c6e4fd85c02ae426"
     judged = parse_spec(_spec({"url": "http://127.0.0.1:8001/v1", "model": "m", "rubric": "r"}))
     assert judged.content_hash() != parse_spec({"name": "j", "kind": "read_number", "image": "base"}).content_hash()
+    # A pointwise judge's spec keeps the hash it had before `mode` could be pairwise; pairwise is another spec.
+    assert judged.content_hash() == "3dcfdcb6b5bbc714366362af1f7c26ce57c0ac46c24964657aad41a52bd4a364"
+    pairwise = parse_spec(_spec({"url": "http://127.0.0.1:8001/v1", "model": "m", "rubric": "r", "mode": "pairwise"}))
+    assert pairwise.verifier.judge is not None and pairwise.verifier.judge.mode == "pairwise"
+    assert pairwise.content_hash() != judged.content_hash()
 
 
 def test_a_chat_environment_needs_a_judge() -> None:
@@ -82,6 +87,42 @@ def test_a_chat_environment_needs_a_judge() -> None:
     spec = parse_spec({"name": "chat", "kind": "chat", "image": "base",
                        "verifier": {"judge": {"url": "http://127.0.0.1:8001/v1", "model": "m", "rubric": "r"}}})
     assert spec.kind == "chat"
+
+
+# -- pairwise within a group: the win-rate arithmetic (environments/pairwise.py) -----------------------------
+
+
+@pytest.mark.parametrize(("scores", "expected"), [
+    ({(1, 2): 1.0}, {1: 1.0, 2: 0.0}),  # 1 won both orders
+    ({(1, 2): 0.5}, {1: 0.5, 2: 0.5}),  # a split: position bias cancelled
+    ({(1, 2): 0.75}, {1: 0.75, 2: 0.25}),  # one order unparsed (a tie), the other won
+    ({(1, 2): None}, {1: 0.5, 2: 0.5}),  # neither order parsed: a tie
+    ({(1, 2): 1.0, (1, 3): 1.0, (2, 3): 0.5}, {1: 1.0, 2: 0.25, 3: 0.25}),
+    ({(1, 2): 0.0, (1, 3): 0.5, (2, 3): 1.0}, {1: 0.25, 2: 1.0, 3: 0.25}),
+    ({}, {1: 0.5}),  # alone: nothing to compare with, a tie
+])
+def test_win_rates_are_the_mean_over_every_opponent(scores: dict, expected: dict) -> None:
+    from environments.pairwise import win_rates
+
+    rates = win_rates(scores, episode_ids=sorted(expected))
+    assert rates == pytest.approx(expected)
+    if len(expected) > 1:  # every comparison hands out exactly one point between its two episodes
+        assert sum(rates.values()) * (len(expected) - 1) == pytest.approx(len(scores))
+
+
+def test_a_comparison_is_recorded_as_each_episode_sees_it() -> None:
+    """Pair (7, 9) asked as A=7 (A won) and as A=9 (B won): 7 won both; 9 sees the same orders as lost."""
+    from environments.judge import PairVerdict
+    from environments.pairwise import _comparison
+
+    orders = ({"a": "first", "prompt": "p1", "output": "Winner: A", "winner": "A", "first_won": True, "seconds": 0.1},
+              {"a": "second", "prompt": "p2", "output": "Winner: B", "winner": "B", "first_won": True, "seconds": 0.2})
+    verdict = PairVerdict(score=1.0, orders=orders)
+    seven, nine = _comparison(7, (7, 9), verdict), _comparison(9, (7, 9), verdict)
+    assert (seven["opponent"], seven["score"], nine["opponent"], nine["score"]) == (9, 1.0, 7, 0.0)
+    assert [(o["a"], o["won"]) for o in seven["orders"]] == [("this", True), ("opponent", True)]
+    assert [(o["a"], o["won"]) for o in nine["orders"]] == [("opponent", False), ("this", False)]
+    assert [o["prompt"] for o in nine["orders"]] == ["p1", "p2"] and nine["orders"][0]["error"] is None
 
 
 @pytest.mark.parametrize(("arguments", "expected"), [

@@ -1,0 +1,149 @@
+"""Pairwise judging of a group whose episodes have all ended (`verifier.judge.mode: pairwise`).
+
+    judge_finished_group(group_id)   # the worker that stored the group's last episode; any redelivery of
+                                     # one of its episodes (the task's retry after a judge outage, the
+                                     # reconciler's resend of a group nobody judged) calls it again
+
+Such a group stays `running` when its last episode ends (persist.py and the reconciler complete every
+other group, never this one). Here its episodes are compared (environments/pairwise.py) and then, in ONE
+transaction, each one's `judge` layer, reward component, reward and judge time are added and the group
+is marked complete: the trainer can never claim it half-judged. A judge that does not answer is a
+JudgeFault (an infrastructure fault: retried) and nothing is written. One worker judges a group at a
+time, under a Postgres advisory lock that a dead worker's connection releases.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session
+
+from core.db import get_engine, session_scope
+from core.models import Environment, Episode, EpisodeGroup, Task, Turn
+from core.termination import EpisodeStatus, GroupStatus, TerminationReason
+from environments.base import LayerResult
+from environments.judge import LAYER, Judge, LearnedRewardUnavailable, transcript_of
+from environments.pairwise import Contender, judge_group
+from environments.registry import get_kind
+from environments.service import spec_of
+from environments.spec import EnvironmentSpec
+from task_workers.episode.errors import JudgeFault
+from task_workers.episode.persist import layer_record
+
+logger = logging.getLogger(__name__)
+
+LOCK_NAMESPACE = 0x4A554447  # "JUDG": the first key of a group's judging lock, the group id the second
+OUTSTANDING = (EpisodeStatus.PENDING, EpisodeStatus.RUNNING)
+
+
+@dataclass(frozen=True)
+class _Finished:
+    group_id: int
+    spec: EnvironmentSpec
+    instruction: str
+    contenders: list[Contender]
+    skipped: dict[int, str]
+    """Completed episodes that are not compared, and why (each gets a `judge` layer scoring 0 that says so)."""
+
+
+def judge_finished_group(group_id: int) -> bool:
+    """Judge the group if it awaits pairwise judging and mark it complete; True if this call did. False when
+    there is nothing to do: another episode is still out, it is judged already, it is not a pairwise group,
+    or another worker is judging it now."""
+    with _judging_lock(group_id) as held:
+        if not held:
+            return False
+        with session_scope() as session:
+            finished = _finished_group(session, group_id)
+        if finished is None:
+            return False
+        assert finished.spec.verifier.judge is not None  # a pairwise group has a judge
+        judge = Judge(finished.spec.verifier.judge)
+        try:
+            layers = judge_group(judge, instruction=finished.instruction, contenders=finished.contenders)
+        except LearnedRewardUnavailable as error:
+            raise JudgeFault(f"group {group_id}: {error}") from error
+        finally:
+            judge.close()
+        layers.update({episode_id: LayerResult(name=LAYER, score=0.0, passed=False, detail=f"not run: {why}")
+                       for episode_id, why in finished.skipped.items()})
+        with session_scope() as session:
+            return _store(session, finished, layers)
+
+
+def group_of(episode_id: int) -> int | None:
+    with session_scope() as session:
+        return session.execute(select(Episode.group_id).where(Episode.id == episode_id)).scalar_one_or_none()
+
+
+@contextmanager
+def _judging_lock(group_id: int) -> Iterator[bool]:
+    """A session-level advisory lock on a connection of its own, held while the judge is asked."""
+    with get_engine().connect() as connection:
+        keys = {"namespace": LOCK_NAMESPACE, "group": group_id % 2**31}
+        held = bool(connection.execute(text("SELECT pg_try_advisory_lock(:namespace, :group)"), keys).scalar_one())
+        connection.commit()
+        try:
+            yield held
+        finally:
+            if held:
+                try:
+                    connection.execute(text("SELECT pg_advisory_unlock(:namespace, :group)"), keys)
+                    connection.commit()
+                except Exception:
+                    connection.invalidate()  # the server ends that session, and its lock with it
+
+
+def _finished_group(session: Session, group_id: int) -> _Finished | None:
+    group = session.get(EpisodeGroup, group_id)
+    if group is None or group.status != GroupStatus.RUNNING:
+        return None
+    env_row = session.get(Environment, group.environment_id)
+    assert env_row is not None  # foreign key
+    spec = spec_of(env_row)
+    if spec.verifier.judge is None or spec.verifier.judge.mode != "pairwise":
+        return None
+    episodes = list(session.execute(
+        select(Episode).where(Episode.group_id == group_id).order_by(Episode.sample_index)).scalars())
+    if any(episode.status in OUTSTANDING for episode in episodes):
+        return None
+    contenders, skipped = [], {}
+    for episode in episodes:
+        if episode.status != EpisodeStatus.COMPLETED:
+            continue  # failed (an infrastructure fault) or cancelled: no outcome to compare, never trained on
+        if episode.flags and spec.verifier.flag_policy == "zero":
+            skipped[episode.id] = "a hack monitor flagged the episode"
+        elif not TerminationReason(episode.termination_reason or TerminationReason.CANCELLED).is_trainable:
+            skipped[episode.id] = f"the episode ended {episode.termination_reason} (not trained on)"
+        else:
+            turns = session.execute(select(Turn).where(Turn.episode_id == episode.id).order_by(Turn.index)).scalars()
+            contenders.append(Contender(episode.id, transcript_of(list(turns))))
+    task = session.get(Task, group.task_id)
+    assert task is not None  # foreign key
+    return _Finished(group_id=group_id, spec=spec, instruction=task.instruction, contenders=contenders,
+                     skipped=skipped)
+
+
+def _store(session: Session, finished: _Finished, layers: dict[int, LayerResult]) -> bool:
+    """In one transaction: every judged episode's layer, component, reward and time, then the group complete."""
+    group = session.execute(select(EpisodeGroup).where(EpisodeGroup.id == finished.group_id)
+                            .with_for_update()).scalar_one()
+    if group.status != GroupStatus.RUNNING:  # judged meanwhile (a lock taken after ours was released)
+        return False
+    verifier = finished.spec.verifier
+    weight = verifier.weights.get(LAYER, getattr(get_kind(finished.spec.kind), "default_learned_weight", 0.0))
+    episodes = session.execute(select(Episode).where(Episode.id.in_(layers)).with_for_update()).scalars()
+    for episode in episodes:
+        layer = layers[episode.id]
+        episode.verifier_layers = [*episode.verifier_layers, layer_record(layer)]
+        episode.reward_components = {**episode.reward_components, LAYER: layer.score}
+        episode.reward = (episode.reward or 0.0) + weight * layer.score
+        episode.timings = {**(episode.timings or {}), "judge": round(layer.duration_s, 4)}
+    group.status = GroupStatus.COMPLETE
+    logger.info("group %s judged pairwise: %s", finished.group_id,
+                {episode_id: round(layer.score, 3) for episode_id, layer in layers.items()})
+    return True

@@ -1,0 +1,92 @@
+"""A deterministic stand-in for a judge server (an OpenAI-compatible `/v1/completions` over real HTTP),
+for tests where what is tested is the platform around the judge — which pairs are asked, in which
+orders, what is stored, when a group becomes claimable, what an outage does — not a model's choice (a
+real tiny vLLM judge answers arbitrarily; tests/task_workers/episode/test_judge.py runs one).
+
+    with serve_judge(prefers("GOOD")) as judge:     # judge.url, judge.prompts, judge.down = True
+        ...
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from environments.judge import WINNER_LINE
+
+Decide = Callable[[str], str]
+"""The prompt → the winner it names ("A" or "B")."""
+
+
+def episode_text(prompt: str, label: str) -> str:
+    """The text fenced as `EPISODE-{label}` in a pairwise prompt (the judge knows the nonce: it reads the
+    markers that end the fence, as a real judge would)."""
+    found = re.search(rf"<<<EPISODE-{label}-([0-9a-f]{{16}})\n(.*?)\nEPISODE-{label}-\1>>>", prompt, re.DOTALL)
+    assert found, f"no EPISODE-{label} fence in the prompt"
+    return found.group(2)
+
+
+def prefers(marker: str) -> Decide:
+    """A fair judge: the episode that contains `marker` wins; neither or both: A (a position bias)."""
+    def decide(prompt: str) -> str:
+        in_a, in_b = marker in episode_text(prompt, "A"), marker in episode_text(prompt, "B")
+        return "B" if in_b and not in_a else "A"
+    return decide
+
+
+def gullible(prompt: str) -> str:
+    """The worst judge: it obeys the last `Winner: X` line anywhere in its prompt (the agents' text
+    included), and otherwise always answers A."""
+    found = WINNER_LINE.findall(prompt)
+    return found[-1].upper() if found else "A"
+
+
+@dataclass
+class StandInJudge:
+    url: str
+    prompts: list[str] = field(default_factory=list)
+    down: bool = False
+    """Answer 503 to everything (an outage)."""
+
+
+@contextmanager
+def serve_judge(decide: Decide) -> Iterator[StandInJudge]:
+    state = StandInJudge(url="")
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if state.down:
+                self._answer(503, {"error": "the judge is down (StandInJudge.down)"})
+                return
+            with lock:
+                state.prompts.append(body["prompt"])
+            text = f"Reason: the stand-in decided.\nWinner: {decide(body['prompt'])}\n"
+            self._answer(200, {"choices": [{"text": text}]})
+
+        def _answer(self, status: int, payload: dict) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    state.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()
