@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -164,3 +165,22 @@ def check_disk(settings: Settings) -> CheckResult:
 def run_checks(settings: Settings) -> list[CheckResult]:
     database, url = check_database(settings)
     return [check_docker(), database, check_broker(settings, url), *check_policy_pool(settings), check_disk(settings)]
+
+
+def wait_healthy(url: str, *, alive: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.2) -> None:
+    """Block until GET `url` answers 200. RuntimeError naming `what` once `alive()` is false (the
+    server's process ended) or after `timeout_s`."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if not alive():
+            raise RuntimeError(f"{what} exited before {url} answered")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: {url} did not answer 200 within {timeout_s:.0f} s")
+        time.sleep(poll_s)

@@ -33,6 +33,23 @@ def _default_data_dir() -> Path:
     return Path(base) / "crucible"
 
 
+def _http_urls(value: list[str], *, unique: bool) -> list[str]:
+    """Each an http(s) URL (trailing / dropped); with `unique`, no server twice however spelt."""
+    urls: list[str] = []
+    seen: dict[str, str] = {}
+    for url in value:
+        if not _is_http_url(url):
+            raise ValueError(f"expected http:// or https:// URLs of at most {MAX_URL_CHARS} characters, "
+                             f"not {_clip(url)}")
+        url = url.rstrip("/")
+        key = _server_key(url)
+        if unique and key in seen:
+            raise ValueError(f"expected each server once, {_clip(url)} repeats {_clip(seen[key])}")
+        seen[key] = url
+        urls.append(url)
+    return urls
+
+
 class Settings(BaseSettings):
     """Everything a Crucible process is configured by. Field docs are the configuration reference."""
 
@@ -116,9 +133,9 @@ class Settings(BaseSettings):
             raise ValueError("expected an http:// or https:// URL")
         return value.rstrip("/")
 
-    @field_validator("policy_urls", mode="before")
+    @field_validator("policy_urls", "reward_servers", mode="before")
     @classmethod
-    def _split_policy_urls(cls, value: object) -> object:
+    def _split_urls(cls, value: object) -> object:
         if isinstance(value, str):
             if len(value) > MAX_POLICY_REPLICAS * (MAX_URL_CHARS + 1):
                 raise ValueError(f"expected at most {MAX_POLICY_REPLICAS} URLs of {MAX_URL_CHARS} characters, "
@@ -135,19 +152,7 @@ class Settings(BaseSettings):
             raise ValueError("expected one or more comma-separated http:// or https:// URLs")
         if len(value) > MAX_POLICY_REPLICAS:
             raise ValueError(f"expected at most {MAX_POLICY_REPLICAS} URLs ({len(value)} given)")
-        urls: list[str] = []
-        seen: dict[str, str] = {}
-        for url in value:
-            if not _is_http_url(url):
-                raise ValueError(f"expected http:// or https:// URLs of at most {MAX_URL_CHARS} characters, "
-                                 f"not {_clip(url)}")
-            url = url.rstrip("/")
-            key = _server_key(url)
-            if key in seen:
-                raise ValueError(f"expected each server once, {_clip(url)} repeats {_clip(seen[key])}")
-            seen[key] = url
-            urls.append(url)
-        return urls
+        return _http_urls(value, unique=True)
 
     @model_validator(mode="after")
     def _policy_url_from_pool(self) -> Settings:
@@ -167,24 +172,10 @@ class Settings(BaseSettings):
             return [name.strip() for name in value.split(",") if name.strip()]
         return value
 
-    @field_validator("reward_servers", mode="before")
-    @classmethod
-    def _split_reward_servers(cls, value: object) -> object:
-        if isinstance(value, str):
-            if len(value) > MAX_POLICY_REPLICAS * (MAX_URL_CHARS + 1):
-                raise ValueError(f"expected at most {MAX_POLICY_REPLICAS} URLs of {MAX_URL_CHARS} characters, "
-                                 f"comma-separated ({len(value)} characters given)")
-            return [url.strip() for url in value.split(",") if url.strip()]
-        return value
-
     @field_validator("reward_servers")
     @classmethod
     def _check_reward_servers(cls, value: list[str]) -> list[str]:
-        for url in value:
-            if not _is_http_url(url):
-                raise ValueError(f"expected http:// or https:// URLs of at most {MAX_URL_CHARS} characters, "
-                                 f"not {_clip(url)}")
-        return [url.rstrip("/") for url in value]
+        return _http_urls(value, unique=False)
 
     def allows_reward_server(self, url: str) -> bool:
         """Whether a spec may name `url` as its judge or reward model: a policy server or a listed one

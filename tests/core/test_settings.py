@@ -53,3 +53,26 @@ def test_production_refuses_debug_logging() -> None:
         load_settings(environment="production", log_level="DEBUG")
     assert str(caught.value) == "CRUCIBLE_LOG_LEVEL: expected INFO or higher in production (no debug output), got 'DEBUG'"
     assert load_settings(environment="production", log_level="INFO").environment == "production"
+
+
+@pytest.mark.parametrize(("field", "value", "expected"), [
+    ("policy_urls", "http://a:1/v1,ftp://b", "expected http:// or https:// URLs of at most"),
+    ("policy_urls", "http://a:1/v1, http://A:1/v1/", "expected each server once"),
+    ("policy_urls", " , ", "expected one or more comma-separated"),
+    ("reward_servers", "http://judge:8001/v1,file:///etc/passwd", "expected http:// or https:// URLs of at most"),
+    ("reward_servers", "x" * 600_000, "comma-separated (600000 characters given)"),
+])
+def test_url_lists_are_split_and_checked_alike(
+    monkeypatch: pytest.MonkeyPatch, field: str, value: str, expected: str
+) -> None:
+    monkeypatch.setenv(f"CRUCIBLE_{field.upper()}", value)
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert f"CRUCIBLE_{field.upper()}" in str(caught.value) and expected in str(caught.value)
+
+
+def test_reward_servers_are_a_comma_separated_list_of_urls(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CRUCIBLE_REWARD_SERVERS", " http://judge:8001/v1/ ,http://rm:8002/v1,http://rm:8002/v1")
+    settings = load_settings()
+    assert settings.reward_servers == ["http://judge:8001/v1", "http://rm:8002/v1", "http://rm:8002/v1"]
+    assert settings.allows_reward_server("http://JUDGE:8001") and not settings.allows_reward_server("http://x:1/v1")

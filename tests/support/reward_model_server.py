@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import torch
 
+from core.health import wait_healthy
 from tests.support.scripted_policy import _free_port
 from trainer.reward_model import FORMAT, load_base, save_reward_model
 from trainer.tiny_model import make_tiny_model
@@ -40,16 +39,10 @@ def serve_reward_model(reward_model_dir: Path) -> Iterator[str]:
                              stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if child.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"crucible rm serve did not start: {child.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
-            time.sleep(0.2)
+        try:
+            wait_healthy(f"{url}/health", alive=lambda: child.poll() is None, timeout_s=120, what="crucible rm serve")
+        except RuntimeError as error:
+            raise RuntimeError(f"{error}: {child.stderr.read().decode()[-2000:]}") from None  # type: ignore[union-attr]
         yield f"{url}/v1"
     finally:
         child.terminate()

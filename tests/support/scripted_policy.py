@@ -26,6 +26,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from core.health import wait_healthy
+
 SPECIALS = {"<|im_start|>": 256, "<|im_end|>": 257, "<|endoftext|>": 258}
 IDS_TO_SPECIAL = {v: k for k, v in SPECIALS.items()}
 IM_END = SPECIALS["<|im_end|>"]
@@ -228,8 +230,6 @@ def serve_in_process(scripts: dict[str, list[Any]]) -> Iterator[str]:
     import sys
     import tempfile
 
-    import httpx
-
     port = _free_port()
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump(scripts, handle)
@@ -237,16 +237,8 @@ def serve_in_process(scripts: dict[str, list[Any]]) -> Iterator[str]:
                               "--port", str(port)])
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or child.poll() is not None:
-                raise RuntimeError("the scripted policy server process did not start")
-            time.sleep(0.1)
+        wait_healthy(f"{url}/health", alive=lambda: child.poll() is None, timeout_s=30, poll_s=0.1,
+                     what="the scripted policy server process")
         yield f"{url}/v1"
     finally:
         child.terminate()
