@@ -1,4 +1,4 @@
-.PHONY: test test-all demo rl-browser setup lint bench bench-api
+.PHONY: test test-all demo rl-browser rl-mixed setup lint bench bench-api
 
 setup:
 	scripts/setup.sh
@@ -17,6 +17,11 @@ demo:
 rl-browser:
 	scripts/setup.sh
 	.venv/bin/python scripts/browser_rl.py
+
+# One GRPO run over a code_repo and a chat environment (reward model) on two scales (scripts/mixed_rl.py).
+rl-mixed:
+	scripts/setup.sh
+	.venv/bin/python scripts/mixed_rl.py
 
 lint:
 	.venv/bin/ruff check .

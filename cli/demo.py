@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -65,6 +65,23 @@ class DemoSettings:
     guess_fraction: float = 0.5
     """Share of the sloppy expert's demonstrations that guess without reading."""
     short_fraction: float = 0.8
+
+
+S = TypeVar("S", bound=DemoSettings)
+
+
+def settled(settings: S, *, name: str) -> S:
+    """QUIET in this process's environment (and so every one it starts), and `settings` with its
+    workdir defaulted to <data dir>/<name>/<timestamp>."""
+    import dataclasses
+
+    from core.settings import get_settings
+
+    for key, value in QUIET.items():
+        os.environ.setdefault(key, value)
+    if settings.workdir is not None:
+        return settings
+    return dataclasses.replace(settings, workdir=get_settings().data_dir / name / time.strftime("%Y%m%d-%H%M%S"))
 
 
 def _stage(console: Console, text: str) -> float:
@@ -142,6 +159,52 @@ def warm_up(settings: DemoSettings, *, workdir: Path, console: Console) -> Path:
     console.print(f"  loss {expert.first_loss:.2f} → {expert.last_loss:.4f}, then {sloppy.last_loss:.3f} "
                   f"(sloppy) in {time.monotonic() - started:.0f} s")
     return out
+
+
+_TOKENIZERS: dict[Path, Any] = {}
+
+
+def tokenizers(path: Path) -> Any:
+    """The model's tokenizer, and the worker's two tokenize functions over it (chat frame, plain text)."""
+    from transformers import AutoTokenizer
+
+    from task_workers.policy.client import local_tokenizers
+
+    if path not in _TOKENIZERS:
+        _TOKENIZERS[path] = (AutoTokenizer.from_pretrained(path), local_tokenizers(str(path)))
+    return _TOKENIZERS[path]
+
+
+def render_episode(
+    *, tokenizer_dir: Path, system_prompt: str, tools: list[dict[str, Any]], opening: str,
+    turns: list[tuple[dict[str, Any], str | None]], short: bool, sampled: list[list[int]] | None = None,
+) -> tuple[list[int], list[int]]:
+    """(token ids, loss mask) of an episode exactly as the agent loop stores it: the chat template's
+    prompt (system + tools + the opening user message; `short`: the opening alone), each tool call
+    closed by <|im_end|> (mask 1), each observation in the loop's frame (mask 0; None: the call ended
+    the episode). `sampled`: the tokens a policy sampled for each action, in place of the call's
+    canonical rendering."""
+    from environments.read_number.demos import tool_call_text
+    from task_workers.policy.chat import observation_frame
+
+    tokenizer, (chat, plain) = tokenizers(tokenizer_dir)
+    messages = [{"role": "user", "content": opening}]
+    if not short:
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    ids = list(tokenizer.apply_chat_template(messages, tools=None if short else tools, add_generation_prompt=True,
+                                             return_dict=False))
+    mask = [0] * len(ids)
+    for index, (call, observation) in enumerate(turns):
+        action = sampled[index] if sampled is not None else \
+            chat(tool_call_text(call["name"], call["arguments"]) + "<|im_end|>")
+        ids += action
+        mask += [1] * len(action)
+        if observation is not None:
+            before, after = observation_frame(completion_closed=True)
+            seen = chat(before) + plain(f"tool\n{observation}") + chat(after)
+            ids += seen
+            mask += [0] * len(seen)
+    return ids, mask
 
 
 def _tasks(settings: DemoSettings) -> tuple[list[Any], list[Any]]:
@@ -233,7 +296,7 @@ class Processes:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        for name in ("trainer", "controller", "worker"):
+        for name in ("trainer", "controller", "worker", *self.children):  # then any other (a reward model)
             self.stop(name)
         if self.server is not None:
             self.server.stop()
@@ -286,15 +349,16 @@ def evaluate(procs: Processes, *, settings: DemoSettings, model: str, label: str
     return rate
 
 
-def launch_training(procs: Processes, *, settings: DemoSettings, model: str, environment: str = ENV_NAME,
+def launch_training(procs: Processes, *, settings: DemoSettings, model: str, environment: str | list[str] = ENV_NAME,
                     prefix: str = "demo") -> int:
-    """The train run (async GRPO) and its trainer process."""
+    """The train run (async GRPO) over one environment or several, and its trainer process."""
     from controller.runs import create_run
     from core.db import session_scope
     from core.schemas import RunConfig
 
     config = RunConfig.model_validate({
-        "name": f"{prefix}-train-{time.strftime('%Y%m%d-%H%M%S')}", "model": model, "environments": [{"name": environment}],
+        "name": f"{prefix}-train-{time.strftime('%Y%m%d-%H%M%S')}", "model": model,
+        "environments": [{"name": name} for name in ([environment] if isinstance(environment, str) else environment)],
         "split": "train", "group_size": settings.group_size, "batch_size": settings.batch_size, "mode": "async",
         "max_staleness": 1, "seed": settings.seed, "trainer": {"optimizer": {"lr": settings.lr}}})
     with session_scope() as session:
@@ -373,8 +437,7 @@ def run_demo(settings: DemoSettings, *, console: Console) -> dict[str, Any]:
     """Every stage of the demo with these settings; returns what it writes to result.json."""
     import shutil
 
-    for name, value in QUIET.items():  # for this process and every one it starts
-        os.environ.setdefault(name, value)
+    settings = settled(settings, name="demo")
     began = time.monotonic()
     path = prepare(settings, console=console)
     warm = warm_up(settings, workdir=path, console=console)

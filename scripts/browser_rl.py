@@ -32,7 +32,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import typer
 from rich.console import Console
 
-from cli.demo import QUIET, DemoSettings, Processes, evaluate, launch_training, prepare, watch_training
+from cli.demo import (
+    DemoSettings,
+    Processes,
+    evaluate,
+    launch_training,
+    prepare,
+    render_episode,
+    settled,
+    tokenizers,
+    watch_training,
+)
 
 ENV_NAME = "miniwob-rl"
 TASKS = ("click-test", "focus-text", "click-dialog", "click-test-2", "click-button")
@@ -219,46 +229,13 @@ def collect(settings: BrowserRLSettings, *, image: str) -> list[Played]:
 
 def render(episode: Played, *, tokenizer_dir: Path, short: bool,
            sampled: list[list[int]] | None = None) -> tuple[list[int], list[int]]:
-    """(token ids, loss mask) of `episode` exactly as the agent loop stores it: the chat template's
-    prompt (system + tools + the opening page; `short`: the opening alone), each tool call closed by
-    <|im_end|> (mask 1), each observation in the loop's frame (mask 0). `sampled`: the tokens a
-    policy sampled for each action, in place of the call's canonical rendering."""
+    """(token ids, loss mask) of `episode` exactly as the agent loop stores it (cli.demo.render_episode):
+    the browser's system prompt and tools, the opening page as the first user message."""
     from environments.browser.kind import SYSTEM_PROMPT, TOOL_SCHEMAS
-    from environments.read_number.demos import tool_call_text
-    from task_workers.policy.chat import observation_frame
 
-    tokenizer, (chat, plain) = _tokenizers(tokenizer_dir)
-    messages = [{"role": "user", "content": episode.opening}]
-    if not short:
-        messages.insert(0, {"role": "system", "content": SYSTEM_PROMPT})
-    tools = None if short else [TOOL_SCHEMAS[name] for name in TOOLS]
-    ids = list(tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, return_dict=False))
-    mask = [0] * len(ids)
-    for index, (call, observation) in enumerate(episode.turns):
-        action = sampled[index] if sampled is not None else \
-            chat(tool_call_text(call["name"], call["arguments"]) + "<|im_end|>")
-        ids += action
-        mask += [1] * len(action)
-        if observation is not None:
-            before, after = observation_frame(completion_closed=True)
-            seen = chat(before) + plain(f"tool\n{observation}") + chat(after)
-            ids += seen
-            mask += [0] * len(seen)
-    return ids, mask
-
-
-_TOKENIZERS: dict[Path, Any] = {}
-
-
-def _tokenizers(path: Path) -> Any:
-    """The model's tokenizer, and the worker's two tokenize functions over it (chat frame, plain text)."""
-    from transformers import AutoTokenizer
-
-    from task_workers.policy.client import local_tokenizers
-
-    if path not in _TOKENIZERS:
-        _TOKENIZERS[path] = (AutoTokenizer.from_pretrained(path), local_tokenizers(str(path)))
-    return _TOKENIZERS[path]
+    return render_episode(tokenizer_dir=tokenizer_dir, system_prompt=SYSTEM_PROMPT,
+                          tools=[TOOL_SCHEMAS[name] for name in TOOLS], opening=episode.opening, turns=episode.turns,
+                          short=short, sampled=sampled)
 
 
 def demonstrations(played: list[Played], *, settings: BrowserRLSettings, tokenizer_dir: Path, sloppy: bool,
@@ -302,7 +279,7 @@ def warm_up(settings: BrowserRLSettings, played: list[Played], *, workdir: Path,
                             count=2 * settings.train_tasks, seed=settings.seed + 1))
     out = workdir / "warm"
     model.save_pretrained(out)
-    _tokenizers(tiny)[0].save_pretrained(out)
+    tokenizers(tiny)[0].save_pretrained(out)
     console.print(f"  loss {expert.first_loss:.2f} → {expert.last_loss:.4f}, then {sloppy.last_loss:.3f} (sloppy) "
                   f"in {time.monotonic() - started:.0f} s")
     return out
@@ -375,19 +352,12 @@ def rendering_check(run_ids: list[int], *, tokenizer_dir: Path, limit: int = 200
 
 def run_browser_rl(settings: BrowserRLSettings, *, console: Console) -> dict[str, Any]:
     """Every stage with these settings; returns what it writes to result.json."""
-    import dataclasses
-    import os
     import shutil
 
-    from core.settings import get_settings
     from environments.images import build_images
 
-    for name, value in QUIET.items():  # for this process and every one it starts
-        os.environ.setdefault(name, value)
+    settings = settled(settings, name="browser-rl")
     began = time.monotonic()
-    if settings.workdir is None:
-        settings = dataclasses.replace(settings, workdir=get_settings().data_dir / "browser-rl" /
-                                       time.strftime("%Y%m%d-%H%M%S"))
     path = prepare(settings, console=console, images=("browser",))
     image = {built.name: built.tag for built in build_images(names=["browser"])}["browser"]
     started = time.monotonic()

@@ -3,6 +3,8 @@ Renaming one is a breaking change (dashboards and the demo read them).
 
 Fixed names are constants below; the templated families are:
     reward/{env}/mean, reward/{env}/std, reward/{env}/{component}/mean|std, rollout/flagged/{flag}
+    score/{env}/mean|std (the trained samples' scores after mixing and per-environment normalisation)
+    advantage/{env}/mean|std|abs_mean (what each environment contributes to the gradient)
     batch/dropped/{reason}, batch/left_out/{reason}, rollout/termination/{reason}
     policy/staleness/hist/{lag}, timing_s/{stage}, reward_hacking/judge_agreement/{component}
 The step's cost (cost/…: time and tokens per stage, FLOPs, FLOP/s, MFU) is named in `trainer.cost`.
@@ -100,6 +102,23 @@ def reward_metrics(samples: list[Sample]) -> dict[str, float]:
     return out
 
 
+def trained_metrics(samples: list[Sample]) -> dict[str, float]:
+    """Per environment, the trained samples' scores after mixing and normalisation and their advantages:
+    beside `reward/{env}/…` (raw) they show what normalisation did; an environment whose rewards are ten
+    times larger has the same `score/{env}/std` (1 when the run normalises) and advantages no larger."""
+    by_env: dict[str, list[Sample]] = defaultdict(list)
+    for sample in samples:
+        by_env[sample.environment].append(sample)
+    out: dict[str, float] = {}
+    for env, group in by_env.items():
+        scores, advantages = [s.score for s in group], [s.advantage for s in group]
+        out[f"score/{env}/mean"], out[f"score/{env}/std"] = statistics.fmean(scores), statistics.pstdev(scores)
+        out[f"advantage/{env}/mean"] = statistics.fmean(advantages)
+        out[f"advantage/{env}/std"] = statistics.pstdev(advantages)
+        out[f"advantage/{env}/abs_mean"] = statistics.fmean(abs(a) for a in advantages)
+    return out
+
+
 def judge_agreement_key(component: str) -> str:
     return f"reward_hacking/judge_agreement/{component}"
 
@@ -189,6 +208,7 @@ def step_metrics(
     metrics: dict[str, float] = {**reward_metrics(plan.scored), **batch_metrics(plan), **hacking_metrics(plan.scored)}
     if result is not None:
         metrics.update(update_metrics(result))
+        metrics.update(trained_metrics(plan.samples))  # scored and advantaged before the update
     if plan.scored:
         metrics[TURNS_MEAN] = statistics.fmean(s.turns for s in plan.scored)
     for stage, seconds in timings.items():

@@ -100,3 +100,43 @@ def test_the_spec_asks_for_mixing_and_the_trainer_reads_it(db_session: Session) 
     groups = load_groups(db_session, [add_group(db_session, run=run, env=env, task=task, rewards=[0.0, 1.0]),
                                       add_group(db_session, run=run, env=plain, task=task, rewards=[0.0, 1.0])])
     assert groups[0].mix == {"answer": 0.7, "judge": 0.3} and groups[1].mix is None
+
+
+def _env_groups(env: str, rewards: list[list[float]], start: int) -> list[Group]:
+    groups = []
+    for g, values in enumerate(rewards):
+        samples = [Sample(episode_id=start + 10 * g + i, group_id=start + g, environment=env, status="completed",
+                          termination="submitted", reward=r, components={"layer": r}, policy_version=0,
+                          token_ids=[5, 6, 7], loss_mask=[0, 1, 1], behaviour_logprobs=[0.0, -1.0, -1.0], score=r)
+                   for i, r in enumerate(values)]
+        groups.append(Group(id=start + g, group_index=start + g, environment=env, policy_version=0, samples=samples))
+    return groups
+
+
+def test_per_environment_normalisation_is_in_the_step_metrics_and_the_large_scale_does_not_dominate() -> None:
+    """A code environment (tests: 0 or 1) and a chat environment whose reward model pays 0–10 in one batch:
+    raw, chat's spread is ~10× code's; the step's metrics show both normalised to std 1, and the
+    advantages of the two environments are of one size (what each contributes to the gradient)."""
+    from trainer.metrics import reward_metrics, trained_metrics
+
+    code = _env_groups("code", [[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]], start=0)
+    chat = _env_groups("chat", [[9.5, 2.0, 6.0, 4.5], [1.0, 8.0, 3.5, 7.0]], start=100)
+    groups = code + chat
+    samples = [s for g in groups for s in g.samples]
+    raw = reward_metrics(samples)
+    assert raw["reward/chat/std"] > 5 * raw["reward/code/std"]
+    normalize_per_environment(groups, mode="on")
+    assign_advantages(groups, scale_by_std=False)  # Dr. GRPO: nothing but normalisation aligns the scales
+    shown = trained_metrics(samples)
+    assert shown["score/code/std"] == pytest.approx(1.0) and shown["score/chat/std"] == pytest.approx(1.0)
+    assert shown["score/code/mean"] == pytest.approx(0.0, abs=1e-9) == shown["score/chat/mean"]
+    ratio = shown["advantage/chat/abs_mean"] / shown["advantage/code/abs_mean"]
+    assert 0.5 < ratio < 2.0, shown
+
+    # Without normalisation the 0–10 environment's advantages are several times larger.
+    unnormalised = code + chat
+    for sample in samples:
+        sample.score = sample.reward
+    assign_advantages(unnormalised, scale_by_std=False)
+    skewed = trained_metrics(samples)
+    assert skewed["advantage/chat/abs_mean"] > 5 * skewed["advantage/code/abs_mean"]
