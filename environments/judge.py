@@ -67,6 +67,18 @@ class PairVerdict:
     whose answer did not parse counts as a tie (0.75 or 0.25); None: neither order parsed."""
     orders: tuple[dict[str, Any], dict[str, Any]]
     """Each order's record: which candidate was A, the prompt, the output, the winner parsed."""
+    refused: str | None = None
+    """Why the judge refused an order (HTTP 4xx: a prompt over its context). A refused comparison gives
+    out no point: both score 0 for it, whatever the other order said — else an agent that makes its
+    episode too long to judge would turn every loss into a tie."""
+
+    @property
+    def points(self) -> tuple[float, float]:
+        """(`first`'s points, `second`'s points) for this comparison: they sum to 1, or to 0 if refused."""
+        if self.refused is not None:
+            return 0.0, 0.0
+        score = 0.5 if self.score is None else self.score
+        return score, 1.0 - score
 
 
 def _clip(text: str, limit: int = MAX_RECORDED_CHARS) -> str:
@@ -215,7 +227,7 @@ class Judge:
             refused: str | None = None
             try:
                 call = self.complete(prompt, answer_regex=r"Reason: [ -~]{1,120}\nWinner: (A|B)\n?")
-            except ValueError as error:  # the request's own fault (too long for the judge): a tie, recorded
+            except ValueError as error:  # the request's own fault (too long for the judge): no point, recorded
                 call, refused = JudgeCall(prompt=prompt, output="", seconds=0.0), str(error)[:500]
             winner = parse_winner(call.output)
             first_won = None if winner is None else (winner == "A") == a_is_first
@@ -224,7 +236,8 @@ class Judge:
                            "seconds": round(call.seconds, 4), "error": refused})
         wins = [order["first_won"] for order in orders if order["first_won"] is not None]
         score = None if not wins else (sum(wins) + 0.5 * (2 - len(wins))) / 2
-        return PairVerdict(score=score, orders=(orders[0], orders[1]))
+        refused = next((order["error"] for order in orders if order["error"] is not None), None)
+        return PairVerdict(score=score, orders=(orders[0], orders[1]), refused=refused)
 
     def _record(self, *, prompt: str, output: str, score: float | None, seconds: float,
                 error: str | None) -> dict[str, Any]:

@@ -92,22 +92,31 @@ def test_a_chat_environment_needs_a_judge() -> None:
 # -- pairwise within a group: the win-rate arithmetic (environments/pairwise.py) -----------------------------
 
 
+REFUSED = "refused"
+
+
 @pytest.mark.parametrize(("scores", "expected"), [
     ({(1, 2): 1.0}, {1: 1.0, 2: 0.0}),  # 1 won both orders
     ({(1, 2): 0.5}, {1: 0.5, 2: 0.5}),  # a split: position bias cancelled
     ({(1, 2): 0.75}, {1: 0.75, 2: 0.25}),  # one order unparsed (a tie), the other won
     ({(1, 2): None}, {1: 0.5, 2: 0.5}),  # neither order parsed: a tie
+    ({(1, 2): REFUSED}, {1: 0.0, 2: 0.0}),  # the judge refused it (too long): no point to either
     ({(1, 2): 1.0, (1, 3): 1.0, (2, 3): 0.5}, {1: 1.0, 2: 0.25, 3: 0.25}),
     ({(1, 2): 0.0, (1, 3): 0.5, (2, 3): 1.0}, {1: 0.25, 2: 1.0, 3: 0.25}),
+    ({(1, 2): REFUSED, (1, 3): REFUSED, (2, 3): 0.5}, {1: 0.0, 2: 0.25, 3: 0.25}),  # 1 bloated: strictly lowest
     ({}, {1: 0.5}),  # alone: nothing to compare with, a tie
 ])
 def test_win_rates_are_the_mean_over_every_opponent(scores: dict, expected: dict) -> None:
+    from environments.judge import PairVerdict
     from environments.pairwise import win_rates
 
-    rates = win_rates(scores, episode_ids=sorted(expected))
+    verdicts = {pair: PairVerdict(score=None, orders=({}, {}), refused="HTTP 400") if score == REFUSED
+                else PairVerdict(score=score, orders=({}, {})) for pair, score in scores.items()}
+    rates = win_rates({pair: verdict.points for pair, verdict in verdicts.items()}, episode_ids=sorted(expected))
     assert rates == pytest.approx(expected)
-    if len(expected) > 1:  # every comparison hands out exactly one point between its two episodes
-        assert sum(rates.values()) * (len(expected) - 1) == pytest.approx(len(scores))
+    if len(expected) > 1:  # every comparison the judge answered hands out exactly one point between its two
+        answered = sum(score != REFUSED for score in scores.values())
+        assert sum(rates.values()) * (len(expected) - 1) == pytest.approx(answered)
 
 
 def test_a_comparison_is_recorded_as_each_episode_sees_it() -> None:

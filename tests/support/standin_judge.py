@@ -3,7 +3,8 @@ for tests where what is tested is the platform around the judge — which pairs 
 orders, what is stored, when a group becomes claimable, what an outage does — not a model's choice (a
 real tiny vLLM judge answers arbitrarily; tests/task_workers/episode/test_judge.py runs one).
 
-    with serve_judge(prefers("GOOD")) as judge:     # judge.url, judge.prompts, judge.down = True
+    with serve_judge(prefers("GOOD")) as judge:     # judge.url, judge.prompts, judge.down = True,
+        ...                                         # judge.max_prompt_chars = 5000 (longer: HTTP 400)
         ...
 """
 
@@ -52,6 +53,8 @@ class StandInJudge:
     prompts: list[str] = field(default_factory=list)
     down: bool = False
     """Answer 503 to everything (an outage)."""
+    max_prompt_chars: int | None = None
+    """Refuse (HTTP 400, as vLLM refuses a prompt over its context) a prompt longer than this."""
 
 
 @contextmanager
@@ -67,6 +70,10 @@ def serve_judge(decide: Decide) -> Iterator[StandInJudge]:
                 return
             with lock:
                 state.prompts.append(body["prompt"])
+            if state.max_prompt_chars is not None and len(body["prompt"]) > state.max_prompt_chars:
+                self._answer(400, {"error": f"the prompt is {len(body['prompt'])} characters, over the "
+                                            f"stand-in's context ({state.max_prompt_chars})"})
+                return
             text = f"Reason: the stand-in decided.\nWinner: {decide(body['prompt'])}\n"
             self._answer(200, {"choices": [{"text": text}]})
 

@@ -83,13 +83,15 @@ def test_pairwise_asks_both_orders(judge_server: VllmServer) -> None:
     assert verdict.score == (one["first_won"] + two["first_won"]) / 2
 
 
-def test_a_pair_too_long_for_the_judge_is_a_recorded_tie(judge_server: VllmServer) -> None:
+def test_a_pair_too_long_for_the_judge_gives_no_point_to_either(judge_server: VllmServer) -> None:
     """A prompt over the judge's context is refused (HTTP 400): the request's fault, not the machine's —
-    each order is recorded with the refusal and the pair scores neither (a tie at group level)."""
+    each order is recorded with the refusal and the pair gives out no point (0 to both: never a tie, or
+    an agent could bloat its episode to turn every loss into one)."""
     judge = Judge(_config(judge_server, max_transcript_chars=60_000))
     verdict = judge.pairwise(instruction="Fix add().", first="word " * 6000, second="short")
     judge.close()
-    assert verdict.score is None
+    assert verdict.score is None and verdict.points == (0.0, 0.0)
+    assert verdict.refused is not None and verdict.refused.startswith("the judge refused the request: HTTP 400")
     for order in verdict.orders:
         assert order["winner"] is None and order["first_won"] is None and order["output"] == ""
         assert order["error"].startswith("the judge refused the request: HTTP 400")

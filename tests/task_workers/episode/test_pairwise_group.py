@@ -195,6 +195,34 @@ def test_an_agent_writing_winner_a_gains_nothing_even_from_a_judge_that_obeys_it
         assert comparison["score"] == 0.5  # …and not at all over both
 
 
+def test_an_episode_too_long_to_judge_scores_0_never_a_tie(db_session: Session, caplog) -> None:
+    """A bad episode bloated past the judge's context (a stand-in that refuses long prompts with HTTP 400,
+    as vLLM does) against two good ones: each of its comparisons is refused and gives out no point, so it
+    scores 0, strictly lowest; a refusal is recorded in the comparison. A group whose every comparison is
+    refused is a configuration fault, logged as a warning naming the judge."""
+    with serve_judge(prefers("GOOD")) as judge:
+        judge.max_prompt_chars = 1500
+        group_id, ids = make_group(db_session, judge_url=judge.url, size=3)
+        texts = ["sample-0 bad " + "token " * 300, "sample-1 GOOD", "sample-2 GOOD"]
+        for episode_id, text in zip(ids, texts, strict=True):
+            end_episode(db_session, episode_id, text=text, reward=0.0 if "bad" in text else 1.0)
+        assert judge_finished_group(group_id)
+        bloated, good, _ = episodes = episodes_of(db_session, ids)
+        assert [_judge_layer(episode)["score"] for episode in episodes] == [0.0, 0.25, 0.25]
+        assert bloated.reward == 0.0 and good.reward == pytest.approx(1.0 + WEIGHT * 0.25)
+        for comparison in _judge_layer(bloated)["record"]["comparisons"]:
+            assert comparison["score"] == 0.0 and "HTTP 400" in comparison["refused"]
+        assert "2 refused by the judge" in _judge_layer(bloated)["detail"]
+
+        group_id, ids = make_group(db_session, judge_url=judge.url, size=2)
+        for index, episode_id in enumerate(ids):
+            end_episode(db_session, episode_id, text=f"sample-{index} GOOD " + "token " * 300, reward=1.0)
+        with caplog.at_level("WARNING", logger="environments.pairwise"):
+            assert judge_finished_group(group_id)
+        assert [_judge_layer(episode)["score"] for episode in episodes_of(db_session, ids)] == [0.0, 0.0]
+        assert f"judge {judge.url} (stand-in) refused every comparison" in caplog.text
+
+
 def test_groups_without_a_pairwise_judge_complete_as_before(db_session: Session) -> None:
     """The gate names pairwise environments only: a group of another environment is complete as soon as its
     last episode is stored, by the store itself."""
