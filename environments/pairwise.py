@@ -18,9 +18,9 @@ says what it costs; under `zero` (the default) it is not compared at all.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-import logging
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
