@@ -9,7 +9,9 @@ other group, never this one). Here its episodes are compared (environments/pairw
 transaction, each one's `judge` layer, reward component, reward and judge time are added and the group
 is marked complete: the trainer can never claim it half-judged. A judge that does not answer is a
 JudgeFault (an infrastructure fault: retried) and nothing is written. One worker judges a group at a
-time, under a Postgres advisory lock that a dead worker's connection releases.
+time, under a Postgres advisory lock that a dead worker's connection releases. The lock is waited for,
+never tried: two workers storing a group's last two episodes at once each see the other's still running
+while they hold it — the second one in finds the group whole (or judged) once the first lets go.
 """
 
 from __future__ import annotations
@@ -52,11 +54,9 @@ class _Finished:
 
 def judge_finished_group(group_id: int) -> bool:
     """Judge the group if it awaits pairwise judging and mark it complete; True if this call did. False when
-    there is nothing to do: another episode is still out, it is judged already, it is not a pairwise group,
-    or another worker is judging it now."""
-    with _judging_lock(group_id) as held:
-        if not held:
-            return False
+    there is nothing to do: another episode is still out, it is judged already (perhaps by the worker whose
+    lock this call waited for), or it is not a pairwise group."""
+    with _judging_lock(group_id):
         with session_scope() as session:
             finished = _finished_group(session, group_id)
         if finished is None:
@@ -81,21 +81,26 @@ def group_of(episode_id: int) -> int | None:
 
 
 @contextmanager
-def _judging_lock(group_id: int) -> Iterator[bool]:
-    """A session-level advisory lock on a connection of its own, held while the judge is asked."""
+def _judging_lock(group_id: int) -> Iterator[None]:
+    """A session-level advisory lock on a connection of its own, waited for and held while the judge is
+    asked (a holder's wait is bounded: the judge's timeout and retries)."""
     with get_engine().connect() as connection:
-        keys = {"namespace": LOCK_NAMESPACE, "group": group_id % 2**31}
-        held = bool(connection.execute(text("SELECT pg_try_advisory_lock(:namespace, :group)"), keys).scalar_one())
+        keys = group_lock_keys(group_id)
+        connection.execute(text("SELECT pg_advisory_lock(:namespace, :group)"), keys)
         connection.commit()
         try:
-            yield held
+            yield
         finally:
-            if held:
-                try:
-                    connection.execute(text("SELECT pg_advisory_unlock(:namespace, :group)"), keys)
-                    connection.commit()
-                except Exception:
-                    connection.invalidate()  # the server ends that session, and its lock with it
+            try:
+                connection.execute(text("SELECT pg_advisory_unlock(:namespace, :group)"), keys)
+                connection.commit()
+            except Exception:
+                connection.invalidate()  # the server ends that session, and its lock with it
+
+
+def group_lock_keys(group_id: int) -> dict[str, int]:
+    """The two keys of the group's judging lock (pg_advisory_lock(namespace, group))."""
+    return {"namespace": LOCK_NAMESPACE, "group": group_id % 2**31}
 
 
 def _finished_group(session: Session, group_id: int) -> _Finished | None:

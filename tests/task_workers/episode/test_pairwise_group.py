@@ -12,20 +12,24 @@ from __future__ import annotations
 
 import itertools
 import re
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from controller.config import ControllerConfig
 from controller.dispatcher import RecordingDispatcher
 from controller.reconcile import complete_finished_groups, reconcile_run
+from core.db import get_engine
 from core.models import Episode, EpisodeGroup
 from core.store import insert_episode
 from core.termination import TerminationReason
 from environments.service import register_environment
 from environments.spec import parse_spec
 from task_workers.episode.errors import InfrastructureFault, JudgeFault
-from task_workers.episode.group_judge import judge_finished_group
+from task_workers.episode.group_judge import group_lock_keys, judge_finished_group
 from task_workers.episode.persist import record_fault
 from task_workers.episode.runner import run_episode
 from tests.support.pairwise_groups import (
@@ -221,6 +225,29 @@ def test_an_episode_too_long_to_judge_scores_0_never_a_tie(db_session: Session, 
             assert judge_finished_group(group_id)
         assert [_judge_layer(episode)["score"] for episode in episodes_of(db_session, ids)] == [0.0, 0.0]
         assert f"judge {judge.url} (stand-in) refused every comparison" in caplog.text
+
+
+def test_a_worker_waits_for_the_judging_lock_and_then_judges_the_group(db_session: Session) -> None:
+    """Two workers store a group's last two episodes at once: W1 holds the judging lock and still sees W2's
+    episode running (so it judges nothing), while W2 stores its episode and asks for the lock. W2 waits for
+    it — it does not give up — and judges the whole group once W1 lets go."""
+    with serve_judge(prefers("GOOD")) as judge:
+        group_id, ids = make_group(db_session, judge_url=judge.url, size=2)
+        end_episode(db_session, ids[0], text="sample-0 GOOD", reward=1.0)
+        with get_engine().connect() as w1:
+            w1.execute(text("SELECT pg_advisory_lock(:namespace, :group)"), group_lock_keys(group_id))
+            w1.commit()
+            end_episode(db_session, ids[1], text="sample-1 bad", reward=0.0)  # W2's episode, stored
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                w2 = pool.submit(judge_finished_group, group_id)
+                time.sleep(1.0)
+                assert not w2.done() and group_status(db_session, group_id) == "running"  # waiting, not gone
+                w1.execute(text("SELECT pg_advisory_unlock(:namespace, :group)"), group_lock_keys(group_id))
+                w1.commit()
+                assert w2.result(timeout=30) is True
+        assert group_status(db_session, group_id) == "complete" and len(judge.prompts) == 2
+        assert [_judge_layer(episode)["score"] for episode in episodes_of(db_session, ids)] == [1.0, 0.0]
+        assert judge_finished_group(group_id) is False  # judged already: nothing to do
 
 
 def test_groups_without_a_pairwise_judge_complete_as_before(db_session: Session) -> None:
