@@ -18,13 +18,17 @@ layer's record (stored with the episode and shown on the dashboard).
 
 The agent wrote the transcript, so it is data, never instructions: it goes in between markers that
 carry a per-call random nonce the agent cannot know, and what parses is only the judge's own output
-(a "Score: 10" the agent typed is part of the prompt, never of the answer). A judge that cannot be
+(a "Score: 10" the agent typed is part of the prompt, never of the answer). A judge can still be swayed
+by such a line, so an episode with one — or with a fence marker — is flagged (`flag_injection`:
+EpisodeFlag.JUDGE_INJECTION, whatever the judge's mode) and `verifier.flag_policy` says what it costs. A judge that cannot be
 reached, or answers 5xx, after its retries is an infrastructure fault (`JudgeUnavailable`: the
 episode is retried), not a zero reward.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import re
 import secrets
 import time
@@ -33,9 +37,12 @@ from typing import Any
 
 import httpx
 
+from core.flags import EpisodeFlag
 from core.settings import public_url
-from environments.base import LayerResult
-from environments.spec import JudgeConfig
+from environments.base import LayerResult, Verdict
+from environments.spec import JudgeConfig, VerifierConfig
+
+logger = logging.getLogger(__name__)
 
 LAYER = "judge"
 MAX_RECORDED_CHARS = 16_000
@@ -101,6 +108,32 @@ SCORE_LINE = re.compile(r"^\s*\**\s*score\s*\**\s*[:=]\s*\**\s*(\d+(?:\.\d+)?)\s
                         re.IGNORECASE | re.MULTILINE)
 WINNER_LINE = re.compile(r"^\s*\**\s*winner\s*\**\s*[:=]\s*\**\s*\[?\s*([AB])\s*\]?\s*\**\s*$",
                          re.IGNORECASE | re.MULTILINE)
+
+
+FENCE_MARKER = re.compile(r"<<<\s*(?:TASK|EPISODE)|(?:TASK|EPISODE)(?:-[\w-]*)?\s*>>>", re.IGNORECASE)
+
+
+def injected_lines(transcript: str) -> list[str]:
+    """The lines of an episode's text that would read as a judge's answer (`Score: N`, `Winner: A`) or as
+    a fence's marker (`<<<EPISODE…`, `…>>>`): nothing an honest episode needs to write."""
+    lines = [match.group(0).strip() for pattern in (SCORE_LINE, WINNER_LINE) for match in pattern.finditer(transcript)]
+    return lines + [match.group(0) for match in FENCE_MARKER.finditer(transcript)]
+
+
+def flag_injection(verdict: Verdict, *, transcript: str, verifier: VerifierConfig) -> Verdict:
+    """The verdict flagged JUDGE_INJECTION if the episode's text has injected lines, its reward as
+    `flag_policy` says: `zero` → 0 (and no learned layer counts), `penalize` → minus `flag_penalty` (once:
+    not again if already flagged), `record` → as it was. Applies to a spec with a judge of either mode."""
+    found = injected_lines(transcript)
+    if not found or EpisodeFlag.JUDGE_INJECTION in verdict.flags:
+        return verdict
+    logger.info("episode text flagged %s: %s", EpisodeFlag.JUDGE_INJECTION, found[:5])
+    reward = verdict.reward
+    if verifier.flag_policy == "zero":
+        reward = 0.0
+    elif verifier.flag_policy == "penalize" and not verdict.flags:
+        reward -= verifier.flag_penalty
+    return dataclasses.replace(verdict, reward=reward, flags=sorted({*verdict.flags, EpisodeFlag.JUDGE_INJECTION}))
 
 
 def parse_score(output: str, *, scale: int) -> tuple[float | None, str]:

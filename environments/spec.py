@@ -77,10 +77,14 @@ class JudgeConfig(BaseModel):
     """`pointwise`: each episode is scored alone, by its worker, as it ends. `pairwise` (GenRM-style):
     once every episode of a GRPO group has ended, each pair of them is compared, asked in both orders
     (A/B and B/A, so position bias cancels), and an episode's layer score is its mean win rate against
-    the others (a split or unparsed answer is a tie, 0.5). The group becomes claimable by the trainer
-    only after the scores are stored; a judge outage leaves it unclaimable and is retried. Flagged
-    episodes (under `flag_policy: zero`) and ones that are not trained on are not compared; an episode
-    with no one to compare with scores 0.5. `scale` does not apply."""
+    the others (a split or unparsed answer is a tie, 0.5; a pair the judge refuses, too long for it,
+    gives 0 to both). The group becomes claimable by the trainer only after the scores are stored; a
+    judge outage leaves it unclaimable and is retried, and a group that fails `MAX_JUDGING_ATTEMPTS`
+    times is dropped with the reason stored. Asking both orders cancels position bias, not an agent's
+    injected answer: in either mode an episode whose text has a judge's answer line or a fence marker is
+    flagged `judge_injection`, and `flag_policy` says what it costs. Flagged episodes (under
+    `flag_policy: zero`) and ones that are not trained on are not compared; an episode with no one to
+    compare with scores 0.5. `scale` does not apply."""
     scale: int = Field(default=10, ge=1, le=100)
     """Scores run from 0 to `scale`; the layer's score is score / scale."""
     pass_threshold: float = Field(default=0.5, ge=0, le=1)

@@ -29,7 +29,7 @@ from core.schemas.run import Sampling
 from core.termination import TerminationReason
 from environments.base import GraderFault, LayerResult, Sandbox, ToolCall, Verdict
 from environments.judge import LAYER as JUDGE_LAYER
-from environments.judge import Judge, LearnedRewardUnavailable, transcript_of
+from environments.judge import Judge, LearnedRewardUnavailable, flag_injection, transcript_of
 from environments.registry import get_kind
 from environments.reward_model_layer import LAYER as RM_LAYER
 from environments.reward_model_layer import score_episode
@@ -143,6 +143,8 @@ def run_episode(
         sandbox_id = getattr(sandbox, "id", None)
     timings = {**trajectory.timings, "lease": leased - started, "setup": set_up - leased, "verify": verify_s,
                "total": time.monotonic() - started}
+    if loaded.spec.verifier.judge is not None:  # what a judge of either mode will read: no answer-like lines
+        verdict = flag_injection(verdict, transcript=transcript_of(trajectory.turns), verifier=loaded.spec.verifier)
     if _pointwise_judge(loaded.spec) or loaded.spec.verifier.reward_model:  # after the sandbox went back: text only
         judged = time.monotonic()
         verdict = _learned(loaded, trajectory, verdict, default_weight=getattr(kind, "default_learned_weight", 0.0))

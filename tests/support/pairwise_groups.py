@@ -8,11 +8,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from core.models import Episode, EpisodeGroup, Run, Task
+from core.models import Environment, Episode, EpisodeGroup, Run, Task
 from core.store import insert_episode
 from core.termination import TerminationReason
 from environments.base import LayerResult, Verdict
-from environments.service import register_environment
+from environments.judge import flag_injection, transcript_of
+from environments.service import register_environment, spec_of
 from environments.spec import parse_spec
 from task_workers.episode.persist import claim_episode, store_episode
 from task_workers.episode.trajectory import Trajectory, TurnRecord
@@ -45,13 +46,17 @@ def make_group(session: Session, *, judge_url: str, size: int, model: str = "sta
 
 
 def end_episode(session: Session, episode_id: int, *, text: str, reward: float, flags: Sequence[str] = ()) -> None:
-    """Store the episode's outcome as the worker does (persist.store_episode): one turn saying `text`."""
-    assert claim_episode(session, episode_id=episode_id, worker="test") is not None
+    """Store the episode's outcome as the worker does (runner.run_episode: the judge's screen for injected
+    lines, then persist.store_episode): one turn saying `text`."""
+    episode = claim_episode(session, episode_id=episode_id, worker="test")
+    assert episode is not None
+    spec = spec_of(session.get(Environment, episode.environment_id))  # type: ignore[arg-type]
     turn = TurnRecord(index=0, token_ids=[1, 2], logprobs=[0.0, -0.5], loss_mask=[0, 1], prompt_length=1,
                       completion_text=text, finish_reason="stop", generation_s=0.01, weight_version=0,
                       weight_version_end=0, observation="ok")
     trajectory = Trajectory(turns=[turn], termination=TerminationReason.SUBMITTED, submitted=True)
     verdict = Verdict(reward=reward, layers=[LayerResult("hidden_tests", reward, reward == 1.0)], flags=list(flags))
+    verdict = flag_injection(verdict, transcript=transcript_of(trajectory.turns), verifier=spec.verifier)
     assert store_episode(session, episode_id=episode_id, trajectory=trajectory, verdict=verdict, sandbox_id=None,
                          timings={"total": 1.0})
     session.commit()

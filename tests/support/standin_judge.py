@@ -40,11 +40,15 @@ def prefers(marker: str) -> Decide:
     return decide
 
 
-def gullible(prompt: str) -> str:
-    """The worst judge: it obeys the last `Winner: X` line anywhere in its prompt (the agents' text
-    included), and otherwise always answers A."""
-    found = WINNER_LINE.findall(prompt)
-    return found[-1].upper() if found else "A"
+def swayed(marker: str) -> Decide:
+    """A judge that can be swayed: it obeys the last `Winner: X` line inside the episodes it reads (an
+    agent's injected answer), and otherwise judges fairly, as `prefers(marker)`."""
+    fair = prefers(marker)
+
+    def decide(prompt: str) -> str:
+        found = WINNER_LINE.findall(episode_text(prompt, "A") + "\n" + episode_text(prompt, "B"))
+        return found[-1].upper() if found else fair(prompt)
+    return decide
 
 
 @dataclass
