@@ -15,7 +15,8 @@ Per active run, each pass:
 - groups with no pending or running episode left are marked complete — except those judged pairwise
   (`verifier.judge.mode: pairwise`), which the worker completes once their judge's scores are stored;
   one nobody judged (its last episode failed for good, the judge stayed down through every retry) gets
-  one ended episode's task sent again, past its deadline: its redelivery judges the group.
+  one ended episode's task sent again, past its deadline: its redelivery judges the group (or, after
+  group_judge.MAX_JUDGING_ATTEMPTS failed judgings, drops it: then it is not resent).
 """
 
 from __future__ import annotations

@@ -9,7 +9,10 @@ other group, never this one). Here its episodes are compared (environments/pairw
 transaction, each one's `judge` layer, reward component, reward and judge time are added and the group
 is marked complete: the trainer can never claim it half-judged. A judge that does not answer is a
 JudgeFault (an infrastructure fault: retried) and nothing is written. One worker judges a group at a
-time, under a Postgres advisory lock that a dead worker's connection releases. The lock is waited for,
+time, under a Postgres advisory lock that a dead worker's connection releases. Each failed judging is
+recorded in the failures of the group's episodes (`source: group_judge`); after MAX_JUDGING_ATTEMPTS of
+them the group is dropped (status `dropped`, the reason recorded there and logged), so a judge that never
+answers cannot hold the run open forever. The lock is waited for,
 never tried: two workers storing a group's last two episodes at once each see the other's still running
 while they hold it — the second one in finds the group whole (or judged) once the first lets go.
 """
@@ -20,12 +23,14 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from core.db import get_engine, session_scope
 from core.models import Environment, Episode, EpisodeGroup, Task, Turn
+from core.settings import public_url
 from core.termination import EpisodeStatus, GroupStatus, TerminationReason
 from environments.base import LayerResult
 from environments.judge import LAYER, Judge, LearnedRewardUnavailable, transcript_of
@@ -39,6 +44,11 @@ from task_workers.episode.persist import layer_record
 logger = logging.getLogger(__name__)
 
 LOCK_NAMESPACE = 0x4A554447  # "JUDG": the first key of a group's judging lock, the group id the second
+JUDGING_SOURCE = "group_judge"
+"""`source` of a failed judging's record in `episodes.failures`."""
+MAX_JUDGING_ATTEMPTS = 16
+"""Failed judgings before the group is dropped: the last episode's task and its 3 retries (tasks.py), then
+three reconciler resends with theirs — each a JudgeFault after the judge's own retries."""
 OUTSTANDING = (EpisodeStatus.PENDING, EpisodeStatus.RUNNING)
 
 
@@ -52,10 +62,11 @@ class _Finished:
     """Completed episodes that are not compared, and why (each gets a `judge` layer scoring 0 that says so)."""
 
 
-def judge_finished_group(group_id: int) -> bool:
+def judge_finished_group(group_id: int, *, worker: str | None = None) -> bool:
     """Judge the group if it awaits pairwise judging and mark it complete; True if this call did. False when
     there is nothing to do: another episode is still out, it is judged already (perhaps by the worker whose
-    lock this call waited for), or it is not a pairwise group."""
+    lock this call waited for), or it is not a pairwise group — or when the judge failed once too often
+    and the group was dropped. A judge failure short of that is a JudgeFault."""
     with _judging_lock(group_id):
         with session_scope() as session:
             finished = _finished_group(session, group_id)
@@ -66,6 +77,10 @@ def judge_finished_group(group_id: int) -> bool:
         try:
             layers = judge_group(judge, instruction=finished.instruction, contenders=finished.contenders)
         except LearnedRewardUnavailable as error:
+            with session_scope() as session:
+                dropped = _record_failed_judging(session, finished, error=str(error), worker=worker)
+            if dropped:
+                return False
             raise JudgeFault(f"group {group_id}: {error}") from error
         finally:
             judge.close()
@@ -131,6 +146,41 @@ def _finished_group(session: Session, group_id: int) -> _Finished | None:
     assert task is not None  # foreign key
     return _Finished(group_id=group_id, spec=spec, instruction=task.instruction, contenders=contenders,
                      skipped=skipped)
+
+
+def _record_failed_judging(session: Session, finished: _Finished, *, error: str, worker: str | None) -> bool:
+    """The failed attempt in each of the group's episodes' failures; at MAX_JUDGING_ATTEMPTS, the group
+    dropped with the reason recorded beside them. True if it was dropped."""
+    group = session.execute(select(EpisodeGroup).where(EpisodeGroup.id == finished.group_id)
+                            .with_for_update()).scalar_one()
+    episodes = list(session.execute(select(Episode).where(Episode.group_id == finished.group_id)
+                                    .order_by(Episode.id).with_for_update()).scalars())
+    attempts = 1 + max((judging_attempts(episode) for episode in episodes), default=0)
+    record = {"reason": JudgeFault.reason.value, "source": JUDGING_SOURCE, "attempt": attempts, "worker": worker,
+              "at": datetime.now(UTC).isoformat(),
+              "message": f"judging the group failed (attempt {attempts} of {MAX_JUDGING_ATTEMPTS}): {error}"[-1000:]}
+    records = [record]
+    judge = finished.spec.verifier.judge
+    assert judge is not None  # a pairwise group has a judge
+    dropped = attempts >= MAX_JUDGING_ATTEMPTS and group.status == GroupStatus.RUNNING
+    if dropped:
+        group.status = GroupStatus.DROPPED
+        why = (f"group {finished.group_id} dropped, never judged: judge {public_url(judge.url)} ({judge.model}) "
+               f"failed {attempts} judging attempts; the last: {error}")
+        records.append({**record, "attempt": None, "message": why[-1000:]})
+        logger.error("%s", why)
+    else:
+        logger.warning("group %s: judging attempt %s of %s failed: %s", finished.group_id, attempts,
+                       MAX_JUDGING_ATTEMPTS, error)
+    for episode in episodes:
+        episode.failures = [*episode.failures, *records]
+    return dropped
+
+
+def judging_attempts(episode: Episode) -> int:
+    """Failed judgings of the episode's group so far, as recorded in its failures."""
+    return sum(1 for item in episode.failures
+               if isinstance(item, dict) and item.get("source") == JUDGING_SOURCE and item.get("attempt") is not None)
 
 
 def _store(session: Session, finished: _Finished, layers: dict[int, LayerResult]) -> bool:

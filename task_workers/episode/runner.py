@@ -110,7 +110,7 @@ def run_episode(
     loaded = _load(episode_id, worker=worker)
     if loaded is None:
         group_id = group_of(episode_id)
-        grouped = group_id is not None and judge_finished_group(group_id)  # a retry after a judge outage
+        grouped = group_id is not None and judge_finished_group(group_id, worker=worker)  # a retry after an outage
         logger.info("episode %s already ended; %s", episode_id, f"judged group {group_id}" if grouped else "nothing to do")
         return EpisodeOutcome(episode_id, False, None, None)
     kind = get_kind(loaded.spec.kind)(loaded.spec)
@@ -156,7 +156,7 @@ def run_episode(
     logger.info("episode %s ended: %s reward=%s stored=%s", episode_id, trajectory.termination,
                 verdict.reward, stored)
     if _is_pairwise(loaded.spec):  # if it was the group's last: compare them all before the trainer may claim it
-        judge_finished_group(loaded.group_id)
+        judge_finished_group(loaded.group_id, worker=worker)
     return EpisodeOutcome(episode_id, stored, trajectory.termination, verdict.reward)
 
 

@@ -29,6 +29,7 @@ from core.store import insert_episode
 from core.termination import TerminationReason
 from environments.service import register_environment
 from environments.spec import parse_spec
+from task_workers.episode import group_judge
 from task_workers.episode.errors import InfrastructureFault, JudgeFault
 from task_workers.episode.group_judge import group_lock_keys, judge_finished_group
 from task_workers.episode.persist import record_fault
@@ -277,6 +278,39 @@ def test_a_worker_waits_for_the_judging_lock_and_then_judges_the_group(db_sessio
         assert group_status(db_session, group_id) == "complete" and len(judge.prompts) == 2
         assert [_judge_layer(episode)["score"] for episode in episodes_of(db_session, ids)] == [1.0, 0.0]
         assert judge_finished_group(group_id) is False  # judged already: nothing to do
+
+
+def test_a_group_the_judge_never_answers_is_dropped_after_its_attempts_with_the_reason(
+        db_session: Session, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A judge that stays down (HTTP 503 forever): each failed judging is recorded in the failures of the
+    group's episodes with its count, and the MAX_JUDGING_ATTEMPTS-th drops the group (status `dropped`,
+    the reason recorded and logged, naming the judge) instead of raising again — so the reconciler stops
+    resending it and the run can complete (the controller dispatches past dropped groups)."""
+    monkeypatch.setattr(group_judge, "MAX_JUDGING_ATTEMPTS", 3)
+    settings = ControllerConfig(heartbeat_timeout_s=30.0, max_attempts=3, deadline_slack_s=60.0)
+    with serve_judge(prefers("GOOD")) as judge:
+        judge.down = True
+        group_id, ids = make_group(db_session, judge_url=judge.url, size=2)
+        for index, episode_id in enumerate(ids):
+            end_episode(db_session, episode_id, text=f"sample-{index} GOOD", reward=1.0)
+        for _ in range(2):
+            with pytest.raises(JudgeFault):
+                judge_finished_group(group_id, worker="w")
+        assert group_status(db_session, group_id) == "running"
+        with caplog.at_level("WARNING", logger="task_workers.episode.group_judge"):
+            assert judge_finished_group(group_id, worker="w") is False  # dropped, not raised
+        assert group_status(db_session, group_id) == "dropped" and not claimable(db_session, group_id)
+        for episode in episodes_of(db_session, ids):
+            records = [item for item in episode.failures if item["source"] == "group_judge"]
+            assert [item["attempt"] for item in records] == [1, 2, 3, None]
+            assert "HTTP 503" in records[2]["message"] and records[3]["message"].startswith(
+                f"group {group_id} dropped, never judged: judge {judge.url} (stand-in) failed 3 judging attempts")
+            assert "judge" not in episode.reward_components  # nothing scored
+        assert f"group {group_id} dropped, never judged" in caplog.text
+        run_id = db_session.get(EpisodeGroup, group_id).run_id  # type: ignore[union-attr]
+        recorder = RecordingDispatcher()
+        assert reconcile_run(db_session, run_id=run_id, dispatcher=recorder, settings=settings).judging_resent == []
+        assert judge_finished_group(group_id) is False and group_status(db_session, group_id) == "dropped"
 
 
 def test_groups_without_a_pairwise_judge_complete_as_before(db_session: Session) -> None:
