@@ -14,6 +14,7 @@ from core.db import session_scope
 from core.settings import get_settings
 from core.termination import TerminationReason
 from task_workers.episode.errors import InfrastructureFault
+from task_workers.episode.group_judge import judge_after_failure
 from task_workers.episode.persist import record_fault
 from task_workers.episode.runner import run_episode
 
@@ -51,6 +52,7 @@ def run_episode_task(self: Any, episode_id: int) -> dict[str, Any]:
             record_fault(session, episode_id=episode_id, reason=reason, message=str(fault), worker=worker,
                          final=final)
         if final:
+            judge_after_failure(episode_id, worker=worker)  # if it was its pairwise group's last one out
             return {"episode_id": episode_id, "stored": False, "failed": reason.value}
         raise self.retry(exc=fault, countdown=min(2**self.request.retries, 30)) from fault
     return {"episode_id": outcome.episode_id, "stored": outcome.stored,

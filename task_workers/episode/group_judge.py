@@ -3,6 +3,7 @@
     judge_finished_group(group_id)   # the worker that stored the group's last episode; any redelivery of
                                      # one of its episodes (the task's retry after a judge outage, the
                                      # reconciler's resend of a group nobody judged) calls it again
+    judge_after_failure(episode_id)  # the task whose episode failed for good (maybe the group's last)
 
 Such a group stays `running` when its last episode ends (persist.py and the reconciler complete every
 other group, never this one). Here its episodes are compared (environments/pairwise.py) and then, in ONE
@@ -35,11 +36,10 @@ from core.termination import EpisodeStatus, GroupStatus, TerminationReason
 from environments.base import LayerResult
 from environments.judge import LAYER, Judge, LearnedRewardUnavailable, transcript_of
 from environments.pairwise import Contender, judge_group
-from environments.registry import get_kind
 from environments.service import spec_of
 from environments.spec import EnvironmentSpec
 from task_workers.episode.errors import JudgeFault
-from task_workers.episode.persist import layer_record
+from task_workers.episode.persist import layer_record, learned_weight
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +88,21 @@ def judge_finished_group(group_id: int, *, worker: str | None = None) -> bool:
                        for episode_id, why in finished.skipped.items()})
         with session_scope() as session:
             return _store(session, finished, layers)
+
+
+def judge_after_failure(episode_id: int, *, worker: str | None = None) -> bool:
+    """After an episode failed for good (no retry left): if it was its pairwise group's last one out, judge
+    the group now, not at the reconciler's resend. A judge failure here is recorded (as any is) and logged,
+    not raised: the episode's task is over, and the reconciler resends the group's judging."""
+    group_id = group_of(episode_id)
+    if group_id is None:
+        return False
+    try:
+        return judge_finished_group(group_id, worker=worker)
+    except JudgeFault as fault:
+        logger.warning("episode %s failed for good; judging its group failed too (to be resent): %s", episode_id,
+                       fault)
+        return False
 
 
 def group_of(episode_id: int) -> int | None:
@@ -189,10 +204,13 @@ def _store(session: Session, finished: _Finished, layers: dict[int, LayerResult]
                             .with_for_update()).scalar_one()
     if group.status != GroupStatus.RUNNING:  # judged meanwhile (a lock taken after ours was released)
         return False
-    verifier = finished.spec.verifier
-    weight = verifier.weights.get(LAYER, getattr(get_kind(finished.spec.kind), "default_learned_weight", 0.0))
+    weight = learned_weight(finished.spec, LAYER)
     episodes = session.execute(select(Episode).where(Episode.id.in_(layers)).with_for_update()).scalars()
     for episode in episodes:
+        if any(stored["name"] == LAYER for stored in episode.verifier_layers):  # never two judge layers
+            logger.error("group %s: episode %s has a judge layer already; not judged again", finished.group_id,
+                         episode.id)
+            continue
         layer = layers[episode.id]
         episode.verifier_layers = [*episode.verifier_layers, layer_record(layer)]
         episode.reward_components = {**episode.reward_components, LAYER: layer.score}

@@ -38,7 +38,7 @@ from environments.spec import EnvironmentSpec, JudgeConfig
 from task_workers.episode.errors import JudgeFault, SandboxFault
 from task_workers.episode.group_judge import group_of, judge_finished_group
 from task_workers.episode.loop import LoopContext, initial_prompt, run_agent_loop
-from task_workers.episode.persist import claim_episode, store_episode
+from task_workers.episode.persist import claim_episode, learned_weight, store_episode
 from task_workers.episode.trajectory import ArtifactRecord, Trajectory
 from task_workers.policy.client import PolicyClient
 from task_workers.policy.pool import PolicyPool
@@ -147,7 +147,7 @@ def run_episode(
         verdict = flag_injection(verdict, transcript=transcript_of(trajectory.turns), verifier=loaded.spec.verifier)
     if _pointwise_judge(loaded.spec) or loaded.spec.verifier.reward_model:  # after the sandbox went back: text only
         judged = time.monotonic()
-        verdict = _learned(loaded, trajectory, verdict, default_weight=getattr(kind, "default_learned_weight", 0.0))
+        verdict = _learned(loaded, trajectory, verdict)
         timings["judge"] = time.monotonic() - judged
         timings["total"] = time.monotonic() - started
     with session_scope() as session:
@@ -160,9 +160,9 @@ def run_episode(
     return EpisodeOutcome(episode_id, stored, trajectory.termination, verdict.reward)
 
 
-def _learned(loaded: _Loaded, trajectory: Trajectory, verdict: Verdict, *, default_weight: float) -> Verdict:
+def _learned(loaded: _Loaded, trajectory: Trajectory, verdict: Verdict) -> Verdict:
     """The verdict with the learned layers the spec names added — the judge's, the reward model's — each
-    score counted with `verifier.weights.<layer>` (else the kind's default: 1 for chat, 0 elsewhere). An
+    score counted with persist.learned_weight (`verifier.weights.<layer>`, else the kind's default). An
     episode a hack monitor zeroed is sent to neither (nothing they say could count). A server that does
     not answer is an infrastructure fault (JudgeFault: retried), never a zero reward."""
     verifier = loaded.spec.verifier
@@ -185,7 +185,7 @@ def _learned(loaded: _Loaded, trajectory: Trajectory, verdict: Verdict, *, defau
             layers.append(score_episode(verifier.reward_model, prompt=loaded.instruction, response=response))
     except LearnedRewardUnavailable as error:
         raise JudgeFault(str(error)) from error
-    reward = verdict.reward + sum(verifier.weights.get(layer.name, default_weight) * layer.score for layer in layers)
+    reward = verdict.reward + sum(learned_weight(loaded.spec, layer.name) * layer.score for layer in layers)
     return dataclasses.replace(verdict, reward=reward, layers=[*verdict.layers, *layers])
 
 

@@ -31,7 +31,7 @@ from environments.service import register_environment
 from environments.spec import parse_spec
 from task_workers.episode import group_judge
 from task_workers.episode.errors import InfrastructureFault, JudgeFault
-from task_workers.episode.group_judge import group_lock_keys, judge_finished_group
+from task_workers.episode.group_judge import group_lock_keys, judge_after_failure, judge_finished_group
 from task_workers.episode.persist import record_fault
 from task_workers.episode.runner import run_episode
 from tests.support.pairwise_groups import (
@@ -301,7 +301,7 @@ def test_a_group_the_judge_never_answers_is_dropped_after_its_attempts_with_the_
             assert judge_finished_group(group_id, worker="w") is False  # dropped, not raised
         assert group_status(db_session, group_id) == "dropped" and not claimable(db_session, group_id)
         for episode in episodes_of(db_session, ids):
-            records = [item for item in episode.failures if item["source"] == "group_judge"]
+            records = [item for item in episode.failures if item.get("source") == "group_judge"]
             assert [item["attempt"] for item in records] == [1, 2, 3, None]
             assert "HTTP 503" in records[2]["message"] and records[3]["message"].startswith(
                 f"group {group_id} dropped, never judged: judge {judge.url} (stand-in) failed 3 judging attempts")
@@ -311,6 +311,41 @@ def test_a_group_the_judge_never_answers_is_dropped_after_its_attempts_with_the_
         recorder = RecordingDispatcher()
         assert reconcile_run(db_session, run_id=run_id, dispatcher=recorder, settings=settings).judging_resent == []
         assert judge_finished_group(group_id) is False and group_status(db_session, group_id) == "dropped"
+
+
+def test_a_group_whose_last_episode_fails_for_good_is_judged_at_once(db_session: Session) -> None:
+    """The episode task that gives up on the group's last episode (record_fault final, tasks.py) judges the
+    group then, not at the reconciler's resend once every deadline has passed; a judge failure there is
+    recorded, not raised (the task is over)."""
+    with serve_judge(prefers("GOOD")) as judge:
+        group_id, ids = make_group(db_session, judge_url=judge.url, size=3)
+        end_episode(db_session, ids[0], text="sample-0 GOOD", reward=1.0)
+        end_episode(db_session, ids[1], text="sample-1 bad", reward=0.0)
+        record_fault(db_session, episode_id=ids[2], reason=TerminationReason.SANDBOX_ERROR, message="gone",
+                     worker="test", final=True)
+        db_session.commit()
+        judge.down = True
+        assert judge_after_failure(ids[2], worker="w") is False and group_status(db_session, group_id) == "running"
+        [failed] = [item for item in episodes_of(db_session, ids)[2].failures if item.get("source") == "group_judge"]
+        assert failed["attempt"] == 1 and failed["worker"] == "w"
+        judge.down = False
+        assert judge_after_failure(ids[2], worker="w") and group_status(db_session, group_id) == "complete"
+        assert [_judge_layer(episode)["score"] for episode in episodes_of(db_session, ids)[:2]] == [1.0, 0.0]
+
+
+def test_an_episode_is_never_given_a_second_judge_layer(db_session: Session) -> None:
+    with serve_judge(prefers("GOOD")) as judge:
+        group_id, ids = make_group(db_session, judge_url=judge.url, size=2)
+        end_episode(db_session, ids[0], text="sample-0 GOOD", reward=1.0)
+        end_episode(db_session, ids[1], text="sample-1 bad", reward=0.0)
+        first = db_session.get(Episode, ids[0])
+        assert first is not None
+        first.verifier_layers = [*first.verifier_layers, {"name": "judge", "score": 0.25, "passed": False}]
+        db_session.commit()
+        assert judge_finished_group(group_id)
+        judged, other = episodes_of(db_session, ids)
+        assert [layer["score"] for layer in judged.verifier_layers if layer["name"] == "judge"] == [0.25]
+        assert judged.reward == 1.0 and _judge_layer(other)["score"] == 0.0
 
 
 def test_groups_without_a_pairwise_judge_complete_as_before(db_session: Session) -> None:
