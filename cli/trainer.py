@@ -7,13 +7,22 @@ version to the vLLM servers the workers sample from.
     # a pool: CRUCIBLE_POLICY_URLS=http://h0:8000/v1,http://h1:8000/v1, each replica its own copy
     crucible trainer --run 7 --policy-dir /data/served-0 --policy-dir /data/served-1
 
+    # several ranks sharding the model with DeepSpeed ZeRO (the run's config.trainer.deepspeed): torchrun
+    # starts N processes; rank 0 claims each batch and leads, every rank trains its share of it
+    crucible trainer --run 7 --nproc 2 --restarts 3
+
 Also runnable without the root CLI: `python -m cli.trainer --run 7 …`. Stops on Ctrl-C/SIGTERM
-between steps (a step in progress is abandoned and retrained after a restart, never lost).
+between steps (a step in progress is abandoned and retrained after a restart, never lost). With
+several ranks, a rank that dies (even by SIGKILL) ends them all (torchrun); they are started again up
+to `--restarts` times and resume from the last checkpoint: the step in progress was never
+committed, so its groups are claimed again, none lost and none trained twice.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 from pathlib import Path
 from types import FrameType
@@ -113,7 +122,7 @@ def build_trainer(
 
 
 def trainer(
-    run: int = typer.Option(..., "--run", help="Run id."),
+    run: int = typer.Option(..., "--run", "--run-id", help="Run id."),
     policy_url: str | None = typer.Option(
         None, help="One vLLM OpenAI API root; default every replica of CRUCIBLE_POLICY_URLS (else CRUCIBLE_POLICY_URL)."),
     policy_dir: list[Path] | None = typer.Option(
@@ -123,9 +132,30 @@ def trainer(
     checkpoint_dir: Path | None = typer.Option(None, help="Default: <data dir>/checkpoints/run-<id>."),
     poll: float = typer.Option(1.0, min=0.05, help="Seconds between looks for a ready batch."),
     max_steps: int | None = typer.Option(None, min=1, help="Stop after this many steps (default: when the run ends)."),
+    nproc: int = typer.Option(1, min=1, max=64, help="Trainer ranks on this host (torchrun); >1 needs "
+                              "the run's config.trainer.deepspeed."),
+    restarts: int = typer.Option(0, min=0, max=100, help="With --nproc > 1: times every rank is started again "
+                                 "after one died (they resume from the last checkpoint)."),
 ) -> None:
     """Train a run: claim complete groups, update the policy, sync every vLLM replica, publish versions."""
     from core.settings import get_settings
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and int(os.environ.get("RANK", "0")) != 0:
+        _follow()  # a follower rank under torchrun: no database, no policy servers
+        return
+    if nproc > 1 and int(os.environ.get("WORLD_SIZE", "1")) <= 1:  # not yet under torchrun
+        with readable_errors():
+            _check_ranks(run)
+        # torchrun's argument parser reads its script's options too and refuses any that abbreviates
+        # one of its own (--run: --run-path; --nproc: --nproc-per-node): these spellings abbreviate none.
+        args = ["--run-id", str(run), "--poll", str(poll)]
+        args += ["--policy-url", policy_url] if policy_url else []
+        args += [item for directory in policy_dir or [] for item in ("--policy-dir", str(directory))]
+        args += ["--checkpoint-dir", str(checkpoint_dir)] if checkpoint_dir else []
+        args += ["--max-steps", str(max_steps)] if max_steps else []
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+                   "-m", "cli.trainer", *args]
+        raise typer.Exit(_launch_ranks(command, nproc=nproc, restarts=restarts))
 
     settings = get_settings()
     with readable_errors():
@@ -146,6 +176,61 @@ def trainer(
     finally:
         loop.close()
     console.print(f"[green]done[/]: {steps} steps this session, at step {loop.step}", highlight=False)
+
+
+def _check_ranks(run_id: int) -> None:
+    """Several ranks shard the model with DeepSpeed ZeRO: the run must say so (clear error, before any launch)."""
+    from core.db import session_scope
+    from core.errors import ConfigError
+    from trainer.config import trainer_config
+    from trainer.store import get_run
+
+    with session_scope() as session:
+        run = get_run(session, run_id=run_id)
+        config = trainer_config(run.config.get("trainer") or {}, source=f"run {run_id} config.trainer")
+    if config.deepspeed is None:
+        raise ConfigError(f"--nproc: several trainer ranks shard the model with DeepSpeed ZeRO: expected run "
+                          f"{run_id}'s config.trainer.deepspeed (e.g. {{stage: 3}}), got none")
+
+
+def _launch_ranks(command: list[str], *, nproc: int, restarts: int) -> int:
+    """Run torchrun; when a rank dies (torchrun then ends them all), run it again, up to `restarts` times:
+    the ranks resume from the last checkpoint. Each attempt is a fresh torchrun (a fresh rendezvous:
+    torchrun's own restarts reuse its store, and gloo would dial the dead rank's old address). SIGTERM
+    and SIGINT go to the running attempt and end the restarts."""
+    import subprocess
+
+    from trainer.faults import ATTEMPT_ENV
+
+    stopping = False
+    child: subprocess.Popen[bytes] | None = None
+
+    def _forward(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+        if child is not None and child.poll() is None:
+            child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, _forward)
+    signal.signal(signal.SIGINT, _forward)
+    for attempt in range(restarts + 1):
+        console.print(f"starting {nproc} trainer ranks (attempt {attempt + 1} of {restarts + 1}): "
+                      f"{' '.join(command[1:])}", highlight=False)
+        child = subprocess.Popen(command, env={**os.environ, ATTEMPT_ENV: str(attempt)})
+        code = child.wait()
+        if code == 0 or stopping:
+            return code
+        console.print(f"[yellow]trainer ranks exited with {code}[/]", highlight=False)
+    return code
+
+
+def _follow() -> None:
+    from trainer.engine_deepspeed import join_process_group
+    from trainer.loop import build_follower
+    from trainer.ranks import follow
+
+    join_process_group()
+    follow(build=build_follower)
 
 
 if __name__ == "__main__":

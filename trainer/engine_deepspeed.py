@@ -26,8 +26,15 @@ from trainer.errors import NonFiniteStep
 CHECKPOINT_TAG = "zero"
 
 
-def init_single_rank() -> None:
-    """Join (or create) the process group; without a launcher, a one-rank group on loopback."""
+RANK_TIMEOUT_ENV = "CRUCIBLE_TRAINER_RANK_TIMEOUT_S"
+"""How long a rank waits in a collective for the others (default 600 s): a rank that died is noticed."""
+
+
+def join_process_group() -> None:
+    """Join the process group a launcher (torchrun: RANK, WORLD_SIZE, MASTER_ADDR/PORT) describes, or
+    without one create a one-rank group on loopback. gloo on CPU, NCCL on GPU."""
+    import datetime
+
     import deepspeed
 
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -37,7 +44,8 @@ def init_single_rank() -> None:
 
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
                           LOCAL_RANK="0")
-    deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
+    timeout = datetime.timedelta(seconds=float(os.environ.get(RANK_TIMEOUT_ENV, "600")))
+    deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl", timeout=timeout)
 
 
 def deepspeed_config(config: TrainerConfig) -> dict[str, Any]:
@@ -71,7 +79,7 @@ class DeepSpeedEngine:
     def __init__(self, *, model: torch.nn.Module, config: TrainerConfig) -> None:
         import deepspeed
 
-        init_single_rank()
+        join_process_group()
         assert config.deepspeed is not None
         self.stage = config.deepspeed.stage
         warmup = config.optimizer.warmup_steps

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -48,6 +49,7 @@ from trainer.checkpoint import CheckpointStore, TrainerState
 from trainer.config import TrainerConfig, trainer_config
 from trainer.engine import PolicyEngine, make_engine
 from trainer.errors import NonFiniteStep, WeightSyncError
+from trainer.ranks import INIT, REBUILD, STOP, UPDATE, FollowerSetup, LeaderEngine, Ranks, announce
 from trainer.selection import BatchPlan
 from trainer.step import UpdateResult, advantages, generate, score, update
 from trainer.store import (
@@ -125,9 +127,9 @@ class Trainer:
             self._lock.release()
             raise
         torch.manual_seed(self.config.seed)
-        self.engine: PolicyEngine = make_engine(model=load_policy(self.model_dir, config=self.config),
-                                                config=self.config)
-        self.reference = self._reference()
+        self.ranks = self._join_ranks()
+        self.engine: PolicyEngine = self._make_engine()
+        self.reference = _reference(self.model_dir, config=self.config)
         self.cost = cost.CostMeter(policy=self.engine.module, reference=self.reference)  # cost/* per step
         self.checkpoints = CheckpointStore(checkpoint_root, keep=self.config.keep_checkpoints)
         self.step = 0
@@ -148,13 +150,28 @@ class Trainer:
             self.pass_rate_update = parse_model(Curriculum, curriculum or {},
                                                 source=f"run {self.run_id} config.curriculum").pass_rate_update
 
-    def _reference(self) -> torch.nn.Module | None:
-        if self.config.loss.kl_beta <= 0:
+    def _join_ranks(self) -> Ranks | None:
+        """Under a launcher with several ranks (`crucible trainer --nproc N`), join the process group and
+        tell the followers how to build their engine; this rank (0) then leads every step."""
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
             return None
-        from transformers import AutoModelForCausalLM
+        if self.config.deepspeed is None:
+            raise ConfigError(f"run {self.run_id}: several trainer ranks shard the model with DeepSpeed ZeRO: "
+                              "expected config.trainer.deepspeed (e.g. {stage: 3}), got none")
+        from trainer.engine_deepspeed import join_process_group
 
-        reference = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).eval()
-        return reference.requires_grad_(False)
+        join_process_group()
+        ranks = Ranks.current()
+        assert ranks is not None and ranks.rank == 0, "followers run trainer.ranks.follow, not the Trainer"
+        announce(INIT, FollowerSetup(model_dir=self.model_dir, config=self.config.model_dump(mode="json"),
+                                     temperature=self.temperature))
+        log.info("run %d: leading %d trainer ranks", self.run_id, ranks.world)
+        return ranks
+
+    def _make_engine(self) -> PolicyEngine:
+        """The run's starting weights and a fresh optimizer (every rank builds its shard at once)."""
+        engine = make_engine(model=load_policy(self.model_dir, config=self.config), config=self.config)
+        return LeaderEngine(engine) if self.ranks else engine
 
     # ---- resume -------------------------------------------------------------------------------
     def resume(self) -> None:
@@ -225,7 +242,9 @@ class Trainer:
         if latest is not None:
             self.engine.load(latest[0])
         else:  # before the first checkpoint: the run's starting weights and a fresh optimizer
-            self.engine = make_engine(model=load_policy(self.model_dir, config=self.config), config=self.config)
+            if self.ranks:
+                announce(REBUILD)
+            self.engine = self._make_engine()
 
     def _remember_drops(self, plan: BatchPlan) -> None:
         """Keep what the committed drops looked like (their rewards, their reasons) for the next step's
@@ -256,6 +275,8 @@ class Trainer:
         advantages(plan, loss=self.config.loss)
         timings.update(score=scored - started, advantages=time.perf_counter() - scored)
         self.cost.begin()
+        if self.ranks:  # the followers take their share of the same samples (trainer.ranks)
+            announce(UPDATE, (self.step + 1, plan.samples))
         result = update(self.engine, plan.samples, config=self.config, temperature=self.temperature,
                         reference=self.reference)
         timings["update"] = result.seconds
@@ -356,8 +377,31 @@ class Trainer:
         return done
 
     def close(self) -> None:
+        if self.ranks:
+            try:
+                announce(STOP)
+            except Exception:  # a follower already gone: the launcher ends the rest
+                log.warning("run %d: could not tell the follower ranks to stop", self.run_id, exc_info=True)
         self.publisher.close()
         self._lock.release()
+
+
+def _reference(model_dir: str, *, config: TrainerConfig) -> torch.nn.Module | None:
+    """The frozen reference policy for the KL term (None when the run has no KL)."""
+    if config.loss.kl_beta <= 0:
+        return None
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return reference.requires_grad_(False)
+
+
+def build_follower(setup: FollowerSetup) -> tuple[PolicyEngine, torch.nn.Module | None]:
+    """A follower rank's engine (its shard) and KL reference, as rank 0 builds its own."""
+    config = TrainerConfig.model_validate(setup.config)
+    torch.manual_seed(config.seed)
+    return make_engine(model=load_policy(setup.model_dir, config=config), config=config), \
+        _reference(setup.model_dir, config=config)
 
 
 def _paused_replicas(step: int, report: SyncReport) -> str | None:

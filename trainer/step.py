@@ -24,6 +24,7 @@ from trainer.errors import NonFiniteStep
 from trainer.logprobs import sequence_logprobs, token_logprobs
 from trainer.loss import TokenTensors, merge_stats, policy_loss
 from trainer.packing import MicroBatch, micro_batches, split_minibatches
+from trainer.ranks import Ranks, share
 from trainer.rollouts import Sample, load_groups
 from trainer.selection import BatchPlan, plan_batch
 from trainer.store import claim_complete_groups
@@ -100,10 +101,12 @@ def update(
     if config.loss.kl_beta > 0 and reference is not None:
         ref = sequence_logprobs(reference, every, temperature=temperature)
     result = UpdateResult()
+    ranks = Ranks.current()  # several: each runs its share of micro-batches (trainer.ranks)
+    scale = float(ranks.world) if ranks else 1.0  # DeepSpeed averages gradients over ranks: undo it
     for epoch in range(opt.epochs):
         for chunk in chunks:
-            total = int(sum(float(batch.mask.sum()) for batch in chunk))
-            for batch in chunk:
+            total = int(sum(float(batch.mask.sum()) for batch in chunk))  # the whole chunk's, on every rank
+            for batch, weight in share(chunk, ranks):
                 with autocast:
                     logp, entropy = token_logprobs(model, batch, temperature=temperature, with_entropy=epoch == 0,
                                                    whole=whole)
@@ -113,14 +116,20 @@ def update(
                     ref_logp=None if ref is None else _rows(ref, batch),
                 )
                 loss, stats = policy_loss(tensors, total_tokens=total, loss=config.loss)
-                if not torch.isfinite(loss.detach()):  # never backpropagate NaN/inf into the weights
+                finite = ranks.all_finite(loss) if ranks else bool(torch.isfinite(loss.detach()))
+                if not finite:  # never backpropagate NaN/inf into the weights (every rank skips alike)
                     raise NonFiniteStep(f"loss: expected a finite number, got {float(loss.detach())} "
                                         f"(epoch {epoch}); the step is skipped")
-                engine.backward(loss)
-                merge_stats(result.stats, stats)
-                result.loss += float(loss.detach())
-                result.tokens_processed += batch.real_tokens
+                engine.backward(loss * (weight * scale))
+                if weight:
+                    merge_stats(result.stats, stats)
+                    result.loss += float(loss.detach())
+                    result.tokens_processed += batch.real_tokens
             result.grad_norms.append(engine.step())
+    if ranks:  # every rank reports the whole step
+        summed = ranks.reduce_stats({**result.stats, "_loss": result.loss, "_tokens": float(result.tokens_processed)})
+        result.loss, result.tokens_processed = summed.pop("_loss"), int(summed.pop("_tokens"))
+        result.stats = summed
     result.loss /= opt.epochs * len(chunks)  # mean over optimizer steps of the step loss
     result.lr = engine.lr()
     result.seconds = time.perf_counter() - started

@@ -397,13 +397,13 @@ def test_a_failed_probe_keeps_the_old_version_serving_and_the_run_shows_why(
     fixed.close()
 
 
-def _resume_run(session: Session, *, model: Path, vocab: int) -> Run:
+def _resume_run(session: Session, *, model: Path, vocab: int, trainer: dict | None = None) -> Run:
     """Eight complete groups with reward variance, batch size 2: four steps. The run is already
     `completed` (everything dispatched), so a trainer stops once it has consumed every group."""
     from tests.trainer.rows import add_group, make_environment
 
     run = make_run(session, model=str(model), group_size=2, batch_size=2, max_staleness=4,
-                   trainer={"optimizer": {"lr": 1e-2}})
+                   trainer=trainer or {"optimizer": {"lr": 1e-2}})
     run.status = "completed"
     env, task = make_environment(session)
     for seed in range(8):
@@ -411,6 +411,16 @@ def _resume_run(session: Session, *, model: Path, vocab: int) -> Run:
                   vocab=vocab)
     session.commit()
     return run
+
+
+def _assert_four_steps_as(session: Session, run: Run, reference: Run) -> None:
+    """`run` consumed the groups `reference` did, step by step, in steps 1–4, each version published once."""
+    assert _consumed(session, run.id) == _consumed(session, reference.id)
+    assert {step for _, status, step in _consumed(session, run.id) if status == "consumed"} == {1, 2, 3, 4}
+    steps = session.execute(select(TrainingStep.step).where(TrainingStep.run_id == run.id)).scalars()
+    assert sorted(steps) == [1, 2, 3, 4]
+    versions = session.execute(select(PolicyVersion.version).where(PolicyVersion.run_id == run.id)).scalars()
+    assert sorted(versions) == [1, 2, 3, 4] and session.get(Run, run.id).policy_version == 4
 
 
 def _consumed(session: Session, run_id: int) -> list[tuple[int, str, int | None]]:
@@ -450,12 +460,7 @@ def test_sigkill_anywhere_in_a_step_loses_no_group_and_trains_none_twice(
         done = subprocess.run(command, env=env, cwd=repo, capture_output=True, text=True, timeout=300)
         assert done.returncode == (-9 if point else 0), (point, done.stdout[-2000:], done.stderr[-3000:])
 
-    assert _consumed(db_session, crashed.id) == _consumed(db_session, reference.id)
-    assert {step for _, status, step in _consumed(db_session, crashed.id) if status == "consumed"} == {1, 2, 3, 4}
-    steps = db_session.execute(select(TrainingStep.step).where(TrainingStep.run_id == crashed.id)).scalars()
-    assert sorted(steps) == [1, 2, 3, 4]
-    versions = db_session.execute(select(PolicyVersion.version).where(PolicyVersion.run_id == crashed.id)).scalars()
-    assert sorted(versions) == [1, 2, 3, 4] and db_session.get(Run, crashed.id).policy_version == 4
+    _assert_four_steps_as(db_session, crashed, reference)
     latest = CheckpointStore(tmp_path / "crashed").latest()
     assert latest is not None and latest[1].step == 4 and latest[1].consumed_groups == 8
     assert list((tmp_path / "crashed").glob("*.pending")) == []
@@ -534,3 +539,50 @@ def test_lora_and_zero3_steps_sync_merged_or_gathered_weights(
     version = db_session.execute(select(PolicyVersion).where(PolicyVersion.run_id == run.id)).scalar_one()
     assert abs(version.probe_kl) < 1e-5  # the served weights moved (lr 1e-2) and match the trainer's
     trainer.close()
+
+
+@pytest.mark.timeout(1500)  # ~70 s on 2 cores: a one-rank trainer, then two ranks under torchrun, twice
+def test_two_zero3_ranks_train_a_run_as_one_rank_does_and_resume_after_one_is_sigkilled(
+    db_session: Session, served_original: VllmServer, tiny_model_dir: Path, tokenizer: PreTrainedTokenizerBase,
+    tmp_path: Path,
+) -> None:
+    """`crucible trainer --nproc 2` (torchrun, DeepSpeed ZeRO-3 over gloo on CPU): the follower rank is
+    SIGKILLed right after step 2's update; torchrun ends rank 0, both are started again and resume from
+    step 1's checkpoint. The run ends where a one-rank ZeRO-3 trainer ends on the same groups: the same groups
+    consumed by the same steps, versions 1–4 published once each, the weights within 1e-5."""
+    import subprocess
+    import sys
+
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    from trainer.faults import ENV as CRASH_AT
+    from trainer.faults import RANK_ENV as CRASH_RANK
+
+    zero3 = {"optimizer": {"lr": 1e-3}, "deepspeed": {"stage": 3}}
+    one = _resume_run(db_session, model=tiny_model_dir, vocab=len(tokenizer), trainer=zero3)
+    two = _resume_run(db_session, model=tiny_model_dir, vocab=len(tokenizer), trainer=zero3)
+    repo = Path(__file__).resolve().parents[2]
+    # One thread per rank on both sides; none of this process's own process group (an in-process DeepSpeed
+    # test leaves RANK, MASTER_PORT… behind, and a child would try to listen on this process's port).
+    group = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    env = {**{k: v for k, v in os.environ.items() if k not in group}, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+
+    def train(run: Run, *, nproc: int, extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "cli.trainer", "--run", str(run.id), "--policy-url", served_original.api_url,
+                   "--policy-dir", str(served_original.model_dir), "--checkpoint-dir", str(tmp_path / f"run-{run.id}"),
+                   "--poll", "0.1", "--nproc", str(nproc), "--restarts", "1"]
+        return subprocess.run(command, env={**env, **extra}, cwd=repo, capture_output=True, text=True, timeout=900)
+
+    alone = train(one, nproc=1, extra={})
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    ranked = train(two, nproc=2, extra={CRASH_AT: "update:2", CRASH_RANK: "1"})
+    assert ranked.returncode == 0, (ranked.stdout[-2000:], ranked.stderr[-4000:])
+    assert "starting 2 trainer ranks (attempt 2 of 2)" in ranked.stdout, ranked.stdout[-2000:]  # it died, and again
+    assert "exitcode  : -9" in ranked.stderr, ranked.stderr[-4000:]  # by SIGKILL
+
+    _assert_four_steps_as(db_session, two, one)
+    ours = get_fp32_state_dict_from_zero_checkpoint(str(tmp_path / f"run-{two.id}" / "step-000004"), tag="zero")
+    theirs = get_fp32_state_dict_from_zero_checkpoint(str(tmp_path / f"run-{one.id}" / "step-000004"), tag="zero")
+    assert ours.keys() == theirs.keys()
+    for name, tensor in theirs.items():
+        torch.testing.assert_close(ours[name], tensor, rtol=0, atol=1e-5)
