@@ -49,7 +49,8 @@ def mix_layers(groups: list[Group]) -> dict[str, dict[str, tuple[float, float]]]
     """For groups whose environment mixes by z-score (Group.mix: α per layer), replace each sample's
     score by Σ α·(c − mean_c)/std_c over the layers, the mean and std of each layer taken within the
     environment across the batch (a layer constant there contributes 0), plus what shaping added to the
-    reward (the overlong penalty). Returns each mixed environment's (mean, std) per layer."""
+    reward (the overlong penalty); each layer's α·z is kept in `sample.mixed` (the step's metrics show
+    its distribution). Returns each mixed environment's (mean, std) per layer."""
     by_env: dict[str, list[tuple[Sample, dict[str, float]]]] = defaultdict(list)
     for group in groups:
         if group.mix:
@@ -64,9 +65,10 @@ def mix_layers(groups: list[Group]) -> dict[str, dict[str, tuple[float, float]]]
         stats[env] = layer_stats
         for sample, _ in members:
             shaping = sample.score - sample.reward
-            sample.score = shaping + sum(
-                alpha * ((sample.components.get(layer, 0.0) - mean) / std if std > STD_EPS else 0.0)
-                for layer, alpha in alphas.items() for mean, std in [layer_stats[layer]])
+            sample.mixed = {
+                layer: alpha * ((sample.components.get(layer, 0.0) - mean) / std if std > STD_EPS else 0.0)
+                for layer, alpha in alphas.items() for mean, std in [layer_stats[layer]]}
+            sample.score = shaping + sum(sample.mixed.values())
     return stats
 
 

@@ -4,6 +4,7 @@ Renaming one is a breaking change (dashboards and the demo read them).
 Fixed names are constants below; the templated families are:
     reward/{env}/mean, reward/{env}/std, reward/{env}/{component}/mean|std, rollout/flagged/{flag}
     score/{env}/mean|std (the trained samples' scores after mixing and per-environment normalisation)
+    score/{env}/{layer}/mean|std (under `mix: zscore`: each layer's α·z, its share of the score)
     advantage/{env}/mean|std|abs_mean (what each environment contributes to the gradient)
     batch/dropped/{reason}, batch/left_out/{reason}, rollout/termination/{reason}
     policy/staleness/hist/{lag}, timing_s/{stage}, reward_hacking/judge_agreement/{component}
@@ -116,6 +117,10 @@ def trained_metrics(samples: list[Sample]) -> dict[str, float]:
         out[f"advantage/{env}/mean"] = statistics.fmean(advantages)
         out[f"advantage/{env}/std"] = statistics.pstdev(advantages)
         out[f"advantage/{env}/abs_mean"] = statistics.fmean(abs(a) for a in advantages)
+        for layer in sorted({name for s in group for name in s.mixed}):  # `mix: zscore`: each layer's α·z
+            shares = [s.mixed.get(layer, 0.0) for s in group]
+            out[f"score/{env}/{layer}/mean"], out[f"score/{env}/{layer}/std"] = \
+                statistics.fmean(shares), statistics.pstdev(shares)
     return out
 
 

@@ -39,6 +39,8 @@ class Sample:
     score: float = 0.0
     """The reward after shaping and normalisation: what the advantage is computed from."""
     advantage: float = 0.0
+    mixed: dict[str, float] = field(default_factory=dict)
+    """Under `verifier.mix: zscore`, each layer's α·z in the score (trainer.advantages.mix_layers)."""
     task_id: int = 0
     flags: tuple[str, ...] = ()
     """What the hack monitors saw (core.flags.EpisodeFlag values)."""

@@ -140,3 +140,25 @@ def test_per_environment_normalisation_is_in_the_step_metrics_and_the_large_scal
     assign_advantages(unnormalised, scale_by_std=False)
     skewed = trained_metrics(samples)
     assert skewed["advantage/chat/abs_mean"] > 5 * skewed["advantage/code/abs_mean"]
+
+
+def test_each_layers_raw_and_aligned_distributions_are_step_metrics() -> None:
+    """The run page shows each component raw (`reward/{env}/{layer}/mean|std`) and as mixed
+    (`score/{env}/{layer}/mean|std`: its α·z): the 0–100 judge and the 0/1 tests, raw ~50× apart,
+    each pull with std α once aligned."""
+    from trainer.metrics import reward_metrics, trained_metrics
+
+    groups = _groups(mix=ALPHA)
+    samples = [s for g in groups for s in g.samples]
+    raw = reward_metrics(samples)
+    assert raw["reward/code/judge/std"] > 40 * raw["reward/code/hidden_tests/std"]
+    mix_layers(groups)
+    normalize_per_environment(groups, mode="on")
+    assign_advantages(groups, scale_by_std=True)
+    shown = trained_metrics(samples)
+    for layer, alpha in ALPHA.items():
+        assert shown[f"score/code/{layer}/mean"] == pytest.approx(0.0, abs=1e-9)
+        assert shown[f"score/code/{layer}/std"] == pytest.approx(alpha)
+    unmixed = _groups(mix=None)
+    assert not any("/judge/" in key or "/hidden_tests/" in key
+                   for key in trained_metrics([s for g in unmixed for s in g.samples]))
