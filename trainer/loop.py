@@ -49,7 +49,7 @@ from trainer.checkpoint import CheckpointStore, TrainerState
 from trainer.config import TrainerConfig, trainer_config
 from trainer.engine import PolicyEngine, make_engine
 from trainer.errors import NonFiniteStep, WeightSyncError
-from trainer.ranks import INIT, REBUILD, STOP, UPDATE, FollowerSetup, LeaderEngine, Ranks, announce
+from trainer.ranks import INIT, REBUILD, STOP, UPDATE, FollowerSetup, LeaderEngine, Ranks, announce, leave
 from trainer.selection import BatchPlan
 from trainer.step import UpdateResult, advantages, generate, score, update
 from trainer.store import (
@@ -380,6 +380,7 @@ class Trainer:
         if self.ranks:
             try:
                 announce(STOP)
+                leave()
             except Exception:  # a follower already gone: the launcher ends the rest
                 log.warning("run %d: could not tell the follower ranks to stop", self.run_id, exc_info=True)
         self.publisher.close()

@@ -83,6 +83,13 @@ def announce(command: str, payload: Any = None) -> None:
     dist.broadcast_object_list([(command, payload)], src=0)
 
 
+def leave() -> None:
+    """Every rank, at its end: wait for the others, then tear the process group down (a process that
+    exits with the group up can abort in gloo's threads: "terminate called without an active exception")."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def receive() -> tuple[str, Any]:
     box: list[Any] = [None]
     dist.broadcast_object_list(box, src=0)
@@ -158,6 +165,7 @@ def follow(*, build: Callable[[FollowerSetup], tuple[PolicyEngine, torch.nn.Modu
             engine, reference = build(setup)
             continue
         if command == STOP:
+            leave()
             return updates
         assert engine is not None and setup is not None, f"rank {dist.get_rank()}: {command} before {INIT}"
         if command == UPDATE:

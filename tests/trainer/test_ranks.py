@@ -13,7 +13,7 @@ import torch
 import torch.multiprocessing as mp
 
 from trainer.advantages import assign_advantages
-from trainer.ranks import Ranks, share
+from trainer.ranks import Ranks, leave, share
 from trainer.rollouts import Group, Sample
 
 LR = 1e-3  # large enough that a wrong gradient moves weights well past the 1e-5 tolerance (measured: 4e-7 apart)
@@ -59,6 +59,7 @@ def _rank_main(rank: int, world: int, port: int, model_dir: str, out: str, optim
         torch.save({"losses": [r.loss for r in results], "stats": [r.stats for r in results],
                     "grad_norms": [r.grad_norms for r in results],
                     "tokens": [r.tokens_processed for r in results], "weights": weights}, out)
+    leave()  # as the trainer's ranks end: exiting with the group up can abort in gloo's threads
 
 
 def _run(world: int, *, model_dir: Path, out: Path, optimizer: dict) -> dict:
