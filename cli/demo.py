@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -132,33 +133,51 @@ def demonstrations(settings: DemoSettings, *, tokenizer: Any, count: int, guess_
     return demos
 
 
+def sft_in_two_stages(
+    settings: DemoSettings, *, workdir: Path, console: Console, what: str, batch_size: int,
+    demonstrations: Callable[[bool], list[tuple[list[int], list[int]]]],
+) -> Path:
+    """The warm-up every demo run shares: `settings.sft_steps` SFT steps on an expert's demonstrations,
+    then `settings.sloppy_steps` on a sloppy one's (`demonstrations(sloppy)` makes each set), from the
+    tiny model in `workdir`; saves model and tokenizer to `workdir/warm`. `what` names both sets."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trainer.sft import sft_warmup
+
+    started = _stage(console, f"warm-up: {what}")
+    torch.manual_seed(settings.seed)
+    tiny = workdir / "tiny"
+    model = AutoModelForCausalLM.from_pretrained(tiny)
+    expert = sft_warmup(model=model, steps=settings.sft_steps, lr=settings.sft_lr, batch_size=batch_size,
+                        seed=settings.seed, demonstrations=demonstrations(False))
+    sloppy = sft_warmup(model=model, steps=settings.sloppy_steps, lr=settings.sloppy_lr, batch_size=batch_size,
+                        seed=settings.seed + 1, demonstrations=demonstrations(True))
+    out = workdir / "warm"
+    model.save_pretrained(out)
+    tokenizers(tiny)[0].save_pretrained(out)
+    console.print(f"  loss {expert.first_loss:.2f} → {expert.last_loss:.4f}, then {sloppy.last_loss:.3f} "
+                  f"(sloppy) in {time.monotonic() - started:.0f} s")
+    return out
+
+
 def warm_up(settings: DemoSettings, *, workdir: Path, console: Console) -> Path:
     """Two SFT stages: an expert who always reads the file (the model learns the tool format and to copy
     the number), then a few steps of a sloppy expert who half the time guesses instead (the model
     learns to guess too). RL then has to find out that reading pays."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tokenizer = tokenizers(workdir / "tiny")[0]
 
-    from trainer.sft import sft_warmup
+    def demos(sloppy: bool) -> list[tuple[list[int], list[int]]]:
+        if sloppy:
+            return demonstrations(settings, tokenizer=tokenizer, count=400, guess_fraction=settings.guess_fraction,
+                                  seed=settings.seed + 1)
+        return demonstrations(settings, tokenizer=tokenizer, count=5 * settings.train_tasks, guess_fraction=0.0,
+                              seed=settings.seed)
 
-    started = _stage(console, f"warm-up: {settings.sft_steps} SFT steps on an expert's demonstrations, "
-                              f"{settings.sloppy_steps} on a sloppy expert's ({settings.guess_fraction:.0%} guesses)")
-    torch.manual_seed(settings.seed)
-    tokenizer = AutoTokenizer.from_pretrained(workdir / "tiny")
-    model = AutoModelForCausalLM.from_pretrained(workdir / "tiny")
-    expert = sft_warmup(model=model, steps=settings.sft_steps, lr=settings.sft_lr, batch_size=16, seed=settings.seed,
-                        demonstrations=demonstrations(settings, tokenizer=tokenizer, count=5 * settings.train_tasks,
-                                                      guess_fraction=0.0, seed=settings.seed))
-    sloppy = sft_warmup(model=model, steps=settings.sloppy_steps, lr=settings.sloppy_lr, batch_size=16,
-                        seed=settings.seed + 1,
-                        demonstrations=demonstrations(settings, tokenizer=tokenizer, count=400,
-                                                      guess_fraction=settings.guess_fraction, seed=settings.seed + 1))
-    out = workdir / "warm"
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    console.print(f"  loss {expert.first_loss:.2f} → {expert.last_loss:.4f}, then {sloppy.last_loss:.3f} "
-                  f"(sloppy) in {time.monotonic() - started:.0f} s")
-    return out
+    return sft_in_two_stages(
+        settings, workdir=workdir, console=console, batch_size=16, demonstrations=demos,
+        what=f"{settings.sft_steps} SFT steps on an expert's demonstrations, {settings.sloppy_steps} on a "
+             f"sloppy expert's ({settings.guess_fraction:.0%} guesses)")
 
 
 _TOKENIZERS: dict[Path, Any] = {}

@@ -40,7 +40,7 @@ from cli.demo import (
     prepare,
     render_episode,
     settled,
-    tokenizers,
+    sft_in_two_stages,
     watch_training,
 )
 
@@ -258,31 +258,14 @@ def warm_up(settings: BrowserRLSettings, played: list[Played], *, workdir: Path,
     """SFT on the solver's episodes (the model learns the tool format and where to click), then a few
     steps on the sloppy player's mix (it learns to click the wrong element too): RL has to find out
     that the right element pays."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    def demos(sloppy: bool) -> list[tuple[list[int], list[int]]]:
+        return demonstrations(played, settings=settings, tokenizer_dir=workdir / "tiny", sloppy=sloppy,
+                              count=2 * settings.train_tasks, seed=settings.seed + (1 if sloppy else 0))
 
-    from trainer.sft import sft_warmup
-
-    started = time.monotonic()
-    console.print(f"[bold cyan]▶[/] warm-up: {settings.sft_steps} SFT steps on the solver's episodes, "
-                  f"{settings.sloppy_steps} on a sloppy player's ({settings.wrong_fraction:.0%} wrong first clicks)")
-    torch.manual_seed(settings.seed)
-    tiny = workdir / "tiny"
-    model = AutoModelForCausalLM.from_pretrained(tiny)
-    expert = sft_warmup(model=model, steps=settings.sft_steps, lr=settings.sft_lr, batch_size=settings.sft_batch,
-                        seed=settings.seed, demonstrations=demonstrations(
-                            played, settings=settings, tokenizer_dir=tiny, sloppy=False,
-                            count=2 * settings.train_tasks, seed=settings.seed))
-    sloppy = sft_warmup(model=model, steps=settings.sloppy_steps, lr=settings.sloppy_lr, batch_size=settings.sft_batch,
-                        seed=settings.seed + 1, demonstrations=demonstrations(
-                            played, settings=settings, tokenizer_dir=tiny, sloppy=True,
-                            count=2 * settings.train_tasks, seed=settings.seed + 1))
-    out = workdir / "warm"
-    model.save_pretrained(out)
-    tokenizers(tiny)[0].save_pretrained(out)
-    console.print(f"  loss {expert.first_loss:.2f} → {expert.last_loss:.4f}, then {sloppy.last_loss:.3f} (sloppy) "
-                  f"in {time.monotonic() - started:.0f} s")
-    return out
+    return sft_in_two_stages(
+        settings, workdir=workdir, console=console, batch_size=settings.sft_batch, demonstrations=demos,
+        what=f"{settings.sft_steps} SFT steps on the solver's episodes, {settings.sloppy_steps} on a sloppy "
+             f"player's ({settings.wrong_fraction:.0%} wrong first clicks)")
 
 
 def episodes_of(run_ids: list[int]) -> dict[str, int]:

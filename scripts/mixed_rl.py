@@ -48,7 +48,7 @@ from cli.demo import (
     prepare,
     render_episode,
     settled,
-    tokenizers,
+    sft_in_two_stages,
     watch_training,
 )
 
@@ -213,31 +213,14 @@ def demonstrations(settings: MixedRLSettings, *, tokenizer_dir: Path, sloppy: bo
 def warm_up(settings: MixedRLSettings, *, workdir: Path, console: Console) -> Path:
     """SFT on an expert's demonstrations of both environments (the tool formats, copying, saying the
     number), then a few steps on a sloppy expert's: RL's groups then hold right and wrong answers."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    def demos(sloppy: bool) -> list[tuple[list[int], list[int]]]:
+        return demonstrations(settings, tokenizer_dir=workdir / "tiny", sloppy=sloppy,
+                              count=8 * settings.train_tasks, seed=settings.seed + (1 if sloppy else 0))
 
-    from trainer.sft import sft_warmup
-
-    started = time.monotonic()
-    console.print(f"[bold cyan]▶[/] warm-up: {settings.sft_steps} SFT steps on both environments' demonstrations, "
-                  f"{settings.sloppy_steps} on a sloppy expert's ({settings.wrong_fraction:.0%} wrong numbers)")
-    torch.manual_seed(settings.seed)
-    tiny = workdir / "tiny"
-    model = AutoModelForCausalLM.from_pretrained(tiny)
-    expert = sft_warmup(model=model, steps=settings.sft_steps, lr=settings.sft_lr, batch_size=settings.sft_batch,
-                        seed=settings.seed, demonstrations=demonstrations(
-                            settings, tokenizer_dir=tiny, sloppy=False, count=8 * settings.train_tasks,
-                            seed=settings.seed))
-    sloppy = sft_warmup(model=model, steps=settings.sloppy_steps, lr=settings.sloppy_lr, batch_size=settings.sft_batch,
-                        seed=settings.seed + 1, demonstrations=demonstrations(
-                            settings, tokenizer_dir=tiny, sloppy=True, count=8 * settings.train_tasks,
-                            seed=settings.seed + 1))
-    out = workdir / "warm"
-    model.save_pretrained(out)
-    tokenizers(tiny)[0].save_pretrained(out)
-    console.print(f"  loss {expert.first_loss:.2f} → {expert.last_loss:.4f}, then {sloppy.last_loss:.3f} (sloppy) "
-                  f"in {time.monotonic() - started:.0f} s")
-    return out
+    return sft_in_two_stages(
+        settings, workdir=workdir, console=console, batch_size=settings.sft_batch, demonstrations=demos,
+        what=f"{settings.sft_steps} SFT steps on both environments' demonstrations, {settings.sloppy_steps} on "
+             f"a sloppy expert's ({settings.wrong_fraction:.0%} wrong numbers)")
 
 
 def train_reward_model(settings: MixedRLSettings, *, workdir: Path, console: Console) -> Path:

@@ -43,10 +43,9 @@ class Ranks:
 
     def reduce_stats(self, stats: dict[str, float]) -> dict[str, float]:
         """Every rank's stats combined as trainer.loss.merge_stats combines micro-batches'; the same
-        result on every rank. Keys must be the same on every rank (missing ones count as 0)."""
-        keys = sorted(stats)
+        result on every rank (a key one rank lacks is merged from the others alone)."""
         gathered: list[dict[str, float] | None] = [None] * self.world
-        dist.all_gather_object(gathered, {key: stats[key] for key in keys})
+        dist.all_gather_object(gathered, stats)
         out: dict[str, float] = {}
         for part in gathered:
             merge_stats(out, part or {})
@@ -149,6 +148,7 @@ class FollowerSetup:
 def follow(*, build: Callable[[FollowerSetup], tuple[PolicyEngine, torch.nn.Module | None]]) -> int:
     """A follower rank's whole life: build the engine when rank 0 says INIT, then run what it announces
     until STOP. `build` returns the engine and the KL reference model (or None). Returns the updates run."""
+    from trainer import faults
     from trainer.config import TrainerConfig
     from trainer.errors import NonFiniteStep
     from trainer.step import update
@@ -156,28 +156,28 @@ def follow(*, build: Callable[[FollowerSetup], tuple[PolicyEngine, torch.nn.Modu
     engine: PolicyEngine | None = None
     reference: torch.nn.Module | None = None
     setup: FollowerSetup | None = None
+    config: TrainerConfig | None = None
     updates = 0
     while True:
         command, payload = receive()
         if command in (INIT, REBUILD):
-            setup = payload if command == INIT else setup
+            if command == INIT:
+                setup, config = payload, TrainerConfig.model_validate(payload.config)
             assert setup is not None
             engine, reference = build(setup)
             continue
         if command == STOP:
             leave()
             return updates
-        assert engine is not None and setup is not None, f"rank {dist.get_rank()}: {command} before {INIT}"
+        assert engine is not None and setup is not None and config is not None, \
+            f"rank {dist.get_rank()}: {command} before {INIT}"
         if command == UPDATE:
             step, samples = payload
             try:
-                update(engine, samples, config=TrainerConfig.model_validate(setup.config),
-                       temperature=setup.temperature, reference=reference)
+                update(engine, samples, config=config, temperature=setup.temperature, reference=reference)
                 updates += 1
             except NonFiniteStep:  # every rank raised it together (Ranks.all_finite, the global norm)
                 pass
-            from trainer import faults
-
             faults.crash_point("update", step=step)
         elif command == SAVE:
             engine.save(Path(payload))
