@@ -24,6 +24,7 @@ from sqlalchemy import Connection, Engine, func, select, text, update
 from sqlalchemy.orm import Session
 
 from core.models import Episode, EpisodeGroup, PolicyVersion, Run, Task, TrainingStep
+from core.step_points import empty_point, step_point
 from core.termination import GroupStatus, RunStatus
 from trainer.errors import TrainerAlreadyRunning
 
@@ -142,8 +143,8 @@ def record_step(
     metrics: dict[str, Any], trained: list[TrainedValue] | None = None,
 ) -> None:
     """In the step transaction, after the optimizer step: consume the batch's groups, drop the
-    rejected ones, store each trained episode's advantage and score, and insert the step's metrics.
-    Flushed; the caller commits.
+    rejected ones, store each trained episode's advantage and score, and insert the step's metrics
+    and its run-page point (`core.step_points`). Flushed; the caller commits.
 
     `policy_version` is the version this step produces (published once the sync is verified).
     """
@@ -159,7 +160,10 @@ def record_step(
     if trained:
         session.execute(update(Episode), [
             {"id": value.episode_id, "advantage": value.advantage, "trained_score": value.score} for value in trained])
-    session.add(TrainingStep(run_id=run_id, step=step, policy_version=policy_version, metrics=metrics))
+    # The run page's point of this step, from the groups just marked consumed: read with the step row.
+    points = step_point(session, run_id=run_id, step=step) if consumed else empty_point(step)
+    session.add(TrainingStep(run_id=run_id, step=step, policy_version=policy_version, metrics=metrics,
+                             points=points))
     session.flush()
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 
 from api.deps import SessionDep, current_token
 from api.pagination import DEFAULT_LIMIT, Cursor, Limit
@@ -15,6 +15,11 @@ from api.services import run_charts, run_stats, runs
 from core.models import Run
 from core.schemas import RunConfig
 from core.termination import RunStatus
+
+MaxPoints = Annotated[int, Query(
+    ge=2, le=run_charts.MAX_POINTS,
+    description="Most training steps to chart (the first and the latest always among them); a run with more is "
+                "charted at every `stride`-th step.")]
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"], dependencies=[Depends(current_token)], responses=ERROR_RESPONSES)
 
@@ -60,9 +65,12 @@ def resume_run(run_id: RunId, session: SessionDep) -> Run:
 
 
 @router.get("/{run_id}/metrics", response_model=RunMetrics)
-def show_run_metrics(run_id: RunId, session: SessionDep) -> dict[str, Any]:
-    """Training-step metrics and per-step (or per-version) aggregates of the ended episodes."""
-    return run_charts.metrics(session, run_id=run_id)
+def show_run_metrics(
+    run_id: RunId, session: SessionDep, max_points: MaxPoints = run_charts.DEFAULT_MAX_POINTS
+) -> dict[str, Any]:
+    """Training-step metrics and per-step (or per-version) aggregates of the ended episodes, for at most
+    `max_points` evenly strided steps."""
+    return run_charts.metrics(session, run_id=run_id, max_points=max_points)
 
 
 @router.get("/{run_id}/stats", response_model=RunStats)

@@ -98,7 +98,13 @@ class RunMetrics(BaseModel):
     axis: Literal["step", "version"]
     """`step` when groups have been trained on (x = the step that consumed them), else `version`."""
     steps: list[TrainingStepPublic]
+    """The charted training steps, oldest first: every `stride`-th step from the first, and the latest."""
     points: list[EpisodePoint]
+    """By step: one per charted step that trained on ended episodes; by version: one per policy version."""
+    stride: int
+    """1: every training step is charted; k > 1: the run has more steps than `max_points`, every k-th is."""
+    total_steps: int
+    """The run's training steps (charted or not)."""
 
 
 class StalenessBin(BaseModel):

@@ -6,17 +6,19 @@ episodes from the group_id index)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import BigInteger, and_, any_, cast, func, select, tuple_
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
-from api.services.run_charts import THROUGHPUT_WINDOW, analytics_memory, json_keys, number
 from api.services.runs import get
 from core.models import Episode, EpisodeGroup, TrainingStep
+from core.step_points import analytics_memory, json_keys, number
 
 WINDOW_GROUPS = 2048
+THROUGHPUT_WINDOW = timedelta(hours=3)
 SKIPPED_TIMINGS = ("total",)
 """Episode timing keys that are sums of the others."""
 

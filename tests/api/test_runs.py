@@ -8,7 +8,7 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from api.services import run_stats
-from core.models import Episode, EpisodeGroup, Run
+from core.models import EpisodeGroup, Run
 from tests import factories
 from tests.api.trajectories import SeededRun
 
@@ -81,6 +81,7 @@ def test_metrics_aggregate_episodes_by_training_step(client: TestClient, seeded:
     metrics = client.get(f"/v1/runs/{seeded.run_id}/metrics").json()
     assert metrics["axis"] == "step"
     assert [(s["step"], s["metrics"]["loss/policy"]) for s in metrics["steps"]] == [(1, 0.5), (2, 0.3)]
+    assert (metrics["stride"], metrics["total_steps"]) == (1, 2)
     (point,) = metrics["points"]  # only the first group has been trained on (at step 1)
     assert (point["x"], point["episodes"], point["reward_mean"], point["reward_min"], point["reward_max"]) == (1, 4, 0.375, 0, 1)
     assert point["by_environment"] == {"code-fix": 0.375}
@@ -106,32 +107,6 @@ def test_stats_staleness_throughput_and_time_split(client: TestClient, seeded: S
     assert stats["staleness"] == [{"staleness": 1, "episodes": 6}, {"staleness": 2, "episodes": 4}]
     assert [point["episodes"] for point in stats["throughput"]] == [4, 4, 2]
     assert stats["time_split"] == {"generation": 15.0, "sandbox": 20.0, "verify": 5.0, "training/train": 5.0}
-
-
-def _consume_new_step(db_session: Session, seeded: SeededRun, *, step: int, rewards: list[float]) -> None:
-    group = EpisodeGroup(run_id=seeded.run_id, group_index=10 + step, task_id=1, environment_id=seeded.environment_ids[0],
-                         size=len(rewards), policy_version=step, status="consumed", consumed_step=step)
-    db_session.add(group)
-    db_session.flush()
-    db_session.add_all(Episode(run_id=seeded.run_id, group_id=group.id, sample_index=i, task_id=1,
-                               environment_id=seeded.environment_ids[0], status="completed", termination_reason="submitted",
-                               reward=reward, reward_components={"format": 1.0}, policy_version=step)
-                       for i, reward in enumerate(rewards))
-    db_session.commit()
-
-
-def test_points_of_final_steps_are_kept_and_only_newer_steps_are_read(
-    client: TestClient, db_session: Session, seeded: SeededRun
-) -> None:
-    def means() -> dict[int, float]:
-        return {p["x"]: p["reward_mean"] for p in client.get(f"/v1/runs/{seeded.run_id}/metrics").json()["points"]}
-
-    assert means() == {1: 0.375}
-    _consume_new_step(db_session, seeded, step=2, rewards=[1.0, 1.0])
-    assert means() == {1: 0.375, 2: 1.0}  # step 1 is final now that step 2 exists
-    db_session.execute(update(Episode).where(Episode.group_id == seeded.group_ids[0]).values(reward=0.0))
-    _consume_new_step(db_session, seeded, step=3, rewards=[0.0, 1.0])
-    assert means() == {1: 0.375, 2: 1.0, 3: 0.5}  # step 1 came from the cache; steps 2 and 3 from the store
 
 
 def test_stats_cover_a_window_of_the_latest_groups(

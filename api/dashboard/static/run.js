@@ -13,7 +13,10 @@
 
   function drawRewards(m) {
     const byVersion = m.axis === "version";
-    document.querySelectorAll(".axis-name").forEach(el => { el.textContent = byVersion ? "by policy version" : "by training step"; });
+    // A long run is charted at every stride-th step (and its latest): say so wherever steps are the x.
+    const sampled = m.stride > 1 ? ` (1 step in ${m.stride} of ${m.total_steps}, and the latest)` : "";
+    document.querySelectorAll(".axis-name").forEach(el => { el.textContent = byVersion ? "by policy version" : "by training step" + sampled; });
+    $("training-stride").textContent = sampled;
     const envs = union(m.points, "by_environment");
     const series = [{ name: "all", points: m.points.filter(p => p.reward_mean !== null).map(p => [p.x, p.reward_mean]) }];
     if (envs.length > 1) {
