@@ -1,7 +1,7 @@
 """One error format for every 4xx and 5xx: `{"error": {"code", "message", "detail"}}`.
 
     ApiError                  raised by routes and deps with an explicit status and code
-    CrucibleError → status    NotFound 404, ConfigError 422, InvalidRunState 409, NoEligibleTask 409,
+    CrucibleError → status    NotFound 404, ConfigError 422, InvalidRunState 409, NoEligibleTask 409, ArchiveError 409,
                               ServiceUnavailable 503, any other CrucibleError 400
     RequestValidationError    422 validation_error, one line per bad field in `message`
     HTTPException             its status, a code named after it (not_found, method_not_allowed…)
@@ -26,6 +26,7 @@ from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from controller.errors import InvalidRunState, NoEligibleTask
+from core.archive import ArchiveError
 from core.config_files import DataLimitError
 from core.errors import ConfigError, CrucibleError, NotFound, ServiceUnavailable
 from core.settings import get_settings
@@ -38,6 +39,7 @@ _CRUCIBLE_STATUS: list[tuple[type[CrucibleError], int, str]] = [
     (ConfigError, 422, "invalid"),
     (InvalidRunState, 409, "conflict"),
     (NoEligibleTask, 409, "no_eligible_task"),
+    (ArchiveError, 409, "archived"),
     (ServiceUnavailable, 503, "service_unavailable"),
 ]
 

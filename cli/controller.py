@@ -1,7 +1,9 @@
-"""`crucible controller` (the scheduling loop) and `crucible run …` (launch, ls, show, stop, resume).
+"""`crucible controller` (the scheduling loop) and `crucible run …` (launch, ls, show, stop, resume,
+archive, restore; `crucible runs …` is the same group).
 
     crucible controller --poll 1.0          # runs until Ctrl-C; --once for a single pass
     crucible run launch run.yaml -o json
+    crucible runs archive 42                # a finished run's turns → Parquet (core/archive.py)
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from controller.config import ControllerConfig, load_run_config
 from controller.progress import describe_run
 from controller.runs import create_run, get_run, list_runs, resume_run, stop_run
 
-runs_app = typer.Typer(help="Runs: launch, list, inspect, stop, resume.", no_args_is_help=True)
+runs_app = typer.Typer(help="Runs: launch, list, inspect, stop, resume, archive, restore.", no_args_is_help=True)
 
 
 def controller(
@@ -136,3 +138,37 @@ def pass_rate(
         return describe_run(session, run, detail=True)
 
     _show([_in_session(launch_job)], output, single=True)
+
+
+def _archive_command(action: Callable[..., Any], run_id: int, output: OutputFormat) -> None:
+    from core.archive import report_dict
+    from core.db import get_engine
+
+    with readable_errors():
+        report = report_dict(action(get_engine(), run_id))
+    if output is OutputFormat.json:
+        print_json(report)
+        return
+    console.print(f"run {report['run_id']}: {report['turns']} turns of {report['episodes']} episodes, "
+                  f"{report['bytes'] / 2**20:.1f} MiB of Parquet ({safe(report['path'])}), "
+                  f"{report['seconds']:.1f} s", highlight=False)
+
+
+@runs_app.command()
+def archive(run_id: int = typer.Argument(..., help="Run id (a finished run)."),
+            output: OutputFormat = OutputOption) -> None:
+    """Move a finished run's turns out of Postgres into Parquet under CRUCIBLE_ARCHIVE_DIR; the API and
+    dashboard still show them (full-text search of its turns ends until it is restored)."""
+    from core.archive import archive_run
+
+    _archive_command(archive_run, run_id, output)
+
+
+@runs_app.command()
+def restore(run_id: int = typer.Argument(..., help="Run id (an archived run)."),
+            output: OutputFormat = OutputOption) -> None:
+    """Put an archived run's turns back into Postgres (checked against the archive's SHA-256) and remove
+    the archive."""
+    from core.archive import restore_run
+
+    _archive_command(restore_run, run_id, output)

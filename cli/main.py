@@ -34,6 +34,7 @@ app.command()(serve)
 app.command()(controller)
 app.command()(trainer)
 app.add_typer(runs_app, name="run")
+app.add_typer(runs_app, name="runs", hidden=True)  # `crucible runs archive 42` reads as well
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(images_app, name="images")
 app.add_typer(episodes.app, name="episodes")

@@ -69,6 +69,9 @@ class Settings(BaseSettings):
     """The served model's directory: workers tokenize environment text with it locally (else over HTTP)."""
     data_dir: Path = Field(default_factory=_default_data_dir)
     """Where the embedded database, checkpoints, models and image caches live."""
+    archive_dir: Path | None = None
+    """Where `crucible runs archive` writes archived runs' turns (Parquet) and the API reads them: one
+    directory every API host mounts at this path. Unset: `data_dir/archive`."""
     api_url: str = "http://127.0.0.1:8080"
     """Where the REST API and dashboard are served; the CLI talks to it."""
     api_token: str | None = None

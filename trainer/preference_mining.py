@@ -18,6 +18,7 @@ from collections import defaultdict
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from core import archive
 from core.episode_text import render_turns
 from core.errors import NotFound
 from core.models import Episode, EpisodeGroup, Run, Task, Turn
@@ -54,10 +55,15 @@ def mine_pairs(session: Session, *, run_id: int) -> list[PreferencePair]:
     picked = _best_and_worst(session, run_id)
     episode_ids = [e for _, best, worst in picked for e in (best, worst)]
     turns: dict[int, list[tuple[str, str | None]]] = defaultdict(list)
-    for episode_id, completion, observation in session.execute(
-        select(Turn.episode_id, Turn.completion_text, Turn.observation)
-        .where(Turn.run_id == run_id, Turn.episode_id.in_(episode_ids)).order_by(Turn.episode_id, Turn.index)
-    ):
+    name = archive.location(session, run_id)
+    rows = (
+        ((t["episode_id"], t["completion_text"], t["observation"])
+         for t in archive.read_turns(name, episode_ids=episode_ids, columns=("completion_text", "observation")))
+        if name is not None else session.execute(
+            select(Turn.episode_id, Turn.completion_text, Turn.observation)
+            .where(Turn.run_id == run_id, Turn.episode_id.in_(episode_ids)).order_by(Turn.episode_id, Turn.index))
+    )
+    for episode_id, completion, observation in rows:
         turns[episode_id].append((completion or "", observation))
     instructions = dict(session.execute(
         select(Task.id, Task.instruction).where(Task.id.in_({task for task, _, _ in picked}))).all())

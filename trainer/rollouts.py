@@ -83,10 +83,10 @@ def _environments(session: Session, ids: set[int]) -> dict[int, tuple[str, dict[
     return out
 
 
-def _turns_by_episode(session: Session, episode_ids: list[int]) -> dict[int, list[Any]]:
-    query = (
+def _turns_by_episode(session: Session, run_ids: set[int], episode_ids: list[int]) -> dict[int, list[Any]]:
+    query = (  # naming the runs reads their partitions only
         select(Turn.episode_id, Turn.token_ids, Turn.loss_mask, Turn.logprobs, Turn.finish_reason)
-        .where(Turn.episode_id.in_(episode_ids))
+        .where(Turn.run_id.in_(run_ids), Turn.episode_id.in_(episode_ids))
         .order_by(Turn.episode_id, Turn.index)
     )
     turns: dict[int, list[Any]] = defaultdict(list)
@@ -127,7 +127,7 @@ def load_groups(session: Session, groups: list[EpisodeGroup]) -> list[Group]:
     episodes = list(session.execute(
         select(Episode).where(Episode.group_id.in_(by_id)).order_by(Episode.group_id, Episode.sample_index)
     ).scalars())
-    turns = _turns_by_episode(session, [episode.id for episode in episodes])
+    turns = _turns_by_episode(session, {group.run_id for group in groups}, [episode.id for episode in episodes])
     for episode in episodes:
         group = by_id[episode.group_id]
         group.samples.append(_sample(episode, turns.get(episode.id, []), environment=group.environment,

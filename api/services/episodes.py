@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from api.pagination import decode_cursor, page
 from api.services import json_shapes
 from api.services.tokenizer import decode_pieces
+from core import archive
 from core.errors import NotFound
 from core.models import Environment, Episode, EpisodeArtifact, Run, Task, Turn
 
@@ -51,7 +52,8 @@ def _summaries() -> Any:
         Environment, Environment.id == Episode.environment_id)
 
 
-def _filtered(query: Any, filters: EpisodeFilters) -> Any:
+def _filtered(session: Session, query: Any, filters: EpisodeFilters) -> Any:
+    """`query` with the filters' conditions; a search (`q`) reads runs whose turns are in Postgres only."""
     equal = ((Episode.run_id, filters.run_id), (Episode.status, filters.status),
              (Episode.termination_reason, filters.termination_reason), (Episode.policy_version, filters.policy_version),
              (Episode.group_id, filters.group_id), (Episode.task_id, filters.task_id))
@@ -68,6 +70,9 @@ def _filtered(query: Any, filters: EpisodeFilters) -> Any:
     if filters.max_reward is not None:
         query = query.where(Episode.reward <= filters.max_reward)
     if filters.q:
+        if filters.run_id is not None and (name := archive.location(session, filters.run_id)) is not None:
+            raise archive.ArchiveError(f"run {filters.run_id} is archived ({name}): its turns are not searchable; "
+                                       f"`crucible runs restore {filters.run_id}` brings them back")
         matches = Turn.search.op("@@")(func.websearch_to_tsquery("simple", filters.q))
         query = query.where(exists().where(Turn.run_id == Episode.run_id, Turn.episode_id == Episode.id, matches))
     return query
@@ -78,7 +83,7 @@ def list_episodes(
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Newest first."""
     after = decode_cursor(cursor, types=[int])
-    query = _filtered(_summaries(), filters).order_by(Episode.id.desc())
+    query = _filtered(session, _summaries(), filters).order_by(Episode.id.desc())
     if after is not None:
         query = query.where(Episode.id < after[0])
     rows = [json_shapes.episode(dict(row._mapping)) for row in session.execute(query.limit(limit + 1))]
@@ -96,15 +101,35 @@ def _episode_row(session: Session, episode_id: int) -> dict[str, Any]:
     return json_shapes.episode(dict(row._mapping))
 
 
-def list_turns(session: Session, *, run_id: int, episode_id: int, tokens: bool, model: str) -> list[dict[str, Any]]:
-    extra = (Turn.token_ids, Turn.logprobs, Turn.loss_mask) if tokens else ()
-    query = (
-        select(*TURN_COLUMNS, func.coalesce(func.cardinality(Turn.token_ids), 0).label("num_tokens"), *extra)
-        .where(Turn.run_id == run_id, Turn.episode_id == episode_id).order_by(Turn.index)
-    )
+TOKEN_COLUMNS = ("token_ids", "logprobs", "loss_mask")
+
+
+def _turn_rows(session: Session, *, run_id: int, episode_id: int, tokens: bool) -> list[dict[str, Any]]:
+    """The episode's turns as rows of TURN_COLUMNS and num_tokens (and TOKEN_COLUMNS with `tokens`), from
+    the run's partition or, once the run is archived, from its archive."""
+    name = archive.location(session, run_id)
+    if name is None:
+        extra = (Turn.token_ids, Turn.logprobs, Turn.loss_mask) if tokens else ()
+        query = (
+            select(*TURN_COLUMNS, func.coalesce(func.cardinality(Turn.token_ids), 0).label("num_tokens"), *extra)
+            .where(Turn.run_id == run_id, Turn.episode_id == episode_id).order_by(Turn.index)
+        )
+        return [dict(row._mapping) for row in session.execute(query)]
+    rows = archive.read_turns(name, episode_ids=[episode_id], columns=[c.key for c in TURN_COLUMNS] + list(TOKEN_COLUMNS))
     turns = []
-    for row in session.execute(query):
-        turn = json_shapes.turn(dict(row._mapping))
+    for row in rows:
+        turn = {column.key: row[column.key] for column in TURN_COLUMNS}
+        turn["num_tokens"] = len(row["token_ids"] or ())
+        if tokens:
+            turn.update({column: row[column] for column in TOKEN_COLUMNS})
+        turns.append(turn)
+    return turns
+
+
+def list_turns(session: Session, *, run_id: int, episode_id: int, tokens: bool, model: str) -> list[dict[str, Any]]:
+    turns = []
+    for row in _turn_rows(session, run_id=run_id, episode_id=episode_id, tokens=tokens):
+        turn = json_shapes.turn(row)
         if tokens:
             ids = turn.pop("token_ids")
             turn["tokens"] = {"token_ids": ids, "logprobs": turn.pop("logprobs"), "loss_mask": turn.pop("loss_mask"),
@@ -122,17 +147,22 @@ def show_episode(session: Session, *, episode_id: int, tokens: bool = False) -> 
 
 def turn_tokens(session: Session, *, episode_id: int, index: int) -> dict[str, Any]:
     """One turn's token ids, logprobs and loss mask, decoded when the run's model has a tokenizer."""
-    run_id = select(Episode.run_id).where(Episode.id == episode_id).scalar_subquery()
-    query = (  # the turns' primary key leads with run_id: give it, or the lookup scans every turn
-        select(Turn.token_ids, Turn.logprobs, Turn.loss_mask, Run.model)
-        .join(Run, Run.id == Turn.run_id)
-        .where(Turn.run_id == run_id, Turn.episode_id == episode_id, Turn.index == index)
-    )
-    row = session.execute(query).one_or_none()
+    found = session.execute(select(Episode.run_id, Run.model, Run.archive_path).join(Run, Run.id == Episode.run_id)
+                            .where(Episode.id == episode_id)).one_or_none()
+    row: Any = None
+    if found is not None and found.archive_path is None:
+        row = session.execute(  # the turns' primary key leads with run_id: give it, or the lookup scans every turn
+            select(Turn.token_ids, Turn.logprobs, Turn.loss_mask)
+            .where(Turn.run_id == found.run_id, Turn.episode_id == episode_id, Turn.index == index)
+        ).one_or_none()
+    elif found is not None:
+        archived = archive.read_turns(found.archive_path, episode_ids=[episode_id], columns=TOKEN_COLUMNS)
+        row = next(((t["token_ids"], t["logprobs"], t["loss_mask"]) for t in archived if t["index"] == index), None)
     if row is None:
         raise NotFound(f"episode {episode_id} has no turn {index}; GET /v1/episodes/{episode_id} lists its turns")
-    ids, logprobs, mask, model = row
-    return {"token_ids": ids, "logprobs": logprobs, "loss_mask": mask, "pieces": decode_pieces(model=model, token_ids=ids)}
+    ids, logprobs, mask = row
+    return {"token_ids": ids, "logprobs": logprobs, "loss_mask": mask,
+            "pieces": decode_pieces(model=found.model, token_ids=ids)}
 
 
 def list_artifacts(session: Session, *, episode_id: int) -> list[dict[str, Any]]:

@@ -6,6 +6,8 @@ reward after its shaping and normalisation); before a step trains on an episode 
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import defaultdict
 from typing import Any
 
@@ -15,6 +17,7 @@ from sqlalchemy.orm import Session
 from api.pagination import decode_cursor, page
 from api.services.episodes import EpisodeFilters, list_episodes
 from api.services.runs import get as get_run
+from core import archive
 from core.errors import NotFound
 from core.models import Environment, Episode, EpisodeGroup, Task, Turn
 from core.termination import GroupStatus
@@ -72,16 +75,32 @@ def _trained_values(session: Session, episode_ids: list[int]) -> dict[int, tuple
 
 
 def _previews(session: Session, *, run_id: int, episode_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
+    previews: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    name = archive.location(session, run_id)
+    if name is not None:
+        for turn in archive.read_turns(name, episode_ids=episode_ids,
+                                       columns=("completion_text", "tool_call", "exit_code", "truncated")):
+            text = turn["completion_text"]
+            previews[turn["episode_id"]].append({
+                "episode_id": turn["episode_id"], "index": turn["index"], "text": text[:PREVIEW_CHARS],
+                "tool": _json_text(turn["tool_call"], "name"), "exit_code": turn["exit_code"],
+                "truncated": turn["truncated"], "digest": hashlib.md5(text.encode()).hexdigest()})
+        return previews
     query = (
         select(Turn.episode_id, Turn.index, func.left(Turn.completion_text, PREVIEW_CHARS).label("text"),
                Turn.tool_call["name"].astext.label("tool"), Turn.exit_code, Turn.truncated,
                func.md5(Turn.completion_text).label("digest"))
         .where(Turn.run_id == run_id, Turn.episode_id.in_(episode_ids)).order_by(Turn.episode_id, Turn.index)
     )
-    previews: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for row in session.execute(query):
         previews[row.episode_id].append(dict(row._mapping))
     return previews
+
+
+def _json_text(document: Any, key: str) -> str | None:
+    """`document ->> key` as Postgres gives it: a string as is, another JSON value as its text, else None."""
+    value = document.get(key) if isinstance(document, dict) else None
+    return value if value is None or isinstance(value, str) else json.dumps(value)
 
 
 def divergence_turn(turns_by_episode: list[list[dict[str, Any]]]) -> int | None:

@@ -115,7 +115,10 @@ class Turn(Base):
     (environment text, loss mask 0) followed by the completion sampled by the policy (mask 1);
     concatenating an episode's turns gives the exact sequence the policy saw.
 
-    The primary key leads with run_id so that the table can be partitioned by run.
+    Partitioned by run (RANGE on run_id, one run per partition, `turns_run_<id>`, created by a trigger
+    when the run row is inserted; turns stored before migration 0008 live in `turns_legacy`, the
+    partition of every older run id). Every query names the run, so it reads one partition; an
+    archived run's partition is gone and its turns are read from Parquet (core.archive).
     """
 
     __tablename__ = "turns"
@@ -125,6 +128,7 @@ class Turn(Base):
             "cardinality(token_ids) = cardinality(logprobs) AND cardinality(token_ids) = cardinality(loss_mask)",
             name="token_arrays_aligned",
         ),
+        {"postgresql_partition_by": "RANGE (run_id)"},
     )
 
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)

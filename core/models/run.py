@@ -40,6 +40,10 @@ class Run(Base):
     created_at: Mapped[datetime] = created_at_column()
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    archived_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    """When `crucible runs archive` moved the run's turns out of Postgres; None: they are in its partition."""
+    archive_path: Mapped[str | None] = mapped_column(Text)
+    """The directory of the run's archived turns (Parquet files); None: not archived."""
 
 
 class RunEnvironment(Base):
@@ -81,4 +85,8 @@ class TrainingStep(Base):
     step: Mapped[int] = mapped_column(Integer)
     policy_version: Mapped[int] = mapped_column(Integer)
     metrics: Mapped[dict[str, Any]]
+    points: Mapped[dict[str, Any] | None]
+    """The run page's aggregate of the ended episodes this step trained on (episodes, reward mean/std/min/
+    max, by environment, components, terminations), written by the trainer with the step so the page
+    reads one row per step; None: a step written before the trainer kept it."""
     created_at: Mapped[datetime] = created_at_column()

@@ -155,7 +155,8 @@ def _finished_group(session: Session, group_id: int) -> _Finished | None:
         elif not TerminationReason(episode.termination_reason or TerminationReason.CANCELLED).is_trainable:
             skipped[episode.id] = f"the episode ended {episode.termination_reason} (not trained on)"
         else:
-            turns = session.execute(select(Turn).where(Turn.episode_id == episode.id).order_by(Turn.index)).scalars()
+            turns = session.execute(select(Turn).where(Turn.run_id == episode.run_id, Turn.episode_id == episode.id)
+                                   .order_by(Turn.index)).scalars()
             contenders.append(Contender(episode.id, transcript_of(list(turns))))
     task = session.get(Task, group.task_id)
     assert task is not None  # foreign key

@@ -3,39 +3,25 @@ touching what was there."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
+from types import SimpleNamespace
 
-import psycopg
-import pytest
 from sqlalchemy import create_engine, func, insert, pool, select
-from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from core import migrate
-from core.models import Episode, EpisodeArtifact, Turn
+from core.models import Episode, EpisodeArtifact, Run, Turn
 from core.store import insert_episode
 from tests import factories
 from tests.support.browser_episode import browser_trajectory, png
-
-
-@pytest.fixture
-def empty_url(database_url: str) -> Iterator[str]:
-    admin = make_url(database_url).set(drivername="postgresql")
-    name = f"{admin.database}_m6_{uuid.uuid4().hex[:6]}"
-    dsn = admin.render_as_string(hide_password=False)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield make_url(database_url).set(database=name).render_as_string(hide_password=False)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _populate(session: Session) -> int:
     """A run with a completed episode and its turns, written at revision 0005 (no artifacts table yet)."""
     env = factories.environment(session, kind="browser")
     the_task = factories.task(session, env)
-    the_run = factories.run(session, group_size=1, batch_size=1)
+    run_id = session.execute(insert(Run).values(  # only the columns revision 0005 has (0008 adds to runs)
+        name="populated", model="tiny", group_size=1, batch_size=1, config={}).returning(Run.id)).scalar_one()
+    the_run = SimpleNamespace(id=run_id, group_size=1)
     group = factories.group(session, env=env, task=the_task, run=the_run, group_index=0)
     episode_id, _ = insert_episode(session, run_id=the_run.id, group_id=group.id, sample_index=0,
                                    task_id=the_task.id, environment_id=env.id, status="completed", num_turns=2)
