@@ -119,13 +119,18 @@ def _partition(session: Session, run_id: int) -> str | None:
 
 
 def _rows(engine: Engine, run_id: int) -> Iterator[list[tuple[Any, ...]]]:
-    """The run's turns in (episode_id, index) order, ROW_GROUP_TURNS at a time, from a server-side cursor."""
+    """The run's turns in (episode_id, index) order, ROW_GROUP_TURNS at a time, from a server-side cursor
+    (binary: arrays and timestamps are parsed in C), so memory stays flat however large the run."""
     columns = ", ".join(f'"{name}"' if name == "index" else name for name in COLUMNS)
-    query = text(f"SELECT {columns.replace('tool_call', 'tool_call::text')} FROM turns WHERE run_id = :run "
-                 "ORDER BY episode_id, index")
-    with engine.connect() as conn:
-        result = conn.execution_options(stream_results=True, yield_per=ROW_GROUP_TURNS).execute(query, {"run": run_id})
-        yield from ([tuple(row) for row in chunk] for chunk in result.partitions())
+    query = (f"SELECT {columns.replace('tool_call', 'tool_call::text')} FROM turns WHERE run_id = %s "
+             "ORDER BY episode_id, index")
+    with engine.connect() as conn, conn.begin():
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        with raw.cursor(name="crucible_archive", binary=True) as cursor:
+            cursor.execute(query, (run_id,))
+            while rows := cursor.fetchmany(ROW_GROUP_TURNS):
+                yield rows
 
 
 def _batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:

@@ -236,6 +236,36 @@ def _fix_sequences(conn: psycopg.Connection) -> None:
         conn.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), (SELECT coalesce(max(id), 1) FROM {table}))")
 
 
+def backfill_points(url: str) -> int:
+    """Write each training step's run-page point (training_steps.points) where it has none, as the trainer
+    writes it with every step (core/step_points.py, one pass per run); returns the steps filled."""
+    from sqlalchemy import create_engine, pool, text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.orm import Session
+
+    from core.step_points import episode_points
+
+    engine = create_engine(make_url(url).set(drivername="postgresql+psycopg"), poolclass=pool.NullPool)
+    filled = 0
+    try:
+        with Session(engine) as session:
+            if not session.execute(text("SELECT 1 FROM information_schema.columns WHERE table_name = 'training_steps' "
+                                        "AND column_name = 'points'")).first():
+                return 0  # a store before migration 0008
+            runs = session.execute(text("SELECT DISTINCT run_id FROM training_steps WHERE points IS NULL")).scalars()
+            for run_id in list(runs):
+                points = episode_points(session, run_id=run_id, axis="step")
+                session.execute(
+                    text("UPDATE training_steps SET points = CAST(:points AS jsonb) "
+                         "WHERE run_id = :run AND step = :step AND points IS NULL"),
+                    [{"run": run_id, "step": step, "points": json.dumps(point)} for step, point in points.items()])
+                filled += len(points)
+            session.commit()
+    finally:
+        engine.dispose()
+    return filled
+
+
 def seed(url: str, shape: StoreShape, *, log: bool = True) -> dict[str, Any]:
     """Seed `shape` into the database at `url` (a postgresql:// URL); returns counts and seconds."""
     started = time.monotonic()
@@ -258,6 +288,7 @@ def seed(url: str, shape: StoreShape, *, log: bool = True) -> dict[str, Any]:
         conn.execute("VACUUM (ANALYZE) episodes, episode_groups, turns, training_steps, sandbox_events")
         counts = {table: conn.execute(f"SELECT count(*) FROM {table} WHERE run_id >= %s", (ids["runs"],)).fetchone()[0]
                   for table in ("episode_groups", "episodes", "turns")}
+    backfill_points(url)  # as the trainer writes them
     return {"first_run_id": ids["runs"], "runs": shape.runs, **counts, "seconds": round(time.monotonic() - started, 1)}
 
 

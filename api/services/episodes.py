@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import exists, func, select
+from sqlalchemy import exists, func, select, text
 from sqlalchemy.orm import Session
 
 from api.pagination import decode_cursor, page
@@ -83,6 +83,11 @@ def list_episodes(
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Newest first."""
     after = decode_cursor(cursor, types=[int])
+    if filters.q:
+        # Plan with the actual query and limit: a generic plan (psycopg prepares a statement run five
+        # times) cannot prune partitions nor see the LIMIT, and gathers every matching turn of every run
+        # (8 s on ten million turns instead of 50 ms).
+        session.execute(text("SET LOCAL plan_cache_mode = force_custom_plan"))
     query = _filtered(session, _summaries(), filters).order_by(Episode.id.desc())
     if after is not None:
         query = query.where(Episode.id < after[0])
