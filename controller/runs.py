@@ -126,6 +126,8 @@ def resume_run(session: Session, *, run_id: int) -> Run:
         return run
     if run.status != RunStatus.STOPPED:
         raise InvalidRunState(f"run {run.id} is {run.status}; only a stopped run can be resumed")
+    if run.archived_at is not None:  # its turns are in Parquet: the trainer and the API read Postgres for new ones
+        raise InvalidRunState(f"run {run.id} is archived; `crucible runs restore {run.id}` before resuming it")
     run.status = RunStatus.RUNNING if run.started_at else RunStatus.PENDING
     session.flush()
     log_event("run.resumed", run_id=run.id, status=run.status)

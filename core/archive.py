@@ -28,6 +28,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -93,10 +94,10 @@ def archive_root() -> Path:
 
 
 def _directory(name: str, *, root: Path | None = None) -> Path:
-    """The archive `name` (as stored on the run) under the root; anything that leaves the root is refused."""
+    """The archive `name` (as stored on the run: `run-<id>`) under the root; anything else is refused."""
     base = (root or archive_root()).resolve()
     path = (base / name).resolve()
-    if path.parent != base or not name.startswith("run-"):
+    if re.fullmatch(r"run-[0-9]{1,19}", name) is None or path.parent != base:
         raise ArchiveError(f"archive_path: expected a directory 'run-<id>' in {base}, got {name!r}")
     return path
 
@@ -148,22 +149,25 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _check_archivable(session: Session, run: Run) -> None:
+    if run.archived_at is not None:
+        raise ArchiveError(f"run {run.id} is already archived (in {run.archive_path}); "
+                           f"`crucible runs restore {run.id}` brings it back")
+    if run.status not in FINISHED:
+        raise ArchiveError(f"run {run.id}: expected a finished run ({', '.join(FINISHED)}), got one that is "
+                           f"{run.status}; stop it first")
+    live = session.execute(select(Episode.id).where(
+        Episode.run_id == run.id, Episode.status.in_((EpisodeStatus.PENDING, EpisodeStatus.RUNNING))).limit(1)
+    ).scalar_one_or_none()
+    if live is not None:
+        raise ArchiveError(f"run {run.id} still has episodes in flight (episode {live}); archive it once they end")
+
+
 def archive_run(engine: Engine, run_id: int, *, root: Path | None = None) -> ArchiveReport:
     """Move the turns of finished run `run_id` into its archive; see the module docstring."""
     started = time.perf_counter()
     with Session(engine) as session:
-        run = _run(session, run_id)
-        if run.archived_at is not None:
-            raise ArchiveError(f"run {run_id} is already archived (in {run.archive_path}); "
-                               f"`crucible runs restore {run_id}` brings it back")
-        if run.status not in FINISHED:
-            raise ArchiveError(f"run {run_id}: expected a finished run ({', '.join(FINISHED)}), got one that is "
-                               f"{run.status}; stop it first")
-        live = session.execute(select(Episode.id).where(
-            Episode.run_id == run_id, Episode.status.in_((EpisodeStatus.PENDING, EpisodeStatus.RUNNING))).limit(1)
-        ).scalar_one_or_none()
-        if live is not None:
-            raise ArchiveError(f"run {run_id} still has episodes in flight (episode {live}); archive it once they end")
+        _check_archivable(session, _run(session, run_id))
     name = f"run-{run_id}"
     directory = _directory(name, root=root)
     scratch = directory.parent / f".{name}-{uuid.uuid4().hex[:12]}"  # written apart; renamed when it is whole
@@ -189,12 +193,22 @@ def _write(engine: Engine, run_id: int, file: Path) -> tuple[int, int]:
             episodes.update(row[1] for row in rows)
     if pq.ParquetFile(file).metadata.num_rows != turns:
         raise ArchiveError(f"run {run_id}: the archive reads back a different number of turns than was written")
-    with file.open("rb") as handle:  # on disk before the partition is emptied
-        os.fsync(handle.fileno())
+    _fsync(file)  # on disk before the partition is emptied
     manifest = {"format": FORMAT, "run_id": run_id, "turns": turns, "episodes": len(episodes),
                 "bytes": file.stat().st_size, "sha256": _sha256(file), "archived_at": datetime.now(UTC).isoformat()}
     (file.parent / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+    _fsync(file.parent / MANIFEST_NAME)
+    _fsync(file.parent)
     return turns, len(episodes)
+
+
+def _fsync(path: Path) -> None:
+    """A file's or a directory's contents on disk (a directory: the names in it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _remove_turns(engine: Engine, run_id: int, *, turns: int, scratch: Path, directory: Path) -> None:
@@ -204,13 +218,12 @@ def _remove_turns(engine: Engine, run_id: int, *, turns: int, scratch: Path, dir
     A run from before partitioning shares turns_legacy: DELETE."""
     with Session(engine) as session, session.begin():
         session.execute(text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT_S}s'"))
-        run = _run(session, run_id, lock=True)  # one archive or restore of a run at a time
-        if run.archive_path is not None:
-            raise ArchiveError(f"run {run_id} is already archived (in {run.archive_path})")
+        run = _run(session, run_id, lock=True)  # one archive, restore or resume of a run at a time
+        _check_archivable(session, run)  # again: it may have been resumed while the file was written
         partition = _partition(session, run_id)
         try:  # no turn of the run is written (nor read) between the count and the delete
             session.execute(text(f"LOCK TABLE {partition or 'turns_legacy'} IN "
-                                 f"{'ACCESS EXCLUSIVE' if partition else 'SHARE'} MODE"))
+                                 f"{'ACCESS EXCLUSIVE' if partition else 'SHARE ROW EXCLUSIVE'} MODE"))
         except OperationalError as error:
             raise ArchiveError(f"run {run_id}: its turns stayed in use for {LOCK_TIMEOUT_S} s; nothing was removed, "
                                "archive it again") from error
@@ -225,6 +238,7 @@ def _remove_turns(engine: Engine, run_id: int, *, turns: int, scratch: Path, dir
         run.archived_at, run.archive_path = datetime.now(UTC), directory.name
         shutil.rmtree(directory, ignore_errors=True)  # a stale one from an attempt whose commit failed
         scratch.rename(directory)
+        _fsync(directory.parent)
 
 
 def _csv(batch: pa.RecordBatch) -> bytes:
@@ -256,9 +270,9 @@ def restore_run(engine: Engine, run_id: int, *, root: Path | None = None) -> Arc
     started = time.perf_counter()
     with Session(engine) as session:
         run = _run(session, run_id)
-        if run.archive_path is None:
+        name = checked(run_id, run.archive_path)
+        if name is None:
             raise ArchiveError(f"run {run_id} is not archived: its turns are in Postgres")
-        name = run.archive_path
     directory = _directory(name, root=root)
     expected = manifest(name, root=root)
     file = directory / FILE_NAME
@@ -345,11 +359,11 @@ def read_turns(name: str, *, episode_ids: Sequence[int], columns: Sequence[str],
         return []
     names = list(dict.fromkeys(["episode_id", "index", *columns]))
     table = pq.ParquetFile(path, metadata=index.metadata).read_row_groups(sorted(groups), columns=names)
+    table = table.filter(pc.is_in(table["episode_id"], pa.array(wanted, pa.int64())))
     if "logprobs" in names:  # a REAL as Postgres prints it: the shortest decimal, not the float32's double
         decimal = pc.cast(pc.cast(table["logprobs"], pa.list_(pa.string())), pa.list_(pa.float64()))
         table = table.set_column(names.index("logprobs"), "logprobs", decimal)
-    keep = set(wanted)
-    turns = [row for row in table.to_pylist() if row["episode_id"] in keep]
+    turns = table.to_pylist()
     for row in turns:
         if "tool_call" in row and row["tool_call"] is not None:
             row["tool_call"] = json.loads(row["tool_call"])
@@ -358,7 +372,15 @@ def read_turns(name: str, *, episode_ids: Sequence[int], columns: Sequence[str],
 
 def location(session: Session, run_id: int) -> str | None:
     """The run's archive name when its turns are archived, else None (they are in Postgres)."""
-    return session.execute(select(Run.archive_path).where(Run.id == run_id)).scalar_one_or_none()
+    return checked(run_id, session.execute(select(Run.archive_path).where(Run.id == run_id)).scalar_one_or_none())
+
+
+def checked(run_id: int, name: str | None) -> str | None:
+    """`name`, an archive_path read from run `run_id`'s row, if it is that run's archive name."""
+    if name is not None and name != f"run-{run_id}":
+        raise ArchiveError(f"run {run_id}: archive_path: expected a directory 'run-<id>' named for the run, "
+                           f"got {name!r}")
+    return name
 
 
 def report_dict(report: ArchiveReport) -> dict[str, Any]:

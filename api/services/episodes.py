@@ -120,7 +120,8 @@ def _turn_rows(session: Session, *, run_id: int, episode_id: int, tokens: bool) 
             .where(Turn.run_id == run_id, Turn.episode_id == episode_id).order_by(Turn.index)
         )
         return [dict(row._mapping) for row in session.execute(query)]
-    rows = archive.read_turns(name, episode_ids=[episode_id], columns=[c.key for c in TURN_COLUMNS] + list(TOKEN_COLUMNS))
+    token_columns = TOKEN_COLUMNS if tokens else ("token_ids",)  # the ids count the tokens
+    rows = archive.read_turns(name, episode_ids=[episode_id], columns=[c.key for c in TURN_COLUMNS] + list(token_columns))
     turns = []
     for row in rows:
         turn = {column.key: row[column.key] for column in TURN_COLUMNS}
@@ -161,7 +162,9 @@ def turn_tokens(session: Session, *, episode_id: int, index: int) -> dict[str, A
             .where(Turn.run_id == found.run_id, Turn.episode_id == episode_id, Turn.index == index)
         ).one_or_none()
     elif found is not None:
-        archived = archive.read_turns(found.archive_path, episode_ids=[episode_id], columns=TOKEN_COLUMNS)
+        name = archive.checked(found.run_id, found.archive_path)
+        assert name is not None
+        archived = archive.read_turns(name, episode_ids=[episode_id], columns=TOKEN_COLUMNS)
         row = next(((t["token_ids"], t["logprobs"], t["loss_mask"]) for t in archived if t["index"] == index), None)
     if row is None:
         raise NotFound(f"episode {episode_id} has no turn {index}; GET /v1/episodes/{episode_id} lists its turns")

@@ -100,7 +100,7 @@ def _previews(session: Session, *, run_id: int, episode_ids: list[int]) -> dict[
 def _json_text(document: Any, key: str) -> str | None:
     """`document ->> key` as Postgres gives it: a string as is, another JSON value as its text, else None."""
     value = document.get(key) if isinstance(document, dict) else None
-    return value if value is None or isinstance(value, str) else json.dumps(value)
+    return value if value is None or isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
 def divergence_turn(turns_by_episode: list[list[dict[str, Any]]]) -> int | None:

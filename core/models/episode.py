@@ -118,7 +118,9 @@ class Turn(Base):
     Partitioned by run (RANGE on run_id, one run per partition, `turns_run_<id>`, created by a trigger
     when the run row is inserted; turns stored before migration 0008 live in `turns_legacy`, the
     partition of every older run id). Every query names the run, so it reads one partition; an
-    archived run's partition is gone and its turns are read from Parquet (core.archive).
+    archived run's partition is empty and its turns are read from Parquet (core.archive). No foreign
+    keys: attaching a partition would clone them, locking runs and episodes against every writer until
+    the run's transaction commits (and deadlocking two launches at once).
     """
 
     __tablename__ = "turns"
@@ -131,8 +133,10 @@ class Turn(Base):
         {"postgresql_partition_by": "RANGE (run_id)"},
     )
 
-    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
-    episode_id: Mapped[int] = mapped_column(ForeignKey("episodes.id", ondelete="CASCADE"), primary_key=True)
+    run_id: Mapped[int] = mapped_column(primary_key=True)
+    """The run (no foreign key: its partition is the constraint, a turn of a run without one is refused)."""
+    episode_id: Mapped[int] = mapped_column(primary_key=True)
+    """The episode (no foreign key: the store writes turns in their episode's transaction; see Turn)."""
     index: Mapped[int] = mapped_column(Integer, primary_key=True)
     token_ids: Mapped[list[int]] = mapped_column(ARRAY(Integer))
     logprobs: Mapped[list[float]] = mapped_column(ARRAY(REAL))

@@ -6,12 +6,14 @@ Create Date: 2026-12-01 12:40:00
 
 `turns` becomes a table partitioned by RANGE (run_id), one run per partition (`turns_run_<id>`),
 and the function `crucible_turns_partition(run_id)` creates a run's partition; a trigger calls it
-for every new run row (so no code path can insert a turn its run has no partition for).
+for every new run row (so no code path can insert a turn its run has no partition for). turns keeps
+no foreign keys (see PARTITION_FUNCTION): the partition stands for the run.
 
 On a populated database nothing is copied: the old table is renamed `turns_legacy` and attached as
 the partition of every run id up to the largest one (a CHECK constraint validated first, one
 sequential scan, lets the attach skip its own); new runs get their own partitions. An empty old
-table is dropped instead. The downgrade copies the rows back into a plain table.
+table is dropped instead. The downgrade copies the rows back into a plain table (and refuses while a
+run is archived: its turns are in Parquet only).
 
 Also: `runs.archived_at` / `runs.archive_path` (`crucible runs archive`: the run's turns in Parquet
 files) and `training_steps.points` (the run page's per-step aggregate, written by the trainer).
@@ -40,10 +42,12 @@ BEGIN
                                                  WHERE inhparent = 'turns'::regclass AND inhrelid = to_regclass(name)) THEN
     RETURN;  -- already a partition: the run id came round again (a sequence restarted)
   END IF;
-  -- CREATE then ATTACH: attaching takes SHARE UPDATE EXCLUSIVE on `turns`, which never waits for
-  -- (nor blocks) the workers reading and writing other runs' turns, where CREATE TABLE ... PARTITION
-  -- OF would take ACCESS EXCLUSIVE. (Cloning the foreign keys briefly locks runs and episodes
-  -- against writes, until the transaction that inserts the run commits.)
+  -- CREATE then ATTACH: attaching takes SHARE UPDATE EXCLUSIVE on `turns` (held until the run's
+  -- transaction commits), which never waits for (nor blocks) the workers reading and writing other
+  -- runs' turns, where CREATE TABLE ... PARTITION OF would take ACCESS EXCLUSIVE. Two launches at
+  -- once queue on it, one after the other. turns has no foreign keys: cloning them onto the partition
+  -- would lock runs and episodes against every writer until the launch commits, and deadlock two
+  -- launches.
   EXECUTE format('CREATE TABLE IF NOT EXISTS %I '
                  '(LIKE turns INCLUDING DEFAULTS INCLUDING GENERATED INCLUDING CONSTRAINTS)', name);
   EXECUTE format('ALTER TABLE turns ATTACH PARTITION %I FOR VALUES FROM (%s) TO (%s)', name, run, run + 1);
@@ -65,13 +69,14 @@ TURN_COLUMNS = ("run_id, episode_id, index, token_ids, logprobs, loss_mask, prom
 """Every stored column of turns (`search` is generated)."""
 
 
-def _keys(table: str) -> None:
-    """The primary key, foreign keys and search index of turns, on `table` (named as the models name them)."""
+def _keys(table: str, *, foreign: bool) -> None:
+    """The primary key and search index of turns (and before 0008 its foreign keys), on `table`."""
     op.execute(f"ALTER TABLE {table} ADD CONSTRAINT pk_turns PRIMARY KEY (run_id, episode_id, index)")
-    op.execute(f"ALTER TABLE {table} ADD CONSTRAINT fk_turns_run_id_runs FOREIGN KEY (run_id) "
-               "REFERENCES runs (id) ON DELETE CASCADE")
-    op.execute(f"ALTER TABLE {table} ADD CONSTRAINT fk_turns_episode_id_episodes FOREIGN KEY (episode_id) "
-               "REFERENCES episodes (id) ON DELETE CASCADE")
+    if foreign:
+        op.execute(f"ALTER TABLE {table} ADD CONSTRAINT fk_turns_run_id_runs FOREIGN KEY (run_id) "
+                   "REFERENCES runs (id) ON DELETE CASCADE")
+        op.execute(f"ALTER TABLE {table} ADD CONSTRAINT fk_turns_episode_id_episodes FOREIGN KEY (episode_id) "
+                   "REFERENCES episodes (id) ON DELETE CASCADE")
     op.execute(f"CREATE INDEX ix_turns_search ON {table} USING gin (search)")
 
 
@@ -80,12 +85,14 @@ def upgrade() -> None:
     op.add_column('runs', sa.Column('archive_path', sa.Text(), nullable=True))
     op.add_column('training_steps', sa.Column('points', postgresql.JSONB(astext_type=sa.Text()), nullable=True))
 
+    op.execute("ALTER TABLE turns DROP CONSTRAINT fk_turns_run_id_runs")  # see PARTITION_FUNCTION
+    op.execute("ALTER TABLE turns DROP CONSTRAINT fk_turns_episode_id_episodes")
     op.execute("ALTER TABLE turns RENAME TO turns_legacy")
     op.execute("ALTER INDEX pk_turns RENAME TO pk_turns_legacy")
     op.execute("ALTER INDEX ix_turns_search RENAME TO ix_turns_legacy_search")
     op.execute("CREATE TABLE turns (LIKE turns_legacy INCLUDING DEFAULTS INCLUDING GENERATED INCLUDING CONSTRAINTS) "
                "PARTITION BY RANGE (run_id)")
-    _keys("turns")
+    _keys("turns", foreign=False)
 
     bind = op.get_bind()
     held = bind.execute(sa.text("SELECT EXISTS (SELECT 1 FROM turns_legacy)")).scalar_one()
@@ -108,6 +115,9 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    archived = op.get_bind().execute(sa.text("SELECT string_agg(id::text, ', ') FROM runs WHERE archived_at IS NOT NULL"))
+    if (names := archived.scalar_one()) is not None:  # their turns are in Parquet files only
+        raise RuntimeError(f"runs {names} are archived: `crucible runs restore` each before downgrading below 0008")
     op.execute("DROP TRIGGER runs_turns_partition ON runs")
     op.execute("DROP FUNCTION crucible_runs_turns_partition()")
     op.execute("DROP FUNCTION crucible_turns_partition(bigint)")
@@ -115,7 +125,7 @@ def downgrade() -> None:
     op.execute(f"INSERT INTO turns_plain ({TURN_COLUMNS}) SELECT {TURN_COLUMNS} FROM turns")
     op.execute("DROP TABLE turns")  # and every partition
     op.execute("ALTER TABLE turns_plain RENAME TO turns")
-    _keys("turns")
+    _keys("turns", foreign=True)
 
     op.drop_column('training_steps', 'points')
     op.drop_column('runs', 'archive_path')

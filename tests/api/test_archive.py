@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func, select, text, update
@@ -16,6 +17,8 @@ from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
 from cli.main import app as cli
+from controller.errors import InvalidRunState
+from controller.runs import resume_run
 from core import archive
 from core.errors import NotFound
 from core.models import Episode, Run, Turn
@@ -50,7 +53,10 @@ def _turns_in_postgres(session: Session, run_id: int) -> int:
 
 
 def test_an_archived_run_reads_the_same_and_restores_exactly(client: TestClient, seeded: SeededRun,
-                                                             db_session: Session, engine: Engine) -> None:
+                                                             db_session: Session, engine: Engine,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Row groups of three turns: episodes span row groups, found by the binary search over their ranges."""
+    monkeypatch.setattr(archive, "ROW_GROUP_TURNS", 3)
     _finish(db_session, seeded.run_id)
     stored = _turns_in_postgres(db_session, seeded.run_id)
     assert stored > 0
@@ -67,6 +73,7 @@ def test_an_archived_run_reads_the_same_and_restores_exactly(client: TestClient,
     run = db_session.get(Run, seeded.run_id)
     assert run is not None and run.archive_path == f"run-{seeded.run_id}" and run.archived_at is not None
     db_session.commit()
+    assert pq.ParquetFile(Path(report.path) / archive.FILE_NAME).metadata.num_row_groups == -(-stored // 3)
     assert _answers(client, seeded) == before  # read from Parquet now
     assert client.get(f"/runs/{seeded.run_id}").status_code == 200  # the dashboard's run page
     episode = seeded.episode_ids[0][0]
@@ -130,8 +137,6 @@ def test_a_forged_manifest_naming_another_run_is_not_restored(seeded: SeededRun,
     _finish(db_session, seeded.run_id)
     report = archive.archive_run(engine, seeded.run_id)
     directory = Path(report.path)
-    import pyarrow.parquet as pq
-
     table = pq.read_table(directory / archive.FILE_NAME)
     other = table.set_column(0, "run_id", [[seeded.run_id + 1] * table.num_rows])
     pq.write_table(other, directory / archive.FILE_NAME)
@@ -144,7 +149,8 @@ def test_a_forged_manifest_naming_another_run_is_not_restored(seeded: SeededRun,
     assert _turns_in_postgres(db_session, seeded.run_id) == 0
 
 
-@pytest.mark.parametrize("steered", ["../../etc", "/etc", "run-1/../../x", "other", ""])
+@pytest.mark.parametrize("steered", ["../../etc", "/etc", "run-1/../../x", "other", "", "run-", "run-1/../run-2",
+                                     "run-2"])
 def test_an_archive_path_that_leaves_the_archive_root_is_refused(client: TestClient, seeded: SeededRun,
                                                                  db_session: Session, engine: Engine,
                                                                  steered: str) -> None:
@@ -157,6 +163,7 @@ def test_an_archive_path_that_leaves_the_archive_root_is_refused(client: TestCli
     response = client.get(f"/v1/episodes/{episode}")
     assert response.status_code == 409
     assert "expected a directory 'run-<id>'" in response.json()["error"]["message"]
+    assert client.get(f"/v1/episodes/{episode}/turns/0/tokens").status_code == 409
     with pytest.raises(archive.ArchiveError, match="expected a directory 'run-<id>'"):
         archive.restore_run(engine, seeded.run_id)
 
@@ -187,3 +194,16 @@ def test_the_cli_archives_and_restores_and_says_what_is_wrong(seeded: SeededRun,
     assert json.loads(done.output)["turns"] > 0
     back = runner.invoke(cli, ["run", "restore", str(seeded.run_id)])
     assert back.exit_code == 0 and "turns of" in back.output
+
+
+def test_an_archived_run_cannot_be_resumed(seeded: SeededRun, db_session: Session, engine: Engine) -> None:
+    """Its new turns would go to Postgres while its old ones are read from the file."""
+    _finish(db_session, seeded.run_id)
+    db_session.execute(update(Run).where(Run.id == seeded.run_id).values(status="stopped"))
+    db_session.commit()
+    archive.archive_run(engine, seeded.run_id)
+    with pytest.raises(InvalidRunState, match=f"run {seeded.run_id} is archived; `crucible runs restore"):
+        resume_run(db_session, run_id=seeded.run_id)
+    db_session.rollback()
+    archive.restore_run(engine, seeded.run_id)
+    assert resume_run(db_session, run_id=seeded.run_id).status in ("running", "pending")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from sqlalchemy import create_engine, pool, select, text
+from sqlalchemy import Engine, create_engine, pool, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
@@ -18,9 +18,8 @@ from core.models import Turn
 from scripts.seed_store import StoreShape, seed
 from tests import factories
 
-CHECKSUM = ("SELECT count(*), md5(string_agg(concat_ws('|', run_id, episode_id, index, token_ids, logprobs, loss_mask, "
-            "completion_text, tool_call, observation, search), ',' ORDER BY run_id, episode_id, index)) FROM turns")
-"""Every turn, its arrays, text and search vector, in one digest."""
+CHECKSUM = "SELECT count(*), md5(string_agg(turns::text, ',' ORDER BY run_id, episode_id, index)) FROM turns"
+"""Every turn, every column of it (the search vector too), in one digest."""
 
 
 @pytest.fixture
@@ -85,6 +84,8 @@ def test_0008_partitions_a_populated_store_without_copying_and_downgrades(scratc
         report = archive.archive_run(engine, old_runs[1], root=tmp_path)
         with psycopg.connect(scratch) as conn:
             assert _partition_of(conn, old_runs[1]) == set() and _partition_of(conn, old_runs[0]) == {"turns_legacy"}
+        with pytest.raises(RuntimeError, match=f"runs {old_runs[1]} are archived"):  # its turns are in Parquet only
+            migrate.downgrade("0007", url=_sqlalchemy(scratch))
         assert archive.restore_run(engine, old_runs[1], root=tmp_path).turns == report.turns > 0
     finally:
         engine.dispose()
@@ -105,16 +106,38 @@ def test_0008_partitions_a_populated_store_without_copying_and_downgrades(scratc
 
 def test_every_run_gets_its_partition_even_when_ids_come_round_again(db_session: Session) -> None:
     """The suite empties tables with RESTART IDENTITY, so run ids repeat: the partition is reused."""
-    run = factories.run(db_session)
-    episode = factories.group(db_session, run=run)
+    first = factories.run(db_session).id
     db_session.commit()
-    name = f"turns_run_{run.id}"
+    db_session.execute(text("TRUNCATE runs RESTART IDENTITY CASCADE"))
+    db_session.commit()
+    again = factories.run(db_session).id
+    db_session.commit()
+    assert again == first
     attached = db_session.execute(text("SELECT inhrelid::regclass::text FROM pg_inherits "
                                        "WHERE inhparent = 'turns'::regclass")).scalars().all()
-    assert name in attached
-    db_session.execute(text("SELECT crucible_turns_partition(:id)"), {"id": run.id})  # twice: a no-op
-    assert episode.run_id == run.id
-    assert db_session.execute(select(Turn).where(Turn.run_id == run.id)).all() == []
+    assert f"turns_run_{again}" in attached
+    assert db_session.execute(select(Turn).where(Turn.run_id == again)).all() == []
+
+
+def test_creating_a_run_waits_for_no_writer_of_episodes(engine: Engine) -> None:
+    """A worker mid-transaction on episodes: a run is still created at once (the partition's attach locks
+    only `turns`; with foreign keys to clone it would wait for the worker, then hold every writer of
+    episodes and runs until the launch commits)."""
+    with Session(engine) as worker, Session(engine) as launch, Session(engine) as other:
+        worker.execute(text("LOCK TABLE episodes IN ROW EXCLUSIVE MODE"))  # as a worker storing an episode
+        launch.execute(text("SET lock_timeout = '5s'"))
+        factories.run(launch)  # flushed: its partition attached, the transaction open
+        other.execute(text("SET lock_timeout = '5s'"))
+        worker.commit()
+        launch.commit()
+        second = factories.run(other)
+        other.commit()
+        names = other.execute(text("SELECT inhrelid::regclass::text FROM pg_inherits "
+                                   "WHERE inhparent = 'turns'::regclass")).scalars().all()
+        assert f"turns_run_{second.id}" in names
+    with Session(engine) as cleanup:
+        cleanup.execute(text("TRUNCATE runs RESTART IDENTITY CASCADE"))
+        cleanup.commit()
 
 
 def test_a_turn_for_a_run_with_no_partition_is_refused(db_session: Session) -> None:
