@@ -27,7 +27,6 @@ import bisect
 import hashlib
 import io
 import json
-import os
 import re
 import shutil
 import threading
@@ -48,6 +47,7 @@ from sqlalchemy import Engine, select, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
+from core.durable import fsync_path
 from core.errors import CrucibleError, NotFound
 from core.models import Episode, Run
 from core.settings import get_settings
@@ -193,22 +193,14 @@ def _write(engine: Engine, run_id: int, file: Path) -> tuple[int, int]:
             episodes.update(row[1] for row in rows)
     if pq.ParquetFile(file).metadata.num_rows != turns:
         raise ArchiveError(f"run {run_id}: the archive reads back a different number of turns than was written")
-    _fsync(file)  # on disk before the partition is emptied
+    fsync_path(file)  # on disk before the partition is emptied
     manifest = {"format": FORMAT, "run_id": run_id, "turns": turns, "episodes": len(episodes),
                 "bytes": file.stat().st_size, "sha256": _sha256(file), "archived_at": datetime.now(UTC).isoformat()}
     (file.parent / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
-    _fsync(file.parent / MANIFEST_NAME)
-    _fsync(file.parent)
+    fsync_path(file.parent / MANIFEST_NAME)
+    fsync_path(file.parent)
     return turns, len(episodes)
 
-
-def _fsync(path: Path) -> None:
-    """A file's or a directory's contents on disk (a directory: the names in it)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _remove_turns(engine: Engine, run_id: int, *, turns: int, scratch: Path, directory: Path) -> None:
@@ -238,7 +230,7 @@ def _remove_turns(engine: Engine, run_id: int, *, turns: int, scratch: Path, dir
         run.archived_at, run.archive_path = datetime.now(UTC), directory.name
         shutil.rmtree(directory, ignore_errors=True)  # a stale one from an attempt whose commit failed
         scratch.rename(directory)
-        _fsync(directory.parent)
+        fsync_path(directory.parent)
 
 
 def _csv(batch: pa.RecordBatch) -> bytes:

@@ -19,6 +19,7 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from core.durable import fsync_path
 from trainer.engine import PolicyEngine
 
 STATE_FILE = "trainer_state.json"
@@ -44,15 +45,7 @@ def _fsync_tree(directory: Path) -> None:
         if path.is_file():
             with path.open("rb") as handle:
                 os.fsync(handle.fileno())
-    _fsync_dir(directory)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(directory)
 
 
 class CheckpointStore:
@@ -85,14 +78,14 @@ class CheckpointStore:
         target = self._path(state.step, pending=True)
         shutil.rmtree(target, ignore_errors=True)
         os.rename(tmp, target)
-        _fsync_dir(self.root)
+        fsync_path(self.root)
         return target
 
     def promote(self, step: int) -> Path:
         """`step-N.pending` → `step-N`; then delete all but the newest `keep` checkpoints."""
         final = self._path(step, pending=False)
         os.rename(self._path(step, pending=True), final)
-        _fsync_dir(self.root)
+        fsync_path(self.root)
         for old in self._steps(pending=False)[: -self.keep]:
             shutil.rmtree(self._path(old, pending=False), ignore_errors=True)
         return final
