@@ -141,11 +141,10 @@ def pass_rate(
 
 
 def _archive_command(action: Callable[..., Any], run_id: int, output: OutputFormat) -> None:
-    from core.archive import report_dict
     from core.db import get_engine
 
     with readable_errors():
-        report = report_dict(action(get_engine(), run_id))
+        report = asdict(action(get_engine(), run_id))
     if output is OutputFormat.json:
         print_json(report)
         return

@@ -33,7 +33,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
@@ -72,6 +72,8 @@ SCHEMA = pa.schema([
 """Every stored column of `turns` (not `search`, which Postgres derives); tool_call as JSON text; logprobs
 as the REALs (float32) they are, read back as the shortest decimal, as Postgres prints them."""
 COLUMNS = tuple(SCHEMA.names)
+COLUMN_LIST = ", ".join(f'"{name}"' if name == "index" else name for name in COLUMNS)
+"""COLUMNS as SQL, for the archive's SELECT and the restore's COPY."""
 
 
 class ArchiveError(CrucibleError):
@@ -122,8 +124,7 @@ def _partition(session: Session, run_id: int) -> str | None:
 def _rows(engine: Engine, run_id: int) -> Iterator[list[tuple[Any, ...]]]:
     """The run's turns in (episode_id, index) order, ROW_GROUP_TURNS at a time, from a server-side cursor
     (binary: arrays and timestamps are parsed in C), so memory stays flat however large the run."""
-    columns = ", ".join(f'"{name}"' if name == "index" else name for name in COLUMNS)
-    query = (f"SELECT {columns.replace('tool_call', 'tool_call::text')} FROM turns WHERE run_id = %s "
+    query = (f"SELECT {COLUMN_LIST.replace('tool_call', 'tool_call::text')} FROM turns WHERE run_id = %s "
              "ORDER BY episode_id, index")
     with engine.connect() as conn, conn.begin():
         raw = conn.connection.driver_connection
@@ -271,7 +272,6 @@ def restore_run(engine: Engine, run_id: int, *, root: Path | None = None) -> Arc
     if not file.is_file() or _sha256(file) != expected.get("sha256"):
         raise ArchiveError(f"run {run_id}: {file} is missing or does not match its manifest's SHA-256; "
                            "nothing was restored")
-    columns = ", ".join(f'"{name}"' if name == "index" else name for name in COLUMNS)
     episodes: set[int] = set()
     with Session(engine) as session, session.begin():
         if _run(session, run_id, lock=True).archive_path != name:
@@ -280,7 +280,7 @@ def restore_run(engine: Engine, run_id: int, *, root: Path | None = None) -> Arc
         raw = session.connection().connection.driver_connection
         assert raw is not None
         turns = 0
-        with raw.cursor() as cursor, cursor.copy(f"COPY turns ({columns}) FROM STDIN (FORMAT csv)") as copy:
+        with raw.cursor() as cursor, cursor.copy(f"COPY turns ({COLUMN_LIST}) FROM STDIN (FORMAT csv)") as copy:
             for batch in pq.ParquetFile(file).iter_batches(batch_size=ROW_GROUP_TURNS * 8):
                 strangers = pc.filter(batch.column("run_id"), pc.not_equal(batch.column("run_id"), run_id))
                 if len(strangers):
@@ -374,6 +374,3 @@ def checked(run_id: int, name: str | None) -> str | None:
                            f"got {name!r}")
     return name
 
-
-def report_dict(report: ArchiveReport) -> dict[str, Any]:
-    return asdict(report)
