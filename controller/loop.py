@@ -1,4 +1,4 @@
-"""The controller loop: leader lock → for each active run: reconcile, dispatch, finish.
+"""The controller loop: leader lock → for each active run: fold its counters, reconcile, dispatch, finish.
 
     crucible controller --poll 1.0        # or, in code:
     Controller(engine=get_engine(), dispatcher=celery_dispatcher()).run_forever(poll_s=1.0)
@@ -27,6 +27,7 @@ from controller.logs import log_event
 from controller.pass_rate import record_job_pass_rates
 from controller.reconcile import reconcile_run
 from controller.runs import active_run_ids, get_run
+from core.counters import fold_if_long
 from core.db import session_factory
 
 logger = logging.getLogger("crucible.controller")
@@ -78,6 +79,7 @@ class Controller:
         return report
 
     def _step_run(self, session: Session, *, run_id: int, report: StepReport) -> None:
+        fold_if_long(session, run_id=run_id)  # keep the run's counter ledgers short (core.counters)
         reconciled = reconcile_run(session, run_id=run_id, dispatcher=self.dispatcher, settings=self.settings)
         report.resent += len(reconciled.resent)
         report.failed += len(reconciled.failed)

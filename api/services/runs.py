@@ -7,6 +7,7 @@ read side the dashboard and the CLI need.
 from __future__ import annotations
 
 import math
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import func, select
@@ -15,8 +16,9 @@ from sqlalchemy.orm import Session
 from api.pagination import decode_cursor, page
 from api.services import run_health
 from controller import runs as controller_runs
+from core.counters import run_counts
 from core.errors import ConfigError, NotFound
-from core.models import Environment, Episode, EpisodeGroup, Run, RunEnvironment, TrainingStep
+from core.models import Environment, Run, RunEnvironment, RunEpisodeCounts, TrainingStep
 from core.schemas import RunConfig
 from core.termination import EpisodeStatus
 
@@ -74,46 +76,30 @@ def _std(count: int, total: float, squares: float) -> float | None:
 
 
 def summary(session: Session, *, run_id: int) -> dict[str, Any]:
-    """Counts by status and termination reason, reward mean/std, tokens and turns: one pass over episodes."""
-    query = (
-        select(Episode.status, Episode.termination_reason, func.count(), func.count(Episode.reward),
-               func.coalesce(func.sum(Episode.reward), 0.0), func.coalesce(func.sum(Episode.reward * Episode.reward), 0.0),
-               func.coalesce(func.sum(Episode.num_tokens), 0), func.coalesce(func.sum(Episode.num_turns), 0),
-               func.count().filter(func.cardinality(Episode.flags) > 0))
-        .where(Episode.run_id == run_id).group_by(Episode.status, Episode.termination_reason)
-    )
+    """Counts by status and termination reason, reward mean/std, tokens, turns, flags and groups: summed
+    from the run's counter ledgers (`core.counters`), a few dozen rows whatever the size of the run."""
+    counts = run_counts(session, run_id=run_id)
     episodes: dict[str, int] = {}
     termination: dict[str, int] = {}
-    rewarded, total, squares, tokens, turns, scored, flagged = 0, 0.0, 0.0, 0, 0, 0, 0
-    for status, reason, count, n_reward, r_sum, r_squares, n_tokens, n_turns, n_flagged in session.execute(query):
-        episodes[status] = episodes.get(status, 0) + count
+    rewarded, total, squares, tokens, turns, scored, flagged = 0, Decimal(0), Decimal(0), 0, 0, 0, 0
+    for (status, reason), row in counts.episodes.items():
+        episodes[status] = episodes.get(status, 0) + row.episodes
         if reason is not None:
-            termination[reason] = termination.get(reason, 0) + count
+            termination[reason] = termination.get(reason, 0) + row.episodes
         if status == EpisodeStatus.COMPLETED:
-            scored, flagged = scored + count, flagged + n_flagged
-        rewarded, total, squares = rewarded + n_reward, total + float(r_sum or 0.0), squares + float(r_squares or 0.0)
-        tokens, turns = tokens + int(n_tokens), turns + int(n_turns)
-    groups = dict(session.execute(
-        select(EpisodeGroup.status, func.count()).where(EpisodeGroup.run_id == run_id).group_by(EpisodeGroup.status)
-    ).all())
+            scored, flagged = scored + row.episodes, flagged + row.flagged
+        rewarded, total, squares = rewarded + row.rewarded, total + row.reward_sum, squares + row.reward_squares
+        tokens, turns = tokens + row.tokens, turns + row.turns
     steps, latest = session.execute(
         select(func.count(), func.max(TrainingStep.step)).where(TrainingStep.run_id == run_id)
     ).one()
     return {
-        "episodes": episodes, "groups": groups, "termination": termination,
-        "flagged": flagged, "flagged_rate": flagged / scored if scored else None,
-        "flags": flag_counts(session, run_id=run_id),
-        "reward_mean": total / rewarded if rewarded else None, "reward_std": _std(rewarded, total, squares),
+        "episodes": episodes, "groups": counts.groups, "termination": termination,
+        "flagged": flagged, "flagged_rate": flagged / scored if scored else None, "flags": counts.flags,
+        "reward_mean": float(total / rewarded) if rewarded else None,
+        "reward_std": _std(rewarded, float(total), float(squares)),
         "tokens": tokens, "turns": turns, "training_steps": steps, "latest_step": latest,
     }
-
-
-def flag_counts(session: Session, *, run_id: int) -> dict[str, int]:
-    """Flagged episodes of the run by flag (only flagged rows are unnested)."""
-    flagged = (select(func.unnest(Episode.flags).label("flag"))
-               .where(Episode.run_id == run_id, func.cardinality(Episode.flags) > 0).subquery())
-    query = select(flagged.c.flag, func.count()).group_by(flagged.c.flag).order_by(flagged.c.flag)
-    return {str(name): int(count) for name, count in session.execute(query)}
 
 
 def show(session: Session, *, run_id: int) -> dict[str, Any]:
@@ -125,11 +111,12 @@ def show(session: Session, *, run_id: int) -> dict[str, Any]:
 
 
 def episode_counts(session: Session, *, run_ids: list[int]) -> dict[int, dict[str, int]]:
-    """run id → episodes by status, for a page of runs (one index-only pass per run)."""
-    if not run_ids:
-        return {}
-    query = select(Episode.run_id, Episode.status, func.count()).where(Episode.run_id.in_(run_ids))
+    """run id → episodes by status, for a page of runs (from the counter ledgers)."""
+    ledger = RunEpisodeCounts.c
+    total = func.sum(ledger.episodes)
+    query = (select(ledger.run_id, ledger.status, total).where(ledger.run_id.in_(run_ids))
+             .group_by(ledger.run_id, ledger.status).having(total != 0))
     counts: dict[int, dict[str, int]] = {run_id: {} for run_id in run_ids}
-    for run_id, status, count in session.execute(query.group_by(Episode.run_id, Episode.status)):
-        counts[run_id][status] = count
+    for run_id, status, count in session.execute(query) if run_ids else ():
+        counts[run_id][status] = int(count)
     return counts

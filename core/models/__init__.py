@@ -3,6 +3,7 @@
 from core.models.artifact import EpisodeArtifact
 from core.models.auth import ApiToken
 from core.models.base import Base
+from core.models.counts import RunEpisodeCounts, RunFlagCounts, RunGroupCounts
 from core.models.environment import Environment, Task
 from core.models.episode import Episode, EpisodeGroup, Turn
 from core.models.run import PolicyVersion, Run, RunEnvironment, TrainingStep
@@ -19,6 +20,9 @@ __all__ = [
     "PolicyVersion",
     "Run",
     "RunEnvironment",
+    "RunEpisodeCounts",
+    "RunFlagCounts",
+    "RunGroupCounts",
     "SandboxEvent",
     "Task",
     "TrainingStep",
