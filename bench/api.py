@@ -25,6 +25,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scripts.seed_store import StoreShape, seed
 
 TARGET_MS = 300.0
+PAGE_LOAD = "dashboard /runs/{id} loaded (HTML, then run + metrics + stats at once, as run.js)"
 DEFAULT_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
@@ -97,18 +100,20 @@ def _free_port() -> int:
 
 
 def serve(url: str) -> tuple[str, Any]:
-    """The API on a loopback port in this process, pointed at `url`; returns its base URL and server."""
+    """The API on a loopback port in this process, pointed at `url`, configured (and started) as `crucible api`
+    does; returns its base URL and server."""
     import uvicorn
 
     os.environ["CRUCIBLE_DATABASE_URL"] = url
+    os.environ["CRUCIBLE_LOG_LEVEL"] = "WARNING"  # no access log line per request
     from core.settings import get_settings
 
     get_settings.cache_clear()
     from api.main import create_app
+    from api.server import uvicorn_config
 
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning",
-                                           lifespan="off"))
+    server = uvicorn.Server(uvicorn_config(host="127.0.0.1", port=port, app=create_app()))  # as `crucible api`
     threading.Thread(target=server.run, daemon=True).start()
     while not server.started:
         time.sleep(0.05)
@@ -151,10 +156,10 @@ def _targets(http: httpx.Client) -> dict[str, str]:
 
 
 def _pages(*, run: int, group: int, episode: int) -> dict[str, str]:
-    """Every dashboard page (HTML, rendered with all the data it shows)."""
+    """Every dashboard page (HTML; the run page's charts' data is the JSON `run_page_load` fetches)."""
     return {
         "dashboard / (runs)": "/",
-        "dashboard /runs/{id} (all of the run data)": f"/runs/{run}",
+        "dashboard /runs/{id} (HTML: summary, latest groups and episodes)": f"/runs/{run}",
         "dashboard /groups/{id}": f"/groups/{group}",
         "dashboard /episodes?run_id (filtered list)": f"/episodes?run_id={run}&status=completed",
         "dashboard /episodes?q (search in turns)": f"/episodes?run_id={run}&q=segfault",
@@ -190,6 +195,7 @@ def archive_round_trip(url: str, http: httpx.Client, *, repeat: int) -> dict[str
     try:
         archived = archive_run(engine, run)
         requests = {name: measure(http, path, repeat=repeat) for name, path in _archived_targets(http, run).items()}
+        requests[f"archived: {PAGE_LOAD}"] = run_page_load(http, run, repeat=repeat)
         restored = restore_run(engine, run)
     finally:
         engine.dispose()
@@ -199,16 +205,31 @@ def archive_round_trip(url: str, http: httpx.Client, *, repeat: int) -> dict[str
             "restore_s_per_million_turns": _per_million(restored.seconds, restored.turns), "requests": requests}
 
 
-def measure(http: httpx.Client, path: str, *, repeat: int) -> dict[str, float]:
-    """p50/p95 of `repeat` requests after two warm-ups; `first_ms` is the very first (cold) request."""
+def run_page_load(http: httpx.Client, run: int, *, repeat: int) -> dict[str, float]:
+    """The run page as a browser loads it: the HTML, then the three requests run.js makes at once (the
+    run, its metrics, its stats); p50/p95 of the time until the last answer."""
+    fetched = [f"/v1/runs/{run}", f"/v1/runs/{run}/metrics", f"/v1/runs/{run}/stats"]
+
+    def load() -> None:
+        http.get(f"/runs/{run}").raise_for_status()
+        with ThreadPoolExecutor(len(fetched)) as pool:
+            for response in pool.map(http.get, fetched):
+                response.raise_for_status()
+
+    return measure(http, load, repeat=repeat)
+
+
+def measure(http: httpx.Client, path: str | Callable[[], None], *, repeat: int) -> dict[str, float]:
+    """p50/p95 of `repeat` requests (or page loads) after two warm-ups; `first_ms` is the very first (cold)."""
+    request = path if callable(path) else lambda: http.get(path).raise_for_status()
     started = time.perf_counter()
-    http.get(path).raise_for_status()
+    request()
     first = (time.perf_counter() - started) * 1000
-    http.get(path).raise_for_status()
+    request()
     samples = []
     for _ in range(repeat):
         started = time.perf_counter()
-        http.get(path).raise_for_status()
+        request()
         samples.append((time.perf_counter() - started) * 1000)
     samples.sort()
     p95 = samples[min(len(samples) - 1, round(0.95 * (len(samples) - 1)))]
@@ -228,6 +249,8 @@ def main() -> None:
     try:
         with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {_token()}"}, timeout=600) as http:
             results = {name: measure(http, path, repeat=args.repeat) for name, path in _targets(http).items()}
+            running = http.get("/v1/runs", params={"status": "running", "limit": 1}).json()["data"][0]["id"]
+            results[PAGE_LOAD] = run_page_load(http, running, repeat=args.repeat)
             archived = None if args.skip_archive else archive_round_trip(url, http, repeat=args.repeat)
     finally:
         server.should_exit = True

@@ -20,8 +20,8 @@ from api.errors import crucible_status
 from api.pagination import DEFAULT_LIMIT, Cursor
 from api.params import EpisodeId, GroupId, RunId
 from api.routes.episodes import episode_filters
-from api.schemas.runs import RunDetail, RunMetrics, RunStats
-from api.services import episodes, groups, run_charts, run_stats, runs, sandboxes
+from api.schemas.runs import RunDetail
+from api.services import episodes, groups, runs, sandboxes
 from api.services.episodes import EpisodeFilters
 from core.errors import CrucibleError
 from core.flags import EpisodeFlag
@@ -78,12 +78,9 @@ def run_page(request: Request, run_id: RunId, session: SessionDep, _: PageToken)
     run = runs.show(session, run_id=run_id)
     recent_groups, _cursor = groups.list_groups(session, run_id=run_id, status=None, cursor=None, limit=12)
     recent, _cursor = episodes.list_episodes(session, filters=EpisodeFilters(run_id=run_id), cursor=None, limit=12)
-    charts = {  # the same JSON the page polls for, serialised by the API's own schemas
-        "run": RunDetail.model_validate(run).model_dump(mode="json"),
-        "metrics": RunMetrics.model_validate(run_charts.metrics(session, run_id=run_id), from_attributes=True)
-        .model_dump(mode="json"),
-        "stats": RunStats.model_validate(run_stats.stats(session, run_id=run_id)).model_dump(mode="json"),
-    }
+    # The run as the page polls for it, serialised by the API's own schema; the charts' data (metrics,
+    # stats) is fetched by run.js from /v1/runs/{id}/metrics and /stats, in parallel, on load.
+    charts = {"run": RunDetail.model_validate(run).model_dump(mode="json")}
     return render(request, "run.html", {"run": run, "groups": recent_groups, "episodes": recent, "charts": charts,
                                         "reasons": list(TerminationReason)})
 

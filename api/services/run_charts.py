@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sqlalchemy import Integer, any_, cast, exists, func, select
+from sqlalchemy import Integer, Row, any_, cast, exists, func, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
@@ -39,10 +39,14 @@ def stride_for(*, first: int, latest: int, total: int, max_points: int) -> int:
     return max(1, math.ceil((latest - first) / (max_points - 1)))
 
 
-def sampled_steps(session: Session, *, run_id: int, max_points: int) -> tuple[list[TrainingStep], int, int]:
-    """(the training steps to chart, oldest first; the stride; how many steps the run has). The wanted
-    step numbers go to Postgres as one array, looked up in the (run_id, step) index: at most `max_points`
-    rows are read."""
+STEP_COLUMNS = (TrainingStep.step, TrainingStep.policy_version, TrainingStep.metrics, TrainingStep.created_at,
+                TrainingStep.points)
+
+
+def sampled_steps(session: Session, *, run_id: int, max_points: int) -> tuple[list[Row[Any]], int, int]:
+    """(the training steps to chart as rows of STEP_COLUMNS, oldest first; the stride; how many steps the
+    run has). The wanted step numbers go to Postgres as one array, looked up in the (run_id, step) index:
+    at most `max_points` rows are read (as plain rows: no ORM identity map for a thousand steps)."""
     assert max_points >= 2, "the first and the latest step are always charted"
     first, latest, total = session.execute(
         select(func.min(TrainingStep.step), func.max(TrainingStep.step), func.count())
@@ -51,14 +55,14 @@ def sampled_steps(session: Session, *, run_id: int, max_points: int) -> tuple[li
     if not total:
         return [], 1, 0
     stride = stride_for(first=first, latest=latest, total=total, max_points=max_points)
-    query = select(TrainingStep).where(TrainingStep.run_id == run_id).order_by(TrainingStep.step)
+    query = select(*STEP_COLUMNS).where(TrainingStep.run_id == run_id).order_by(TrainingStep.step)
     if stride > 1:
         wanted = [*range(first, latest, stride), latest]
         query = query.where(TrainingStep.step == any_(cast(wanted, ARRAY(Integer))))
-    return list(session.execute(query).scalars()), stride, total
+    return list(session.execute(query)), stride, total
 
 
-def _step_points(session: Session, *, run_id: int, steps: list[TrainingStep]) -> list[Point]:
+def _step_points(session: Session, *, run_id: int, steps: list[Row[Any]]) -> list[Point]:
     """The stored point of each step; those never stored computed from the episodes (in one pass). A step
     without ended episodes has no point."""
     missing = [row.step for row in steps if row.points is None]

@@ -170,10 +170,14 @@ def test_a_bad_max_points_is_a_422_that_names_it(client: TestClient, seeded: See
     assert error["code"] == "validation_error" and error["message"].startswith("query.max_points: ")
 
 
-def test_the_dashboard_run_page_embeds_the_strided_metrics(
+def test_the_dashboard_run_page_stays_small_and_its_charts_fetch_the_strided_metrics(
     client: TestClient, db_session: Session
 ) -> None:
+    """The page embeds the run, not its 2,500 steps: run.js fetches the strided metrics on load
+    (test_strided_run_browser draws them)."""
     run_id = long_run(db_session, first=1, count=2500)
     page = client.get(f"/runs/{run_id}")
-    assert page.status_code == 200
-    assert '"stride": 3' in page.text and '"total_steps": 2500' in page.text and 'id="training-stride"' in page.text
+    assert page.status_code == 200 and 'id="training-stride"' in page.text
+    assert '"total_steps"' not in page.text and len(page.content) < 64 * 1024
+    metrics = client.get(f"/v1/runs/{run_id}/metrics").json()
+    assert metrics["stride"] == 3 and metrics["total_steps"] == 2500

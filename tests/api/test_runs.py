@@ -106,7 +106,8 @@ def test_stats_staleness_throughput_and_time_split(client: TestClient, seeded: S
     # trained at step 1 (trainer at version 1) from version 0 → 1; untrained: current version 2 − 0 or − 1
     assert stats["staleness"] == [{"staleness": 1, "episodes": 6}, {"staleness": 2, "episodes": 4}]
     assert [point["episodes"] for point in stats["throughput"]] == [4, 4, 2]
-    assert stats["time_split"] == {"generation": 15.0, "sandbox": 20.0, "verify": 5.0, "training/train": 5.0}
+    # training time: the steps that trained on the window's groups (step 1, 3 s; step 2 trained on none)
+    assert stats["time_split"] == {"generation": 15.0, "sandbox": 20.0, "verify": 5.0, "training/train": 3.0}
 
 
 def test_stats_cover_a_window_of_the_latest_groups(
@@ -116,3 +117,4 @@ def test_stats_cover_a_window_of_the_latest_groups(
     stats = client.get(f"/v1/runs/{seeded.run_id}/stats").json()
     assert stats["staleness"] == [{"staleness": 1, "episodes": 2}]  # the running group: 2 ended rollouts
     assert stats["time_split"]["generation"] == 3.0
+    assert "training/train" not in stats["time_split"]  # no step has trained on the running group yet

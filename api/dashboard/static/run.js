@@ -1,4 +1,5 @@
-// The run page: draws the charts from the embedded JSON, then polls the API while the run is active.
+// The run page: the run is embedded; the charts' data (metrics, stats) is fetched on load and polled
+// while the run is active, so the page itself stays small whatever the size of the run.
 "use strict";
 (() => {
   const island = document.getElementById("run-data");
@@ -126,6 +127,7 @@
   }
 
   async function poll() {
+    let failed = false;
     try {
       const get = path => fetch(path, { credentials: "same-origin" }).then(r => (r.ok ? r.json() : Promise.reject(r.status)));
       const [run, metrics, stats] = await Promise.all([get(`/v1/runs/${runId}`), get(`/v1/runs/${runId}/metrics`), get(`/v1/runs/${runId}/stats`)]);
@@ -133,16 +135,15 @@
       drawSummary(run);
       draw();
     } catch (error) {
-      $("live-note").textContent = `live refresh failed (${error}); retrying`;
+      failed = true;
+      $("live-note").hidden = false;
+      $("live-note").textContent = `loading the charts failed (${error}); retrying`;
     }
-    if (ACTIVE.includes(state.run.status)) setTimeout(poll, POLL_MS);
+    if (failed || ACTIVE.includes(state.run.status)) setTimeout(poll, POLL_MS);
     else $("live-note").hidden = true;
   }
 
-  $("training-metric").addEventListener("change", () => drawTraining(state.metrics));
-  draw();
-  if (ACTIVE.includes(state.run.status)) {
-    $("live-note").hidden = false;
-    setTimeout(poll, POLL_MS);
-  }
+  $("training-metric").addEventListener("change", () => state.metrics && drawTraining(state.metrics));
+  $("live-note").hidden = !ACTIVE.includes(state.run.status);
+  poll();
 })();
