@@ -147,9 +147,12 @@ def _status_and_error(answer: bytes) -> tuple[int, dict]:
 def test_a_50_mb_header_is_431_with_memory_flat(server: LiveApi) -> None:
     baseline = server.memory_kib("VmHWM")
     head = b"GET /v1/runs HTTP/1.1\r\nHost: x\r\nX-Big: "
-    answer = _send_until_answered(server.port, head, (b"a" * MIB for _ in range(50)))
-    status, error = _status_and_error(answer)
-    assert status == 431 and error["code"] == "request_header_fields_too_large"
+    for _attempt in range(3):  # the body can be lost to the reset (see _status_and_error): ask again
+        status, error = _status_and_error(_send_until_answered(server.port, head, (b"a" * MIB for _ in range(50))))
+        assert status == 431
+        if error:
+            break
+    assert error["code"] == "request_header_fields_too_large"
     assert error["message"] == "request head: expected at most 65536 bytes of request line and headers, got more"
     assert server.memory_kib("VmHWM") - baseline < MEMORY_BOUND_KIB
     assert httpx.get(f"{server.url}/healthz").status_code == 200  # nobody else is stalled
