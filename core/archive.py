@@ -14,7 +14,9 @@ archived run loses is full-text search over its turns (`q=`): the search index l
 Archiving writes the file beside its final name, checks that it reads back the run's row count, and
 only then, in one transaction that locks the partition, records the archive on the run and empties
 the partition (TRUNCATE: its disk space is returned at once; the empty table stays attached).
-Restoring checks the file's SHA-256 against the manifest before a row goes back in. Either command
+Restoring checks the file's SHA-256 against the one recorded on the run when it was written (not the
+manifest's: whoever can rewrite the file can rewrite the manifest) before a row goes back in, and reads
+check it once per file version before the footer is trusted. Either command
 that fails part-way leaves the run as it was: its turns in Postgres, or in a complete archive.
 
 The archive directory must be shared by every host that serves the API (a network mount): the run
@@ -174,16 +176,16 @@ def archive_run(engine: Engine, run_id: int, *, root: Path | None = None) -> Arc
     scratch = directory.parent / f".{name}-{uuid.uuid4().hex[:12]}"  # written apart; renamed when it is whole
     scratch.mkdir(parents=True)
     try:
-        turns, episodes = _write(engine, run_id, scratch / FILE_NAME)
-        _remove_turns(engine, run_id, turns=turns, scratch=scratch, directory=directory)
+        turns, episodes, digest = _write(engine, run_id, scratch / FILE_NAME)
+        _remove_turns(engine, run_id, turns=turns, digest=digest, scratch=scratch, directory=directory)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)  # gone already once renamed into place
     return ArchiveReport(run_id=run_id, turns=turns, episodes=episodes, bytes=(directory / FILE_NAME).stat().st_size,
                          seconds=time.perf_counter() - started, path=str(directory))
 
 
-def _write(engine: Engine, run_id: int, file: Path) -> tuple[int, int]:
-    """The run's turns into `file` with its manifest beside it; returns (turns, episodes)."""
+def _write(engine: Engine, run_id: int, file: Path) -> tuple[int, int, str]:
+    """The run's turns into `file` with its manifest beside it; returns (turns, episodes, the file's SHA-256)."""
     turns = 0
     episodes: set[int] = set()
     with pq.ParquetWriter(file, SCHEMA, compression="zstd") as writer:
@@ -195,16 +197,17 @@ def _write(engine: Engine, run_id: int, file: Path) -> tuple[int, int]:
     if pq.ParquetFile(file).metadata.num_rows != turns:
         raise ArchiveError(f"run {run_id}: the archive reads back a different number of turns than was written")
     fsync_path(file)  # on disk before the partition is emptied
+    digest = _sha256(file)
     manifest = {"format": FORMAT, "run_id": run_id, "turns": turns, "episodes": len(episodes),
-                "bytes": file.stat().st_size, "sha256": _sha256(file), "archived_at": datetime.now(UTC).isoformat()}
+                "bytes": file.stat().st_size, "sha256": digest, "archived_at": datetime.now(UTC).isoformat()}
     (file.parent / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
     fsync_path(file.parent / MANIFEST_NAME)
     fsync_path(file.parent)
-    return turns, len(episodes)
+    return turns, len(episodes), digest
 
 
 
-def _remove_turns(engine: Engine, run_id: int, *, turns: int, scratch: Path, directory: Path) -> None:
+def _remove_turns(engine: Engine, run_id: int, *, turns: int, digest: str, scratch: Path, directory: Path) -> None:
     """In one transaction: check the run is still unarchived and no turn arrived since the file was
     written, put the archive in place, record it on the run and empty the run's partition (TRUNCATE: its
     storage goes back at once; the empty partition stays attached, so restoring needs no DDL on `turns`).
@@ -228,7 +231,7 @@ def _remove_turns(engine: Engine, run_id: int, *, turns: int, scratch: Path, dir
             session.execute(text(f"TRUNCATE {partition}"))
         else:
             session.execute(text("DELETE FROM turns WHERE run_id = :run"), {"run": run_id})
-        run.archived_at, run.archive_path = datetime.now(UTC), directory.name
+        run.archived_at, run.archive_path, run.archive_sha256 = datetime.now(UTC), directory.name, digest
         shutil.rmtree(directory, ignore_errors=True)  # a stale one from an attempt whose commit failed
         scratch.rename(directory)
         fsync_path(directory.parent)
@@ -263,15 +266,17 @@ def restore_run(engine: Engine, run_id: int, *, root: Path | None = None) -> Arc
     started = time.perf_counter()
     with Session(engine) as session:
         run = _run(session, run_id)
-        name = checked(run_id, run.archive_path)
-        if name is None:
+        archived = checked(run_id, run.archive_path, run.archive_sha256)
+        if archived is None:
             raise ArchiveError(f"run {run_id} is not archived: its turns are in Postgres")
+    name = archived.name
     directory = _directory(name, root=root)
     expected = manifest(name, root=root)
     file = directory / FILE_NAME
-    if not file.is_file() or _sha256(file) != expected.get("sha256"):
-        raise ArchiveError(f"run {run_id}: {file} is missing or does not match its manifest's SHA-256; "
-                           "nothing was restored")
+    recorded = archived.sha256 or expected.get("sha256")  # runs archived before 0009: the manifest's
+    if not file.is_file() or _sha256(file) != recorded:
+        raise ArchiveError(f"run {run_id}: {file} is missing or does not match the SHA-256 recorded when it was "
+                           "archived; nothing was restored")
     episodes: set[int] = set()
     with Session(engine) as session, session.begin():
         if _run(session, run_id, lock=True).archive_path != name:
@@ -291,7 +296,8 @@ def restore_run(engine: Engine, run_id: int, *, root: Path | None = None) -> Arc
                 turns += batch.num_rows
         if turns != expected.get("turns"):
             raise ArchiveError(f"run {run_id}: expected {expected.get('turns')} turns in the archive, read {turns}")
-        session.execute(text("UPDATE runs SET archived_at = NULL, archive_path = NULL WHERE id = :run"),
+        session.execute(text("UPDATE runs SET archived_at = NULL, archive_path = NULL, archive_sha256 = NULL "
+                             "WHERE id = :run"),
                         {"run": run_id})
     size = file.stat().st_size
     shutil.rmtree(directory)
@@ -312,8 +318,13 @@ _index_lock = threading.Lock()
 
 
 @lru_cache(maxsize=64)
-def _index(path: str, mtime_ns: int, size: int) -> _FileIndex:
-    """The parsed footer of an archive file and its row groups' episode ranges (keyed by mtime and size)."""
+def _index(path: str, mtime_ns: int, size: int, sha256: str | None) -> _FileIndex:
+    """The parsed footer of an archive file and its row groups' episode ranges (keyed by mtime and size),
+    once the file is found to be the one its run recorded (`sha256`; None for a run archived before it
+    was recorded): a file changed since it was archived is never read, and checked once per version."""
+    if sha256 is not None and _sha256(Path(path)) != sha256:
+        raise ArchiveError(f"{path} does not match the SHA-256 recorded on its run when it was archived: it was "
+                           "changed since; it is not read")
     metadata = pq.ParquetFile(path).metadata
     column = SCHEMA.get_field_index("episode_id")
     firsts, lasts = [], []
@@ -324,12 +335,13 @@ def _index(path: str, mtime_ns: int, size: int) -> _FileIndex:
     return _FileIndex(metadata=metadata, first_episode=firsts, last_episode=lasts)
 
 
-def read_turns(name: str, *, episode_ids: Sequence[int], columns: Sequence[str],
+def read_turns(archived: Archived, *, episode_ids: Sequence[int], columns: Sequence[str],
                root: Path | None = None) -> list[dict[str, Any]]:
     """The archived turns of `episode_ids` (in (episode_id, index) order), with `columns` plus
     episode_id and index; tool_call parsed back from JSON."""
     unknown = set(columns) - set(COLUMNS)
     assert not unknown, unknown
+    name = archived.name
     path = _directory(name, root=root) / FILE_NAME
     try:
         stat = path.stat()
@@ -337,7 +349,7 @@ def read_turns(name: str, *, episode_ids: Sequence[int], columns: Sequence[str],
         raise ArchiveError(f"archive {name}: {path} cannot be read ({error}); is CRUCIBLE_ARCHIVE_DIR the directory "
                            "the run was archived to?") from error
     with _index_lock:
-        index = _index(str(path), stat.st_mtime_ns, stat.st_size)
+        index = _index(str(path), stat.st_mtime_ns, stat.st_size, archived.sha256)
     wanted = sorted(set(episode_ids))
     groups: set[int] = set()
     for episode in wanted:  # the row groups whose episode range holds it
@@ -362,15 +374,28 @@ def read_turns(name: str, *, episode_ids: Sequence[int], columns: Sequence[str],
     return turns
 
 
-def location(session: Session, run_id: int) -> str | None:
-    """The run's archive name when its turns are archived, else None (they are in Postgres)."""
-    return checked(run_id, session.execute(select(Run.archive_path).where(Run.id == run_id)).scalar_one_or_none())
+@dataclass(frozen=True)
+class Archived:
+    """Where a run's turns are archived and the file's SHA-256 its run recorded."""
+
+    name: str
+    """`run-<id>`, under the archive root."""
+    sha256: str | None
+    """None for a run archived before migration 0009 recorded it."""
 
 
-def checked(run_id: int, name: str | None) -> str | None:
-    """`name`, an archive_path read from run `run_id`'s row, if it is that run's archive name."""
-    if name is not None and name != f"run-{run_id}":
+def location(session: Session, run_id: int) -> Archived | None:
+    """The run's archive when its turns are archived, else None (they are in Postgres)."""
+    row = session.execute(select(Run.archive_path, Run.archive_sha256).where(Run.id == run_id)).one_or_none()
+    return None if row is None else checked(run_id, row.archive_path, row.archive_sha256)
+
+
+def checked(run_id: int, name: str | None, sha256: str | None) -> Archived | None:
+    """The archive named by run `run_id`'s row (archive_path, archive_sha256), if the name is that run's."""
+    if name is None:
+        return None
+    if name != f"run-{run_id}":
         raise ArchiveError(f"run {run_id}: archive_path: expected a directory 'run-<id>' named for the run, "
                            f"got {name!r}")
-    return name
+    return Archived(name=name, sha256=sha256)
 

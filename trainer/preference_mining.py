@@ -55,11 +55,11 @@ def mine_pairs(session: Session, *, run_id: int) -> list[PreferencePair]:
     picked = _best_and_worst(session, run_id)
     episode_ids = [e for _, best, worst in picked for e in (best, worst)]
     turns: dict[int, list[tuple[str, str | None]]] = defaultdict(list)
-    name = archive.location(session, run_id)
+    archived = archive.location(session, run_id)
     rows = (
         ((t["episode_id"], t["completion_text"], t["observation"])
-         for t in archive.read_turns(name, episode_ids=episode_ids, columns=("completion_text", "observation")))
-        if name is not None else session.execute(
+         for t in archive.read_turns(archived, episode_ids=episode_ids, columns=("completion_text", "observation")))
+        if archived is not None else session.execute(
             select(Turn.episode_id, Turn.completion_text, Turn.observation)
             .where(Turn.run_id == run_id, Turn.episode_id.in_(episode_ids)).order_by(Turn.episode_id, Turn.index))
     )

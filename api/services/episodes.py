@@ -70,8 +70,8 @@ def _filtered(session: Session, query: Any, filters: EpisodeFilters) -> Any:
     if filters.max_reward is not None:
         query = query.where(Episode.reward <= filters.max_reward)
     if filters.q:
-        if filters.run_id is not None and (name := archive.location(session, filters.run_id)) is not None:
-            raise archive.ArchiveError(f"run {filters.run_id} is archived ({name}): its turns are not searchable; "
+        if filters.run_id is not None and (archived := archive.location(session, filters.run_id)) is not None:
+            raise archive.ArchiveError(f"run {filters.run_id} is archived ({archived.name}): its turns are not searchable; "
                                        f"`crucible runs restore {filters.run_id}` brings them back")
         matches = Turn.search.op("@@")(func.websearch_to_tsquery("simple", filters.q))
         query = query.where(exists().where(Turn.run_id == Episode.run_id, Turn.episode_id == Episode.id, matches))
@@ -128,8 +128,8 @@ TOKEN_COLUMNS = ("token_ids", "logprobs", "loss_mask")
 def _turn_rows(session: Session, *, run_id: int, episode_id: int, tokens: bool) -> list[dict[str, Any]]:
     """The episode's turns as rows of TURN_COLUMNS and num_tokens (and TOKEN_COLUMNS with `tokens`), from
     the run's partition or, once the run is archived, from its archive."""
-    name = archive.location(session, run_id)
-    if name is None:
+    archived = archive.location(session, run_id)
+    if archived is None:
         extra = (Turn.token_ids, Turn.logprobs, Turn.loss_mask) if tokens else ()
         query = (
             select(*TURN_COLUMNS, func.coalesce(func.cardinality(Turn.token_ids), 0).label("num_tokens"), *extra)
@@ -137,7 +137,8 @@ def _turn_rows(session: Session, *, run_id: int, episode_id: int, tokens: bool) 
         )
         return [dict(row._mapping) for row in session.execute(query)]
     token_columns = TOKEN_COLUMNS if tokens else ("token_ids",)  # the ids count the tokens
-    rows = archive.read_turns(name, episode_ids=[episode_id], columns=[c.key for c in TURN_COLUMNS] + list(token_columns))
+    rows = archive.read_turns(archived, episode_ids=[episode_id],
+                              columns=[c.key for c in TURN_COLUMNS] + list(token_columns))
     turns = []
     for row in rows:
         turn = {column.key: row[column.key] for column in TURN_COLUMNS}
@@ -169,8 +170,8 @@ def show_episode(session: Session, *, episode_id: int, tokens: bool = False) -> 
 
 def turn_tokens(session: Session, *, episode_id: int, index: int) -> dict[str, Any]:
     """One turn's token ids, logprobs and loss mask, decoded when the run's model has a tokenizer."""
-    found = session.execute(select(Episode.run_id, Run.model, Run.archive_path).join(Run, Run.id == Episode.run_id)
-                            .where(Episode.id == episode_id)).one_or_none()
+    found = session.execute(select(Episode.run_id, Run.model, Run.archive_path, Run.archive_sha256)
+                            .join(Run, Run.id == Episode.run_id).where(Episode.id == episode_id)).one_or_none()
     row: Any = None
     if found is not None and found.archive_path is None:
         row = session.execute(  # the turns' primary key leads with run_id: give it, or the lookup scans every turn
@@ -178,10 +179,10 @@ def turn_tokens(session: Session, *, episode_id: int, index: int) -> dict[str, A
             .where(Turn.run_id == found.run_id, Turn.episode_id == episode_id, Turn.index == index)
         ).one_or_none()
     elif found is not None:
-        name = archive.checked(found.run_id, found.archive_path)
-        assert name is not None
-        archived = archive.read_turns(name, episode_ids=[episode_id], columns=TOKEN_COLUMNS)
-        row = next(((t["token_ids"], t["logprobs"], t["loss_mask"]) for t in archived if t["index"] == index), None)
+        archived = archive.checked(found.run_id, found.archive_path, found.archive_sha256)
+        assert archived is not None
+        turns = archive.read_turns(archived, episode_ids=[episode_id], columns=TOKEN_COLUMNS)
+        row = next(((t["token_ids"], t["logprobs"], t["loss_mask"]) for t in turns if t["index"] == index), None)
     if row is None:
         raise NotFound(f"episode {episode_id} has no turn {index}; GET /v1/episodes/{episode_id} lists its turns")
     ids, logprobs, mask = row

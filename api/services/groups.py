@@ -76,9 +76,9 @@ def _trained_values(session: Session, episode_ids: list[int]) -> dict[int, tuple
 
 def _previews(session: Session, *, run_id: int, episode_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
     previews: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    name = archive.location(session, run_id)
-    if name is not None:
-        for turn in archive.read_turns(name, episode_ids=episode_ids,
+    archived = archive.location(session, run_id)
+    if archived is not None:
+        for turn in archive.read_turns(archived, episode_ids=episode_ids,
                                        columns=("completion_text", "tool_call", "exit_code", "truncated")):
             text = turn["completion_text"]
             previews[turn["episode_id"]].append({

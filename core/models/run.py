@@ -44,6 +44,9 @@ class Run(Base):
     """When `crucible runs archive` moved the run's turns out of Postgres; None: they are in its partition."""
     archive_path: Mapped[str | None] = mapped_column(Text)
     """The directory of the run's archived turns (Parquet files); None: not archived."""
+    archive_sha256: Mapped[str | None] = mapped_column(String(64))
+    """The archive file's SHA-256 when it was written: reads and restores check the file against this,
+    not against the manifest beside it (whoever can rewrite the file can rewrite the manifest)."""
 
 
 class RunEnvironment(Base):

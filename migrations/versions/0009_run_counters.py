@@ -13,11 +13,17 @@ writer could wait on, so a thousand workers finishing episodes of one run never 
 On a populated database the ledgers are filled from the tables in the migration's transaction, after
 the triggers exist and with writers held off (SHARE ROW EXCLUSIVE), so no change is counted twice or
 missed. A deleted run's rows go with it (a row trigger on runs; the episode trigger skips runs that
-are gone, which is what the ON DELETE CASCADE of episodes sees).
+are gone, which is what the ON DELETE CASCADE of episodes sees); a TRUNCATE of episodes or groups empties
+their ledgers.
+
+Also `runs.archive_sha256`: an archive's SHA-256 recorded on its run when it is written, which reads and
+restores check the file against (the manifest beside the file is no witness: whoever can rewrite one
+can rewrite both). Runs archived before this revision have none; their manifest is trusted, as before.
 """
 
 from collections.abc import Callable, Sequence
 
+import sqlalchemy as sa
 from alembic import op
 
 revision: str = '0009'
@@ -97,6 +103,20 @@ BEGIN
 END $$"""
 
 
+FORGET_ALL = """
+CREATE FUNCTION crucible_forget_counts() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_TABLE_NAME = 'episodes' THEN
+    DELETE FROM run_episode_counts;
+    DELETE FROM run_flag_counts;
+  ELSE
+    DELETE FROM run_group_counts;
+  END IF;
+  RETURN NULL;
+END $$"""
+"""TRUNCATE fires no DELETE trigger: emptying episodes (or groups) empties their ledgers."""
+
+
 def upgrade() -> None:
     op.execute("""
         CREATE TABLE run_episode_counts (
@@ -117,11 +137,19 @@ def upgrade() -> None:
     op.execute(FORGET_RUN)
     op.execute("CREATE TRIGGER crucible_forget_run_counts AFTER DELETE ON runs "
                "FOR EACH ROW EXECUTE FUNCTION crucible_forget_run_counts()")
+    op.add_column("runs", sa.Column("archive_sha256", sa.String(64), nullable=True))
+    op.execute(FORGET_ALL)
+    for table in TABLES:
+        op.execute(f"CREATE TRIGGER crucible_forget_counts AFTER TRUNCATE ON {table} "
+                   "FOR EACH STATEMENT EXECUTE FUNCTION crucible_forget_counts()")
     op.execute(_append_episodes(_episode_changes("episodes", 1)))
     op.execute(_append_groups(_group_changes("episode_groups", 1)))
 
 
 def downgrade() -> None:
+    for table in TABLES:
+        op.execute(f"DROP TRIGGER crucible_forget_counts ON {table}")
+    op.execute("DROP FUNCTION crucible_forget_counts()")
     op.execute("DROP TRIGGER crucible_forget_run_counts ON runs")
     op.execute("DROP FUNCTION crucible_forget_run_counts()")
     for table, (function, _append, _changes) in TABLES.items():
@@ -129,3 +157,4 @@ def downgrade() -> None:
             op.execute(f"DROP TRIGGER {function}_{event} ON {table}")
         op.execute(f"DROP FUNCTION {function}()")
     op.execute("DROP TABLE run_episode_counts, run_flag_counts, run_group_counts")
+    op.drop_column("runs", "archive_sha256")

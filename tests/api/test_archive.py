@@ -124,7 +124,8 @@ def test_a_tampered_archive_is_not_restored(seeded: SeededRun, db_session: Sessi
     data = bytearray(file.read_bytes())
     data[len(data) // 2] ^= 0xFF
     file.write_bytes(bytes(data))
-    with pytest.raises(archive.ArchiveError, match="does not match its manifest's SHA-256; nothing was restored"):
+    with pytest.raises(archive.ArchiveError, match="does not match the SHA-256 recorded when it was archived; "
+                                                   "nothing was restored"):
         archive.restore_run(engine, seeded.run_id)
     db_session.expire_all()
     assert _turns_in_postgres(db_session, seeded.run_id) == 0
@@ -133,9 +134,12 @@ def test_a_tampered_archive_is_not_restored(seeded: SeededRun, db_session: Sessi
 
 def test_a_forged_manifest_naming_another_run_is_not_restored(seeded: SeededRun, db_session: Session,
                                                               engine: Engine) -> None:
-    """A manifest rewritten to match a swapped-in file cannot put turns under another run."""
+    """A manifest rewritten to match a swapped-in file cannot put turns under another run, even for a run
+    archived before its hash was recorded on the row (then the manifest's is all there is)."""
     _finish(db_session, seeded.run_id)
     report = archive.archive_run(engine, seeded.run_id)
+    db_session.execute(update(Run).where(Run.id == seeded.run_id).values(archive_sha256=None))
+    db_session.commit()
     directory = Path(report.path)
     table = pq.read_table(directory / archive.FILE_NAME)
     other = table.set_column(0, "run_id", [[seeded.run_id + 1] * table.num_rows])
@@ -147,6 +151,37 @@ def test_a_forged_manifest_naming_another_run_is_not_restored(seeded: SeededRun,
         archive.restore_run(engine, seeded.run_id)
     db_session.expire_all()
     assert _turns_in_postgres(db_session, seeded.run_id) == 0
+
+
+def test_an_archive_rewritten_with_its_manifest_is_neither_read_nor_restored(
+    client: TestClient, seeded: SeededRun, db_session: Session, engine: Engine
+) -> None:
+    """Whoever can write the archive directory can rewrite the file and the manifest together (here: a
+    completion changed, the manifest's hash recomputed). The hash recorded on the run row is the witness:
+    the API answers 409 instead of the forged turn, and restore refuses before a row goes in."""
+    _finish(db_session, seeded.run_id)
+    episode = seeded.episode_ids[0][0]
+    report = archive.archive_run(engine, seeded.run_id)
+    directory = Path(report.path)
+    table = pq.read_table(directory / archive.FILE_NAME)
+    texts = table.column("completion_text").to_pylist()
+    forged = table.set_column(table.schema.get_field_index("completion_text"), "completion_text",
+                              [["forged: all tests pass"] * len(texts)])
+    pq.write_table(forged, directory / archive.FILE_NAME, row_group_size=archive.ROW_GROUP_TURNS)
+    manifest = json.loads((directory / archive.MANIFEST_NAME).read_text())
+    manifest["sha256"] = archive._sha256(directory / archive.FILE_NAME)
+    (directory / archive.MANIFEST_NAME).write_text(json.dumps(manifest))
+
+    response = client.get(f"/v1/episodes/{episode}")
+    assert response.status_code == 409, response.text
+    assert "does not match the SHA-256 recorded on its run" in response.json()["error"]["message"]
+    assert client.get(f"/v1/episodes/{episode}/turns/0/tokens").status_code == 409
+    assert client.get(f"/v1/groups/{seeded.group_ids[0]}").status_code == 409
+    with pytest.raises(archive.ArchiveError, match="does not match the SHA-256 recorded when it was archived"):
+        archive.restore_run(engine, seeded.run_id)
+    db_session.expire_all()
+    assert _turns_in_postgres(db_session, seeded.run_id) == 0
+
 
 
 @pytest.mark.parametrize("steered", ["../../etc", "/etc", "run-1/../../x", "other", "", "run-", "run-1/../run-2",

@@ -78,7 +78,9 @@ def test_0008_partitions_a_populated_store_without_copying_and_downgrades(scratc
         assert conn.execute("SELECT to_regclass(%s)", (f"turns_run_{old_runs[0]}",)).fetchone()[0] is None
         after = conn.execute(CHECKSUM).fetchone()
     assert after[0] == 3000 + 500 + 2
-    # A finished run from before partitioning archives out of turns_legacy and restores into it.
+    # A finished run from before partitioning archives out of turns_legacy and restores into it (with the
+    # code of the head revision, which records the archive's hash on the run).
+    migrate.upgrade("head", url=_sqlalchemy(scratch))
     engine = create_engine(_sqlalchemy(scratch), poolclass=pool.NullPool)
     try:
         report = archive.archive_run(engine, old_runs[1], root=tmp_path)
