@@ -4,6 +4,7 @@ archive, restore; `crucible runs …` is the same group).
     crucible controller --poll 1.0          # runs until Ctrl-C; --once for a single pass
     crucible run launch run.yaml -o json
     crucible runs archive 42                # a finished run's turns → Parquet (core/archive.py)
+    crucible runs points                    # store the run-page points of steps from before 0008
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from controller.config import ControllerConfig, load_run_config
 from controller.progress import describe_run
 from controller.runs import create_run, get_run, list_runs, resume_run, stop_run
 
-runs_app = typer.Typer(help="Runs: launch, list, inspect, stop, resume, archive, restore.", no_args_is_help=True)
+runs_app = typer.Typer(help="Runs: launch, list, inspect, stop, resume, archive, restore, points.",
+                       no_args_is_help=True)
 
 
 def controller(
@@ -161,6 +163,30 @@ def archive(run_id: int = typer.Argument(..., help="Run id (a finished run)."),
     from core.archive import archive_run
 
     _archive_command(archive_run, run_id, output)
+
+
+@runs_app.command("points")
+def points(run_id: int | None = typer.Argument(None, help="Run id; every run when left out."),
+           output: OutputFormat = OutputOption) -> None:
+    """Store the run-page point of every training step that has none (steps recorded before the trainer
+    kept them, migration 0008), so the run page stops computing them from the episodes on every view."""
+    from core.step_points import backfill_points
+
+    def fill(session: Session) -> dict[int, int]:
+        if run_id is not None:
+            get_run(session, run_id=run_id)  # an unknown run is an error, not "nothing to do"
+        filled = backfill_points(session, run_id=run_id)
+        session.commit()
+        return filled
+
+    filled = _in_session(fill)
+    if output is OutputFormat.json:
+        print_json({"steps_filled": {str(run): count for run, count in filled.items()}})
+        return
+    for run, count in filled.items():
+        console.print(f"run {run}: {count} steps given their stored point", highlight=False)
+    if not filled:
+        console.print("every training step already has its stored point", highlight=False)
 
 
 @runs_app.command()

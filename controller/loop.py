@@ -79,7 +79,8 @@ class Controller:
         return report
 
     def _step_run(self, session: Session, *, run_id: int, report: StepReport) -> None:
-        fold_if_long(session, run_id=run_id)  # keep the run's counter ledgers short (core.counters)
+        if fold_if_long(session, run_id=run_id):  # keep the run's counter ledgers short (core.counters)
+            session.commit()  # release what the fold holds before reconcile and dispatch
         reconciled = reconcile_run(session, run_id=run_id, dispatcher=self.dispatcher, settings=self.settings)
         report.resent += len(reconciled.resent)
         report.failed += len(reconciled.failed)

@@ -95,7 +95,11 @@ _FOLD = {
 def fold(session: Session, *, run_id: int) -> None:
     """Replace the run's ledger rows by their sums, one row per key (none for a key that sums to zero).
     Each statement deletes the rows it sums: rows appended meanwhile, or folded by a concurrent fold,
-    are not in its snapshot and stay, so every change is counted exactly once."""
+    are not in its snapshot and stay, so every change is counted exactly once. The run row is held
+    (FOR KEY SHARE) until the caller commits, so a run deleted meanwhile waits for the fold and its
+    ledger goes with it (the forget trigger would not see rows this fold inserted); commit soon."""
+    if session.execute(text("SELECT 1 FROM runs WHERE id = :run FOR KEY SHARE"), {"run": run_id}).first() is None:
+        return
     for statement in _FOLD.values():
         session.execute(text(statement), {"run": run_id})
 

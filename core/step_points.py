@@ -16,12 +16,12 @@ import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from sqlalchemy import Float, Integer, Select, any_, case, cast, func, select, text, tuple_
+from sqlalchemy import Float, Integer, Select, any_, case, cast, func, or_, select, text, tuple_, update
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
-from core.models import Environment, Episode, EpisodeGroup
+from core.models import Environment, Episode, EpisodeGroup, TrainingStep
 
 Axis = Literal["step", "version"]
 Point = dict[str, Any]
@@ -128,3 +128,23 @@ def step_point(session: Session, *, run_id: int, step: int) -> Point:
     """The point of one training step: the ended episodes of the groups consumed at `step` (mark them
     consumed first, in the same transaction); `episodes` 0 when there are none."""
     return episode_points(session, run_id=run_id, axis="step", steps=[step]).get(step, empty_point(step))
+
+
+def backfill_points(session: Session, *, run_id: int | None = None) -> dict[int, int]:
+    """Store the point of every training step that has none (of `run_id`, else of every run): steps
+    recorded before the trainer kept points (migration 0008), which the run page would otherwise compute
+    from their episodes on every view. Computed as the trainer computes them, one pass per run; a step
+    that trained on no ended episode gets the empty point, as the trainer gives it. Returns the steps
+    filled per run. The caller commits."""
+    unset = or_(TrainingStep.points.is_(None), func.jsonb_typeof(TrainingStep.points) == "null")  # SQL or JSON null
+    query = select(TrainingStep.run_id, TrainingStep.id, TrainingStep.step).where(unset)
+    if run_id is not None:
+        query = query.where(TrainingStep.run_id == run_id)
+    missing: dict[int, list[tuple[int, int]]] = {}
+    for run, step_id, step in session.execute(query.order_by(TrainingStep.run_id, TrainingStep.step)):
+        missing.setdefault(run, []).append((step_id, step))
+    for run, steps in missing.items():
+        points = episode_points(session, run_id=run, axis="step", steps=[step for _, step in steps])
+        session.execute(update(TrainingStep), [{"id": step_id, "points": points.get(step, empty_point(step))}
+                                               for step_id, step in steps])
+    return {run: len(steps) for run, steps in missing.items()}

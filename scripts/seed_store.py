@@ -238,28 +238,21 @@ def _fix_sequences(conn: psycopg.Connection) -> None:
 
 def backfill_points(url: str) -> int:
     """Write each training step's run-page point (training_steps.points) where it has none, as the trainer
-    writes it with every step (core/step_points.py, one pass per run); returns the steps filled."""
+    writes it with every step (`core.step_points.backfill_points`, what `crucible runs points` runs);
+    returns the steps filled."""
     from sqlalchemy import create_engine, pool, text
     from sqlalchemy.engine import make_url
     from sqlalchemy.orm import Session
 
-    from core.step_points import episode_points
+    from core.step_points import backfill_points as backfill
 
     engine = create_engine(make_url(url).set(drivername="postgresql+psycopg"), poolclass=pool.NullPool)
-    filled = 0
     try:
         with Session(engine) as session:
             if not session.execute(text("SELECT 1 FROM information_schema.columns WHERE table_name = 'training_steps' "
                                         "AND column_name = 'points'")).first():
                 return 0  # a store before migration 0008
-            runs = session.execute(text("SELECT DISTINCT run_id FROM training_steps WHERE points IS NULL")).scalars()
-            for run_id in list(runs):
-                points = episode_points(session, run_id=run_id, axis="step")
-                session.execute(
-                    text("UPDATE training_steps SET points = CAST(:points AS jsonb) "
-                         "WHERE run_id = :run AND step = :step AND points IS NULL"),
-                    [{"run": run_id, "step": step, "points": json.dumps(point)} for step, point in points.items()])
-                filled += len(points)
+            filled = sum(backfill(session).values())
             session.commit()
     finally:
         engine.dispose()

@@ -58,7 +58,7 @@ def _append_episodes(changes: str) -> str:
       WHERE episodes <> 0 OR rewarded <> 0 OR reward_sum <> 0 OR reward_squares <> 0 OR tokens <> 0 OR turns <> 0
          OR flagged <> 0)
     INSERT INTO run_flag_counts
-    SELECT run_id, flag, sum(sign) FROM live, unnest(flags) AS flag
+    SELECT run_id, flag, sum(sign) FROM live, unnest(flags) AS flag WHERE flag IS NOT NULL
     GROUP BY run_id, flag HAVING sum(sign) <> 0"""
 
 
@@ -106,10 +106,15 @@ END $$"""
 FORGET_ALL = """
 CREATE FUNCTION crucible_forget_counts() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
+  -- Lock first: that waits for a fold in progress, and the DELETE's snapshot, taken after, holds the rows
+  -- that fold inserted (without the lock they would be missed, and a live run would go on counting
+  -- episodes that are gone).
   IF TG_TABLE_NAME = 'episodes' THEN
+    LOCK TABLE run_episode_counts, run_flag_counts IN EXCLUSIVE MODE;
     DELETE FROM run_episode_counts;
     DELETE FROM run_flag_counts;
   ELSE
+    LOCK TABLE run_group_counts IN EXCLUSIVE MODE;
     DELETE FROM run_group_counts;
   END IF;
   RETURN NULL;

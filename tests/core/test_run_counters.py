@@ -5,6 +5,7 @@ The migration fills them on a populated store."""
 
 from __future__ import annotations
 
+import threading
 from decimal import Decimal
 from typing import Any
 
@@ -45,7 +46,7 @@ def _truth(conn: psycopg.Connection, run_id: int) -> dict[str, Any]:
                 for status, reason, n, rewarded, total, squares, tokens, turns, flagged
                 in conn.execute(RECOUNT, {"run": run_id})}
     flags = dict(conn.execute("SELECT flag, count(*) FROM episodes, unnest(flags) flag WHERE run_id = %s "
-                              "GROUP BY flag", (run_id,)).fetchall())
+                              "AND flag IS NOT NULL GROUP BY flag", (run_id,)).fetchall())
     groups = dict(conn.execute("SELECT status, count(*) FROM episode_groups WHERE run_id = %s GROUP BY status",
                                (run_id,)).fetchall())
     return {"episodes": episodes, "flags": flags, "groups": groups}
@@ -95,6 +96,7 @@ def test_counters_equal_a_recount_through_every_kind_of_change(store: str) -> No
             "UPDATE episodes SET reward = reward + 0.3, num_turns = num_turns + 1, num_tokens = num_tokens * 2 "
             "WHERE id % 4 = 1",
             "UPDATE episodes SET flags = '{}' WHERE id % 10 = 0",
+            "UPDATE episodes SET flags = ARRAY[NULL, 'forged_exit']::varchar[] WHERE id % 29 = 0",  # no writer fails
             "UPDATE episodes SET status = 'failed', termination_reason = 'worker_lost', reward = NULL WHERE id % 17 = 0",
             "UPDATE episode_groups SET status = 'dropped' WHERE id % 3 = 0",
             "DELETE FROM episodes WHERE id % 19 = 0",
@@ -156,6 +158,33 @@ def test_writers_and_folds_never_wait_on_each_other(store: str) -> None:
         first.commit()
     with psycopg.connect(store) as conn:
         assert _counted(store, run) == _truth(conn, run)
+
+
+def _fold_blocking(store: str, run: int, statement: str) -> None:
+    """`statement` runs while a fold of `run` is uncommitted (it waits for the fold), then the fold commits."""
+    engine = create_engine(_sqlalchemy(store), poolclass=pool.NullPool)
+    try:
+        with Session(engine) as folder:
+            counters.fold(folder, run_id=run)
+            other = threading.Thread(target=lambda: psycopg.connect(store, autocommit=True).execute(statement))
+            other.start()
+            other.join(timeout=1)  # it waits for what the fold holds
+            folder.commit()
+            other.join()
+    finally:
+        engine.dispose()
+
+
+def test_a_truncate_or_a_run_deleted_during_a_fold_leaves_no_count_behind(store: str) -> None:
+    """The fold inserts its sums in a transaction the forget triggers wait for: a DELETE in them would not
+    see those rows, and a live run would go on counting episodes that are gone."""
+    with psycopg.connect(store, autocommit=True) as conn:
+        first, second = _runs(conn)
+        _fold_blocking(store, first, f"DELETE FROM runs WHERE id = {first}")
+        assert sum(conn.execute(f"SELECT count(*) FROM {t} WHERE run_id = %s", (first,)).fetchone()[0]
+                   for t in counters.LEDGERS) == 0
+        _fold_blocking(store, second, "TRUNCATE episodes, episode_groups CASCADE")
+        assert _ledger_rows(conn) == 0 and _truth(conn, second) == {"episodes": {}, "flags": {}, "groups": {}}
 
 
 def test_the_migration_counts_a_populated_store(empty_url: str) -> None:

@@ -7,9 +7,11 @@ import json
 import math
 from typing import Any
 
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, null, select, update
 from sqlalchemy.orm import Session
+from typer.testing import CliRunner
 
+from cli.main import app as cli
 from core.models import Episode, TrainingStep
 from core.step_points import empty_point, episode_points
 from tests.trainer.rows import add_group, make_environment, make_run
@@ -85,3 +87,33 @@ def test_non_finite_rewards_are_stored_as_null(db_session: Session, engine: Engi
         json.dumps(point, allow_nan=False)  # strict JSON: no NaN or Infinity anywhere
         assert point["reward_mean"] is None and point["reward_std"] is None
         assert all(v is None or math.isfinite(v) for v in (point["reward_min"], point["reward_max"]))
+
+
+def test_crucible_runs_points_stores_what_the_trainer_would_have(db_session: Session, engine: Engine) -> None:
+    """Steps recorded before the trainer kept points (NULL, migration 0008) get exactly the points the
+    trainer stores: `crucible runs points` fills them once, and says so; a run it does not know is an error."""
+    run = make_run(db_session, model="unused")
+    env, task = make_environment(db_session, name="numbers")
+    groups = [add_group(db_session, run=run, env=env, task=task, rewards=[1.0, 0.0, 0.5]),
+              add_group(db_session, run=run, env=env, task=task, rewards=[0.25, 0.75])]
+    db_session.commit()
+    with Session(engine) as step_session:
+        for step, group in enumerate(groups, start=1):
+            record_step(step_session, run_id=run.id, step=step, policy_version=step, consumed=[group.id], dropped=[],
+                        metrics={})
+            step_session.commit()
+        record_step(step_session, run_id=run.id, step=3, policy_version=3, consumed=[], dropped=[], metrics={})
+        step_session.commit()
+    stored = _points(db_session, run.id)
+    db_session.execute(update(TrainingStep).where(TrainingStep.run_id == run.id).values(points=null()))  # SQL NULL
+    db_session.commit()
+
+    runner = CliRunner()
+    filled = runner.invoke(cli, ["runs", "points", str(run.id), "-o", "json"])
+    assert filled.exit_code == 0, filled.output
+    assert json.loads(filled.output) == {"steps_filled": {str(run.id): 3}}
+    assert _points(db_session, run.id) == stored and stored[3] == empty_point(3)
+    again = runner.invoke(cli, ["runs", "points"])
+    assert again.exit_code == 0 and "already has its stored point" in again.output
+    unknown = runner.invoke(cli, ["runs", "points", "999999"])
+    assert unknown.exit_code == 2 and "no run with id 999999" in unknown.output
