@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import socket
 import statistics
@@ -34,9 +35,10 @@ import httpx
 import psycopg
 from sqlalchemy.engine import make_url
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-from scripts.seed_store import StoreShape, seed
+from scripts.seed_store import StoreShape, seed  # noqa: E402
 
 TARGET_MS = 300.0
 PAGE_LOAD = "dashboard /runs/{id} loaded (HTML, then run + metrics + stats at once, as run.js)"
@@ -205,10 +207,20 @@ def archive_round_trip(url: str, http: httpx.Client, *, repeat: int) -> dict[str
             "restore_s_per_million_turns": _per_million(restored.seconds, restored.turns), "requests": requests}
 
 
+def run_js_requests(run: int) -> list[str]:
+    """The requests run.js makes at once on load, read from run.js itself (so the bench cannot drift from
+    the page): its fetch paths with the run id and its constants filled in."""
+    script = (ROOT / "api" / "dashboard" / "static" / "run.js").read_text()
+    constants = dict(re.findall(r"const ([A-Z_]+) = (\d+);", script))
+    paths = re.findall(r"get\(`(/v1/runs/\$\{runId\}[^`]*)`\)", script)
+    assert len(paths) == 3, paths
+    return [re.sub(r"\$\{(\w+)\}", lambda m: str(run) if m[1] == "runId" else constants[m[1]], path) for path in paths]
+
+
 def run_page_load(http: httpx.Client, run: int, *, repeat: int) -> dict[str, float]:
     """The run page as a browser loads it: the HTML, then the three requests run.js makes at once (the
     run, its metrics, its stats); p50/p95 of the time until the last answer."""
-    fetched = [f"/v1/runs/{run}", f"/v1/runs/{run}/metrics", f"/v1/runs/{run}/stats"]
+    fetched = run_js_requests(run)
 
     def load() -> None:
         http.get(f"/runs/{run}").raise_for_status()

@@ -277,11 +277,11 @@ def seed(url: str, shape: StoreShape, *, log: bool = True) -> dict[str, Any]:
             if log:
                 print(f"seed: {name} in {time.monotonic() - begun:.1f} s", file=sys.stderr)
         conn.commit()
+    backfill_points(url)  # as the trainer writes them; before the VACUUM, which clears the rows it replaced
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("VACUUM (ANALYZE) episodes, episode_groups, turns, training_steps, sandbox_events")
         counts = {table: conn.execute(f"SELECT count(*) FROM {table} WHERE run_id >= %s", (ids["runs"],)).fetchone()[0]
                   for table in ("episode_groups", "episodes", "turns")}
-    backfill_points(url)  # as the trainer writes them
     return {"first_run_id": ids["runs"], "runs": shape.runs, **counts, "seconds": round(time.monotonic() - started, 1)}
 
 

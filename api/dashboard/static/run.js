@@ -8,6 +8,8 @@
   const runId = state.run.id;
   const ACTIVE = ["pending", "running"];
   const POLL_MS = 5000;
+  // The charts are 480 px wide (charts.js): more steps than that would be drawn on the same pixels.
+  const CHART_POINTS = 480;
   const $ = id => document.getElementById(id);
   const union = (items, key) => [...new Set(items.flatMap(p => Object.keys(p[key] || {})))].sort();
   const episodesUrl = params => "/episodes?" + new URLSearchParams({ run_id: runId, ...params });
@@ -130,7 +132,7 @@
     let failed = false;
     try {
       const get = path => fetch(path, { credentials: "same-origin" }).then(r => (r.ok ? r.json() : Promise.reject(r.status)));
-      const [run, metrics, stats] = await Promise.all([get(`/v1/runs/${runId}`), get(`/v1/runs/${runId}/metrics`), get(`/v1/runs/${runId}/stats`)]);
+      const [run, metrics, stats] = await Promise.all([get(`/v1/runs/${runId}`), get(`/v1/runs/${runId}/metrics?max_points=${CHART_POINTS}`), get(`/v1/runs/${runId}/stats`)]);
       state = { run, metrics, stats };
       drawSummary(run);
       draw();
