@@ -130,9 +130,12 @@ def _token() -> str:
         return create_token(session, name="bench")[1]
 
 
-def _targets(http: httpx.Client) -> dict[str, str]:
-    """The requests to time: the latest running run's pages, the JSON they read, and episode lists over it."""
-    run = http.get("/v1/runs", params={"status": "running", "limit": 1}).json()["data"][0]["id"]
+def _running_run(http: httpx.Client) -> int:
+    return int(http.get("/v1/runs", params={"status": "running", "limit": 1}).json()["data"][0]["id"])
+
+
+def _targets(http: httpx.Client, run: int) -> dict[str, str]:
+    """The requests to time: the running run's pages, the JSON they read, and episode lists over it."""
     episodes = http.get("/v1/episodes", params={"run_id": run, "status": "completed", "limit": 1}).json()["data"]
     episode, group = episodes[0]["id"], episodes[0]["group_id"]
     second_page = http.get("/v1/episodes", params={"run_id": run, "limit": 50}).json()["next_cursor"]
@@ -260,8 +263,8 @@ def main() -> None:
     base, server = serve(url)
     try:
         with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {_token()}"}, timeout=600) as http:
-            results = {name: measure(http, path, repeat=args.repeat) for name, path in _targets(http).items()}
-            running = http.get("/v1/runs", params={"status": "running", "limit": 1}).json()["data"][0]["id"]
+            running = _running_run(http)
+            results = {name: measure(http, path, repeat=args.repeat) for name, path in _targets(http, running).items()}
             results[PAGE_LOAD] = run_page_load(http, running, repeat=args.repeat)
             archived = None if args.skip_archive else archive_round_trip(url, http, repeat=args.repeat)
     finally:

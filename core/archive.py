@@ -206,7 +206,6 @@ def _write(engine: Engine, run_id: int, file: Path) -> tuple[int, int, str]:
     return turns, len(episodes), digest
 
 
-
 def _remove_turns(engine: Engine, run_id: int, *, turns: int, digest: str, scratch: Path, directory: Path) -> None:
     """In one transaction: check the run is still unarchived and no turn arrived since the file was
     written, put the archive in place, record it on the run and empty the run's partition (TRUNCATE: its

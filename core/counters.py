@@ -12,14 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from sqlalchemy import func, select, text
+from sqlalchemy import String, Table, func, select, text
 from sqlalchemy.orm import Session
 
 from core.models import RunEpisodeCounts, RunFlagCounts, RunGroupCounts
 
 FOLD_AT = 256
 """Ledger rows a run may gather before `fold_if_long` compacts them."""
-LEDGERS = ("run_episode_counts", "run_flag_counts", "run_group_counts")
+LEDGER_TABLES = (RunEpisodeCounts, RunFlagCounts, RunGroupCounts)
+LEDGERS = tuple(ledger.name for ledger in LEDGER_TABLES)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,24 +73,19 @@ def run_counts(session: Session, *, run_id: int) -> RunCounts:
                      groups={str(status): int(n) for status, n in groups})
 
 
-_FOLD = {
-    "run_episode_counts": """
-        WITH gone AS (DELETE FROM run_episode_counts WHERE run_id = :run RETURNING *)
-        INSERT INTO run_episode_counts
-        SELECT run_id, status, termination_reason, sum(episodes), sum(rewarded), sum(reward_sum),
-               sum(reward_squares), sum(tokens), sum(turns), sum(flagged)
-        FROM gone GROUP BY run_id, status, termination_reason
-        HAVING sum(episodes) <> 0 OR sum(rewarded) <> 0 OR sum(reward_sum) <> 0 OR sum(reward_squares) <> 0
-            OR sum(tokens) <> 0 OR sum(turns) <> 0 OR sum(flagged) <> 0""",
-    "run_flag_counts": """
-        WITH gone AS (DELETE FROM run_flag_counts WHERE run_id = :run RETURNING *)
-        INSERT INTO run_flag_counts
-        SELECT run_id, flag, sum(episodes) FROM gone GROUP BY run_id, flag HAVING sum(episodes) <> 0""",
-    "run_group_counts": """
-        WITH gone AS (DELETE FROM run_group_counts WHERE run_id = :run RETURNING *)
-        INSERT INTO run_group_counts
-        SELECT run_id, status, sum(groups) FROM gone GROUP BY run_id, status HAVING sum(groups) <> 0""",
-}
+def _fold_statement(ledger: Table) -> str:
+    """Replace `ledger`'s rows of run :run by their sums per key (run_id and the text columns), dropping
+    keys whose every sum is zero."""
+    keys = ["run_id", *(column.name for column in ledger.c if isinstance(column.type, String))]
+    sums = [column.name for column in ledger.c if column.name not in keys]
+    totals = [f"sum({name})" for name in sums]
+    return (f"WITH gone AS (DELETE FROM {ledger.name} WHERE run_id = :run RETURNING *) "
+            f"INSERT INTO {ledger.name} ({', '.join(keys + sums)}) "
+            f"SELECT {', '.join(keys + totals)} FROM gone GROUP BY {', '.join(keys)} "
+            f"HAVING {' OR '.join(f'{total} <> 0' for total in totals)}")
+
+
+_FOLD = {ledger.name: _fold_statement(ledger) for ledger in LEDGER_TABLES}
 
 
 def fold(session: Session, *, run_id: int) -> None:
@@ -105,8 +101,9 @@ def fold(session: Session, *, run_id: int) -> None:
 
 
 def ledger_rows(session: Session, *, run_id: int) -> int:
-    return sum(session.execute(text(f"SELECT count(*) FROM {table} WHERE run_id = :run"), {"run": run_id})
-               .scalar_one() for table in LEDGERS)
+    """The run's rows in all the ledgers (one statement: the controller asks every pass)."""
+    counts = " + ".join(f"(SELECT count(*) FROM {table} WHERE run_id = :run)" for table in LEDGERS)
+    return int(session.execute(text(f"SELECT {counts}"), {"run": run_id}).scalar_one())
 
 
 def fold_if_long(session: Session, *, run_id: int) -> bool:

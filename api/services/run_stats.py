@@ -1,8 +1,9 @@
 """The run page's operational charts in ONE pass (GROUPING SETS) over the ended episodes of the run's
 latest WINDOW_GROUPS groups: the staleness histogram, episodes and tokens finished per minute, and
-where the time goes (the episodes' stages, and the training steps that trained on those groups). A window, not the whole run: these describe how the run is doing now, and the
-cost stays flat however long the run gets (the groups come from the (run_id, group_index) index, their
-episodes from the group_id index)."""
+where the time goes (the episodes' stages, and the training steps that trained on those groups). A
+window, not the whole run: these describe how the run is doing now, and the cost stays flat however
+long the run gets (the groups come from the (run_id, group_index) index, their episodes from the
+group_id index)."""
 
 from __future__ import annotations
 

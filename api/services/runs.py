@@ -112,11 +112,13 @@ def show(session: Session, *, run_id: int) -> dict[str, Any]:
 
 def episode_counts(session: Session, *, run_ids: list[int]) -> dict[int, dict[str, int]]:
     """run id → episodes by status, for a page of runs (from the counter ledgers)."""
+    if not run_ids:
+        return {}
     ledger = RunEpisodeCounts.c
     total = func.sum(ledger.episodes)
     query = (select(ledger.run_id, ledger.status, total).where(ledger.run_id.in_(run_ids))
              .group_by(ledger.run_id, ledger.status).having(total != 0))
     counts: dict[int, dict[str, int]] = {run_id: {} for run_id in run_ids}
-    for run_id, status, count in session.execute(query) if run_ids else ():
+    for run_id, status, count in session.execute(query):
         counts[run_id][status] = int(count)
     return counts
