@@ -136,6 +136,10 @@ class VerifierConfig(BaseModel):
     (subtract `flag_penalty` from the reward), or `record` it only."""
     flag_penalty: float = Field(default=1.0, ge=0, le=100)
     """Subtracted from a flagged episode's reward under `flag_policy: penalize`."""
+    blind_hidden_tests: bool = True
+    """code_repo: grade hidden tests blinded when the task has a reference solution — their expected
+    values never enter the graded sandbox (environments/code_repo/blinding.py). Off: every task is
+    graded from the in-process report, and its layer says `unblinded`."""
     mix: Literal["sum", "zscore"] = "sum"
     """How the layers make the reward the trainer learns from. `sum`: the episode's reward, Σ weight ×
     layer score, as the worker computed it. `zscore`: the trainer aligns the scales first — each layer

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 # The snapshot and its packers live beside their safety checks; re-exported here for the payload's users.
 from environments.code_repo.snapshot import BUNDLE_REF, RepoSnapshot, pack_directory, pack_git
 
-__all__ = ["BUNDLE_REF", "DEFAULT_PROTECTED", "CodeRepoTask", "RepoSnapshot", "TestSpec", "pack_directory", "pack_git"]
+__all__ = ["BUNDLE_REF", "DEFAULT_PROTECTED", "CodeRepoTask", "RepoSnapshot", "Solution", "TestSpec", "pack_directory", "pack_git"]
 
 # What an agent may not change, as globs: a glob without "/" matches a file's name at any depth, one
 # with "/" matches the whole path ("*" crosses directories). A spec's `verifier.protected_paths`
@@ -86,6 +86,25 @@ class TestSpec(BaseModel):
         return "python3 -m pytest -q -p no:cacheprovider " + " ".join(shlex.quote(p) for p in self.collect_paths())
 
 
+class Solution(BaseModel):
+    """A task's reference solution: the base plus this passes the hidden tests."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    files: dict[str, str] = Field(default_factory=dict)
+    """Files written over the base (path relative to the workspace → content)."""
+    patch: str | None = None
+    """A unified diff against the base (SWE-bench's gold `patch`), applied after `files`."""
+
+    @field_validator("files")
+    @classmethod
+    def _files_stay_inside(cls, files: dict[str, str]) -> dict[str, str]:
+        for path in files:
+            if not _is_safe_argument(path) or "::" in path:
+                raise ValueError(f"expected a relative file path inside the workspace, got {path[:200]!r}")
+        return files
+
+
 class CodeRepoTask(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -97,3 +116,7 @@ class CodeRepoTask(BaseModel):
     """Run only by the verifier, in a fresh sandbox, on the submitted diff."""
     protected_paths: list[str] = Field(default_factory=list, max_length=1000)
     """Globs this task protects in addition to the environment's list."""
+    solution: Solution | None = None
+    """The reference solution, never shown to the agent. With it the hidden tests are blinded: the grader
+    runs them on base + solution in a trusted sandbox, and the graded sandbox never holds the values the
+    tests expect (blinding.py)."""

@@ -23,7 +23,8 @@ PASS, FAIL = f"test_0011aabbccdd.py::{CANARIES[0]}", f"test_0011aabbccdd.py::{CA
 def report(outcomes: dict[str, str], **extra: object) -> bytes:
     canaries = {PASS: "passed", FAIL: "failed"}
     merged = {**canaries, **outcomes}
-    return json.dumps({"collected": list(merged), "outcomes": merged, "repeated": [], **extra}).encode()
+    return json.dumps({"collected": list(merged), "outcomes": merged, "repeated": [], "exitstatus": 1,
+                       **extra}).encode()
 
 
 def run(spec: TestSpec, text: bytes, *, exit_code: int = 1, timed_out: bool = False):

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from core.models import Episode as EpisodeRow
 from core.models import Task
 from environments.code_repo.importing import read_swebench_jsonl
-from environments.code_repo.task import CodeRepoTask, TestSpec, pack_directory
+from environments.code_repo.task import CodeRepoTask, Solution, TestSpec, pack_directory
 from environments.service import register_environment
 from environments.spec import load_spec_file, parse_spec
 from environments.tasks import import_tasks
@@ -196,7 +196,8 @@ def calc_payload(tmp_path_factory: pytest.TempPathFactory) -> dict:
     (repo / "tests").mkdir()
     (repo / "tests" / "test_calc.py").write_text(PUBLIC)
     task = CodeRepoTask(repo=pack_directory(repo), public_tests=TestSpec(paths=["tests"], timeout_s=60),
-                        hidden_tests=TestSpec(paths=["test_hidden.py"], files={"test_hidden.py": HIDDEN}, timeout_s=60))
+                        hidden_tests=TestSpec(paths=["test_hidden.py"], files={"test_hidden.py": HIDDEN}, timeout_s=60),
+                        solution=Solution(files={"calc.py": CALC.replace("a - b", "a + b")}))
     return task.model_dump(mode="json")
 
 
@@ -206,7 +207,9 @@ def play(session: Session, *, image: str, payload: dict, script: str, policy, sa
     spec = {"name": "calc-red", "kind": "code_repo", "image": image,
             "sandbox": {"memory": "512m", "pids": 256, "workspace_size": "64m", "tmp_size": "64m",
                         "max_lifetime_s": 900},
-            "limits": {"max_turns": 12, "episode_timeout_s": 300, "tool_timeout_s": 30, "max_tool_errors": 5},
+            "limits": {"max_turns": 12, "episode_timeout_s": 300, "tool_timeout_s": 30, "max_tool_errors": 5,
+                       # room for the longest scripted hack in one turn
+                       "max_context_tokens": 16384, "max_response_tokens": 4096},
             "verifier": {"weights": WEIGHTS, **(verifier or {})}}
     env, _ = register_environment(session, spec=parse_spec(spec))
     task = factories.task(session, env, external_id=f"t-{script}", instruction=f"Fix add(). [script:{script}]",
@@ -241,6 +244,7 @@ def test_the_honest_fix_earns_full_reward_and_the_wrong_fix_its_baseline(
     assert right.flags == [] and right.reward_components == {"rules": 1.0, "public_tests": 1.0, "hidden_tests": 1.0}
     assert "+    return a + b" in db_session.get(EpisodeRow, right.id).final_diff
     assert "2/2 graded tests passed" in right.verifier_layers[2]["detail"]
+    assert "blinded: 2/2" in right.verifier_layers[2]["detail"]
     wrong = play(db_session, image=code_repo_image, payload=calc_payload, script="wrong", policy=policy,
                  sandboxes=sandboxes, client=policy_client)
     assert wrong.reward == pytest.approx(wrong_fix_reward) and wrong.flags == []
