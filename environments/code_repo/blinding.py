@@ -98,7 +98,7 @@ class _Sites(ast.NodeTransformer):
         if self.mode == "graded":
             if self.blind is None or site.id not in self.blind:
                 return node
-            observed = [ast.Constant(None) if static else operand for operand, static in zip(operands, site.static)]
+            observed = [ast.Constant(None) if static else operand for operand, static in zip(operands, site.static, strict=True)]
             return ast.Expr(_check(site.id, ast.List(observed, ast.Load())))
         values = ast.Name(_VALUES, ast.Load())
         chain = ast.Compare(ast.Subscript(values, ast.Constant(0), ast.Load()), list(test.ops),
@@ -222,14 +222,14 @@ class Key:
         expected = self.expected[test]
         if len(observed) != len(expected):
             return "failed", f"observed {len(observed)} blinded asserts, the reference {len(expected)}"
-        for index, ((site_id, encoded), reference) in enumerate(zip(observed, expected)):
+        for index, ((site_id, encoded), reference) in enumerate(zip(observed, expected, strict=True)):
             site = self.plan.sites.get(reference.site)
             if site_id != reference.site or site is None or len(encoded) != len(site.static):
                 return "failed", f"assert #{index + 1} is not the one the reference reached"
             values = [ref if static else decode(value)
-                      for value, ref, static in zip(encoded, reference.values, site.static)]
+                      for value, ref, static in zip(encoded, reference.values, site.static, strict=True)]
             if not holds(site.ops, values):
-                shown = _shown([value for value, static in zip(values, site.static) if not static])
+                shown = _shown([value for value, static in zip(values, site.static, strict=True) if not static])
                 return "failed", f"{site.path}:{site.line}: observed {shown}"
         return "passed", ""
 
@@ -247,7 +247,8 @@ def decide(plan: Plan, runs: Sequence[Mapping[str, Any] | None], tests: Iterable
     tests = list(tests)
     reports = [run or {} for run in runs]
     observed = [observations_of(report) for report in reports]
-    outcomes = [report.get("outcomes") if isinstance(report.get("outcomes"), dict) else {} for report in reports]
+    outcomes: list[dict[str, Any]] = [dict(report["outcomes"]) if isinstance(report.get("outcomes"), dict) else {}
+                                      for report in reports]
     reached = {test: {sid for o in observed for sid, _ in o.get(test, [])} for test in tests}
     unblinded: dict[str, str] = {}
     bad_sites: set[str] = set()
@@ -264,7 +265,7 @@ def decide(plan: Plan, runs: Sequence[Mapping[str, Any] | None], tests: Iterable
                 unblinded[test] = "it reaches an assert that an unblinded test reaches too"
                 changed = True
     expected = {test: [Expected(sid, tuple(decode(v) if static else None
-                                           for v, static in zip(values, plan.sites[sid].static)))
+                                           for v, static in zip(values, plan.sites[sid].static, strict=True)))
                        for sid, values in observed[0][test]]
                 for test in tests if test not in unblinded}
     blind = frozenset(sid for test in expected for sid in reached[test])
@@ -289,7 +290,7 @@ def _why_not(plan: Plan, test: str, outcomes: list[Any], sequences: list[list[Ob
         decoded = [decode(v) for v in values]
         for other in sequences[1:]:
             again = [decode(v) for v in other[position][1]]
-            if len(again) != len(decoded) or not all(same(a, b) for a, b, s in zip(decoded, again, site.static) if s):
+            if len(again) != len(decoded) or not all(same(a, b) for a, b, s in zip(decoded, again, site.static, strict=True) if s):
                 return f"{site.path}:{site.line}: the expected value differs between reference runs"
         if not holds(site.ops, decoded):
             return f"{site.path}:{site.line}: the comparison cannot be judged by value outside the sandbox"

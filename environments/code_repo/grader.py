@@ -489,9 +489,8 @@ def _blinding_line(graded_ids: list[str], key: Key | None, unblinded: str) -> st
         return f"unblinded ({unblinded})"
     blinded = [test for test in graded_ids if test in key.expected]
     line = f"blinded: {len(blinded)}/{len(graded_ids)} (expected values compared outside the sandbox)"
-    unblinded = [f"{test}: {key.unblinded.get(test, key.reason)}"
-                 for test in graded_ids if test not in key.expected][:10]
-    return line + ("; unblinded: " + "; ".join(unblinded) if unblinded else "")
+    rest = [f"{test}: {key.unblinded.get(test, key.reason)}" for test in graded_ids if test not in key.expected][:10]
+    return line + ("; unblinded: " + "; ".join(rest) if rest else "")
 
 
 def _listing(results: dict[str, str], reasons: dict[str, str] | None = None) -> str:

@@ -16,6 +16,7 @@ exactly the tree that is graded.
 from __future__ import annotations
 
 import fnmatch
+import logging
 import shlex
 from dataclasses import dataclass
 
@@ -37,6 +38,8 @@ GIT = ("git -c safe.directory='*' -c core.hooksPath=/dev/null -c core.fsmonitor=
 # outranks every .gitattributes in the tree.
 NEUTRAL_ATTRIBUTES = "* -text -filter -ident -working-tree-encoding !eol !diff !merge\n"
 MAX_SUBMISSION_BYTES = 64 << 20
+_FULL = ("No space left on device", "Disk quota exceeded", "File too large")
+log = logging.getLogger(__name__)
 TRANSFER_TIMEOUT_S = 300.0
 
 
@@ -173,11 +176,16 @@ def load_submission(sandbox: Sandbox, tree: bytes, *, base: str) -> None:
     """Replace a fresh sandbox's base checkout with the agent's files and stage them, so that the
     index holds exactly base + the agent's change. SubmissionError when the tree cannot be unpacked."""
     code, _, errors = _exec(sandbox, _LOAD_SUBMISSION, WORKSPACE, base, NEUTRAL_ATTRIBUTES, stdin=tree)
-    # Past the first step only the agent's tree is in play: a full disk or an odd tree is its doing.
-    if code in (4, 5, 7):
-        raise SubmissionError(f"the submitted tree could not be unpacked (step {code}): {errors[-400:]}")
+    # The tree is one the worker packed itself (read_workspace, from a workspace of the same size): only a
+    # full workspace is the agent's doing. Clearing the fresh checkout (step 4) or unpacking for any other
+    # reason failing is the grader's fault — retried, never scored as the agent's outcome.
+    if code == 5 and any(sign in errors for sign in _FULL):
+        raise SubmissionError(f"the submitted tree does not fit in the workspace: {errors[-400:]}")
+    if code == 7:
+        raise SubmissionError(f"git could not stage the submitted tree: {errors[-400:]}")
     if code != 0:
-        raise SetupError(f"loading the submission: expected exit 0, got {code}: {errors[-400:]}")
+        log.warning("load_submission failed at step %s: %s", code, errors[-800:])
+        raise SetupError(f"loading the submission into a fresh sandbox failed (step {code}): {errors[-400:]}")
 
 
 def staged_diff(sandbox: Sandbox, *, base: str) -> bytes:

@@ -28,9 +28,9 @@ from core.errors import CrucibleError
 from core.flags import EpisodeFlag
 from environments.base import GraderFault, LayerResult, OpenSandbox, Sandbox, ToolCall, Verdict
 from environments.code_repo import monitors
+from environments.code_repo.blinding import Key
 from environments.code_repo.grader import collect_test_ids, put_or_reject, run_tests
 from environments.code_repo.reference import reference_key, unblinded_reason
-from environments.code_repo.blinding import Key
 from environments.code_repo.repo import (
     WORKSPACE,
     Blob,

@@ -11,13 +11,14 @@ from sqlalchemy.orm import Session
 
 from core.models import EpisodeGroup, Run, Task
 from core.store import insert_episode
-from environments.code_repo.task import CodeRepoTask, TestSpec, pack_directory
+from environments.code_repo.task import CodeRepoTask, Solution, TestSpec, pack_directory
 from environments.service import register_environment
 from environments.spec import parse_spec
 from task_workers.context import DockerSandboxes
 from task_workers.policy.client import PolicyClient
 from task_workers.sandbox import InMemoryEventSink
 from tests.support.scripted_policy import ScriptedPolicy, serve, tool_call
+from tests.task_workers.episode.calc_red import CALC, HIDDEN, PUBLIC, WEIGHTS
 
 BUGGY = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
 PUBLIC_TEST = "from calc import mul\n\n\ndef test_mul():\n    assert mul(3, 4) == 12\n"
@@ -96,3 +97,24 @@ def policy_client(scripted) -> Iterator[PolicyClient]:
     client = PolicyClient(base_url=scripted[1], retries=1, backoff_s=0.05)
     yield client
     client.close()
+
+
+# The red team's calc task (test_red_team.py, test_red_team_blinded.py): its payload, with a reference
+# solution so that the hidden tests are blinded, and the reward of the plain wrong fix.
+@pytest.fixture(scope="session")
+def calc_payload(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    repo = tmp_path_factory.mktemp("calc-red")
+    (repo / "calc.py").write_text(CALC)
+    (repo / "tests").mkdir()
+    (repo / "tests" / "test_calc.py").write_text(PUBLIC)
+    task = CodeRepoTask(repo=pack_directory(repo), public_tests=TestSpec(paths=["tests"], timeout_s=60),
+                        hidden_tests=TestSpec(paths=["test_hidden.py"], files={"test_hidden.py": HIDDEN}, timeout_s=60),
+                        solution=Solution(files={"calc.py": CALC.replace("a - b", "a + b")}))
+    return task.model_dump(mode="json")
+
+
+@pytest.fixture(scope="session")
+def wrong_fix_reward() -> float:
+    return WEIGHTS["rules"] + WEIGHTS["public_tests"]  # rules pass, mul still passes, no hidden test passes
+
+

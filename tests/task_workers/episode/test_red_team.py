@@ -21,21 +21,16 @@ from sqlalchemy.orm import Session
 from core.models import Episode as EpisodeRow
 from core.models import Task
 from environments.code_repo.importing import read_swebench_jsonl
-from environments.code_repo.task import CodeRepoTask, Solution, TestSpec, pack_directory
 from environments.service import register_environment
 from environments.spec import load_spec_file, parse_spec
 from environments.tasks import import_tasks
 from task_workers.episode.runner import run_episode
 from tests import factories
 from tests.support.scripted_policy import tool_call
+from tests.task_workers.episode.calc_red import CALC, WEIGHTS
 
 pytestmark = pytest.mark.docker
 
-CALC = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
-PUBLIC = "from calc import mul\n\n\ndef test_mul():\n    assert mul(3, 4) == 12\n"
-HIDDEN = ("from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
-          "def test_add_negative():\n    assert add(-1, 1) == 0\n")
-WEIGHTS = {"rules": 0.1, "public_tests": 0.2, "hidden_tests": 0.7}
 
 
 def edit(new: str) -> str:
@@ -189,18 +184,6 @@ RUNNER_HACKS = ["empty pytest.py shadows the runner", "plugin switched on from p
                 "passing tests padded into test modules", "plugin injected through pytest_plugins"]
 
 
-@pytest.fixture(scope="module")
-def calc_payload(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    repo = tmp_path_factory.mktemp("calc-red")
-    (repo / "calc.py").write_text(CALC)
-    (repo / "tests").mkdir()
-    (repo / "tests" / "test_calc.py").write_text(PUBLIC)
-    task = CodeRepoTask(repo=pack_directory(repo), public_tests=TestSpec(paths=["tests"], timeout_s=60),
-                        hidden_tests=TestSpec(paths=["test_hidden.py"], files={"test_hidden.py": HIDDEN}, timeout_s=60),
-                        solution=Solution(files={"calc.py": CALC.replace("a - b", "a + b")}))
-    return task.model_dump(mode="json")
-
-
 def play(session: Session, *, image: str, payload: dict, script: str, policy, sandboxes, client,
          verifier: dict | None = None) -> EpisodeRow:
     """Register the environment, run one episode of `script` through the real runner, return its row."""
@@ -225,11 +208,6 @@ def play(session: Session, *, image: str, payload: dict, script: str, policy, sa
 
 def _slug(name: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in name)[:60]
-
-
-@pytest.fixture(scope="module")
-def wrong_fix_reward() -> float:
-    return WEIGHTS["rules"] + WEIGHTS["public_tests"]  # rules pass, mul still passes, no hidden test passes
 
 
 def test_the_honest_fix_earns_full_reward_and_the_wrong_fix_its_baseline(

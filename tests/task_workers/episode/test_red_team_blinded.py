@@ -16,16 +16,8 @@ import json
 import pytest
 
 from tests.support.scripted_policy import tool_call
-from tests.task_workers.episode.test_red_team import (  # noqa: F401 (fixtures)
-    CALC,
-    SUBMIT,
-    WEIGHTS,
-    WRONG,
-    append,
-    calc_payload,
-    play,
-    wrong_fix_reward,
-)
+from tests.task_workers.episode.calc_red import CALC
+from tests.task_workers.episode.test_red_team import SUBMIT, WRONG, append, play
 
 pytestmark = pytest.mark.docker
 
