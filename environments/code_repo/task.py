@@ -34,6 +34,13 @@ def _is_safe_argument(value: str) -> bool:
             and not path.startswith("/") and ".." not in path.split("/"))
 
 
+def files_inside_workspace(files: dict[str, str]) -> dict[str, str]:
+    for path in files:
+        if not _is_safe_argument(path) or "::" in path:
+            raise ValueError(f"expected a relative file path inside the workspace, got {path[:200]!r}")
+    return files
+
+
 class TestSpec(BaseModel):
     """One graded test layer. The grader owns the runner's invocation (see grader.py): the task names
     what to collect and which test ids count, never the command."""
@@ -70,10 +77,7 @@ class TestSpec(BaseModel):
     @field_validator("files")
     @classmethod
     def _files_stay_inside(cls, files: dict[str, str]) -> dict[str, str]:
-        for path in files:
-            if not _is_safe_argument(path) or "::" in path:
-                raise ValueError(f"expected a relative file path inside the workspace, got {path[:200]!r}")
-        return files
+        return files_inside_workspace(files)
 
     def collect_paths(self) -> list[str]:
         if self.paths:
@@ -99,10 +103,7 @@ class Solution(BaseModel):
     @field_validator("files")
     @classmethod
     def _files_stay_inside(cls, files: dict[str, str]) -> dict[str, str]:
-        for path in files:
-            if not _is_safe_argument(path) or "::" in path:
-                raise ValueError(f"expected a relative file path inside the workspace, got {path[:200]!r}")
-        return files
+        return files_inside_workspace(files)
 
 
 class CodeRepoTask(BaseModel):
