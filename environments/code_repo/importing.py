@@ -4,7 +4,11 @@ Crucible JSONL, one task a line:
 
     {"id": "fix-add", "instruction": "...", "split": "train", "repo": "repos/calc", "commit": null,
      "public_tests": {"paths": ["tests"]},
-     "hidden_tests": {"paths": ["hidden_test.py"], "files": {"hidden_test.py": "..."}}}
+     "hidden_tests": {"paths": ["hidden_test.py"], "files": {"hidden_test.py": "..."}},
+     "solution": {"files": {"calc.py": "..."}}}
+
+`solution` (optional, never shown to the agent) is the reference solution: with it the hidden tests are
+graded blinded (environments/code_repo/blinding.py).
 
 On the client (`crucible tasks import`), `repo` may be a directory (packed as a tarball), a `.tar.gz`
 or a git repository with `commit` (bundled without writing to it), relative to the file. What reaches
@@ -105,7 +109,7 @@ def _record(data: dict[str, Any], snapshot: RepoSnapshot, where: str, *, public:
     check_snapshot(snapshot, where=f"{where}: repo")
     try:
         task = CodeRepoTask(repo=snapshot, public_tests=public, hidden_tests=hidden,
-                            **({"protected_paths": data["protected_paths"]} if "protected_paths" in data else {}))
+                            **{key: data[key] for key in ("protected_paths", "solution") if key in data})
     except ValidationError as error:
         first = error.errors()[0]
         raise ConfigError(f"{where}: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None

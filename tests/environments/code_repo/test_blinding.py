@@ -105,3 +105,17 @@ def test_an_expected_value_that_differs_between_reference_runs_is_not_blinded() 
     assert "test_hidden.py::test_add" not in key.expected
     assert "differs between reference runs" in key.unblinded["test_hidden.py::test_add"]
     assert not key.blind
+
+
+@pytest.mark.parametrize("solution", [{"files": {"../calc.py": "x"}}, {"files": {"/etc/passwd": "x"}},
+                                      {"files": {"-rf": "x"}}, {"patch": 5}, {"files": [], "extra": 1}, "calc.py"])
+def test_an_imported_solution_with_a_hostile_value_is_refused_in_one_line(solution: object, tmp_path) -> None:
+    from core.errors import ConfigError
+    from environments.code_repo.importing import _record
+    from environments.code_repo.task import pack_directory
+
+    (tmp_path / "calc.py").write_text("x = 1\n")
+    with pytest.raises(ConfigError) as refused:
+        _record({"id": "t", "instruction": "fix", "solution": solution}, pack_directory(tmp_path), "line 1", public=None, hidden={"files": {"test_h.py": "def test_h():\n    assert 1\n"}},
+                id_key="id", instruction_key="instruction", default_split="train")
+    assert str(refused.value).startswith("line 1: solution") and "\n" not in str(refused.value)

@@ -439,3 +439,4 @@ def test_the_example_task_right_fix_earns_full_reward(
     episode = db_session.get(EpisodeRow, episode_id)
     assert episode.reward == pytest.approx(1.0), episode.verifier_layers
     assert episode.flags == []
+    assert "blinded: 1/1" in episode.verifier_layers[-1]["detail"]  # the example ships its reference solution
