@@ -245,6 +245,8 @@ class EnvironmentSpec(BaseModel):
                 data["verifier"].pop(section, None)
         if data["verifier"].get("mix") == "sum":  # and for the mixing rule, at its default
             data["verifier"].pop("mix")
+        if data["verifier"].get("blind_hidden_tests") is True:  # and for blinding, at its default
+            data["verifier"].pop("blind_hidden_tests")
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
