@@ -93,3 +93,46 @@ def show(
             console.print(safe_text(f"  verifier {layer.get('name')}: {layer.get('score')} passed={layer.get('passed')}"))
     for turn in episode["turns"]:
         _print_turn(turn)
+
+
+@app.command("regrade")
+def regrade(
+    run: int = typer.Option(..., "--run", "-r", help="Run id."),
+    steps: str | None = typer.Option(None, "--steps", help="Only episodes consumed by these training steps: A..B, A.., ..B."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="At most this many episodes."),
+    output: OutputFormat = OutputOption,
+) -> None:
+    """Re-score a run's stored submissions with the current grader in fresh sandboxes; the new verdicts are
+    stored beside the old (never over them), and the training steps that consumed changed rewards are named."""
+    from core.db import session_scope
+    from task_workers.context import DockerSandboxes
+    from task_workers.episode.regrade import parse_steps, regrade_run
+    from task_workers.sandbox import make_backend
+    from task_workers.sandbox.db_events import DbEventSink
+
+    with readable_errors():
+        bounds = parse_steps(steps)
+        events = DbEventSink()
+        sandboxes = DockerSandboxes(backend=make_backend("docker"), events=events, worker="regrade", min_size=0,
+                                    max_size=2)
+        try:
+            with session_scope() as session:
+                report = regrade_run(session, run_id=run, steps=bounds, sandboxes=sandboxes, limit=limit).as_dict()
+        finally:
+            sandboxes.close()
+    if output is OutputFormat.json:
+        print_json(report)
+        return
+    console.print(f"run {report['run_id']}: {report['regraded']} episodes re-graded by {safe(report['grader'])}, "
+                  f"{len(report['changed'])} changed", highlight=False)
+    table = Table("episode", "step", "reward then", "reward now", "flags now")
+    for row in report["changed"]:
+        table.add_row(str(row["episode_id"]), "–" if row["step"] is None else str(row["step"]), _reward(row["before"]),
+                      _reward(row["after"]), safe(" ".join(row["flags_after"]) or "–"))
+    if report["changed"]:
+        console.print(table)
+    for step, row in report["steps"].items():
+        console.print(f"step {step} trained on {len(row['episodes'])} changed episodes "
+                      f"(reward change {row['reward_change']:+.3f})", highlight=False)
+    for why, count in report["skipped"].items():
+        console.print(f"skipped {count}: {safe(why)}", style="dim", highlight=False)

@@ -6,6 +6,7 @@ from core.models.base import Base
 from core.models.counts import RunEpisodeCounts, RunFlagCounts, RunGroupCounts
 from core.models.environment import Environment, Task
 from core.models.episode import Episode, EpisodeGroup, Turn
+from core.models.regrade import EpisodeRegrade
 from core.models.run import PolicyVersion, Run, RunEnvironment, TrainingStep
 from core.models.sandbox import SandboxEvent
 from core.models.worker import Worker
@@ -17,6 +18,7 @@ __all__ = [
     "Episode",
     "EpisodeArtifact",
     "EpisodeGroup",
+    "EpisodeRegrade",
     "PolicyVersion",
     "Run",
     "RunEnvironment",
