@@ -137,12 +137,14 @@ def _regrade(session: Session, episode: Episode, *, sandboxes: SandboxProvider,
         report.skipped["a learned layer (judge, reward model) is not re-graded here"] += 1
         return None
     kind = get_kind(spec.kind)(spec)
-    task = kind.parse_task(task_row.payload)
+    task = kind.parse_task(task_row.payload)  # type: ignore[attr-defined]  # as the runner does
     turns = session.execute(select(Turn.tool_call).where(Turn.run_id == episode.run_id, Turn.episode_id == episode.id)
                             .order_by(Turn.index)).scalars()
     actions = [ToolCall(call["name"], call.get("arguments", {})) for call in turns if isinstance(call, dict)]
-    where = {"spec": spec, "run_id": episode.run_id, "episode_id": episode.id}
-    with sandboxes.fresh(**where) as replay:
+    def fresh() -> Any:
+        return sandboxes.fresh(spec=spec, run_id=episode.run_id, episode_id=episode.id)
+
+    with fresh() as replay:
         kind.setup(sandbox=replay, task=task)
         failure = repo.apply_patch(replay, episode.final_diff, name="stored submission")
         if failure:
@@ -150,7 +152,7 @@ def _regrade(session: Session, episode: Episode, *, sandboxes: SandboxProvider,
             return None
         try:
             verdict = kind.verify(sandbox=replay, task=task, submitted=episode.termination_reason == "submitted",
-                                  open_sandbox=lambda: sandboxes.fresh(**where), actions=actions)
+                                  open_sandbox=fresh, actions=actions)
         except GraderFault as fault:
             report.skipped[f"grader fault: {str(fault)[:80]}"] += 1
             return None

@@ -27,7 +27,7 @@ from core.errors import CrucibleError
 from core.models import Environment, Episode, Task
 from core.schemas.run import Sampling
 from core.termination import TerminationReason
-from environments.base import GraderFault, LayerResult, Sandbox, ToolCall, Verdict
+from environments.base import Artifact, GraderFault, LayerResult, Sandbox, ToolCall, Verdict
 from environments.judge import LAYER as JUDGE_LAYER
 from environments.judge import Judge, LearnedRewardUnavailable, flag_injection, transcript_of
 from environments.registry import get_kind
@@ -127,7 +127,8 @@ def run_episode(
         except (RuntimeError, CrucibleError) as error:
             raise SandboxFault(f"task setup failed: {error}") from error
         set_up = time.monotonic()
-        instruction, opening_artifacts = loaded.instruction, ()
+        instruction = loaded.instruction
+        opening_artifacts: tuple[Artifact, ...] = ()
         if hasattr(kind, "opening"):  # the first message comes from the sandbox (a browser's first page)
             try:
                 opening = kind.opening(sandbox=sandbox, task=task, instruction=loaded.instruction)
@@ -138,7 +139,8 @@ def run_episode(
                           sampling=loaded.sampling, tool_parser=loaded.spec.tool_parser,
                           require_version=loaded.training)
         trajectory = run_agent_loop(ctx, prompt_ids=initial_prompt(ctx, instruction=instruction))
-        trajectory.artifacts[:0] = [ArtifactRecord(None, a.name, a.media_type, a.data) for a in opening_artifacts]
+        trajectory.artifacts[:0] = [ArtifactRecord(None, art.name, art.media_type, art.data)
+                                    for art in opening_artifacts]
         verdict, verify_s = _verify(kind, sandbox, task, trajectory, sandboxes, loaded)
         sandbox_id = getattr(sandbox, "id", None)
     timings = {**trajectory.timings, "lease": leased - started, "setup": set_up - leased, "verify": verify_s,
