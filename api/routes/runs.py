@@ -10,8 +10,8 @@ from api.deps import SessionDep, current_token
 from api.pagination import DEFAULT_LIMIT, Cursor, Limit
 from api.params import RunId
 from api.schemas.common import ERROR_RESPONSES, MUTATION_RESPONSES
-from api.schemas.runs import RunDetail, RunMetrics, RunPublic, RunsPublic, RunStats
-from api.services import run_charts, run_stats, runs
+from api.schemas.runs import RunDetail, RunGrading, RunMetrics, RunPublic, RunsPublic, RunStats
+from api.services import run_charts, run_grading, run_stats, runs
 from core.models import Run
 from core.schemas import RunConfig
 from core.termination import RunStatus
@@ -77,3 +77,10 @@ def show_run_metrics(
 def show_run_stats(run_id: RunId, session: SessionDep) -> dict[str, Any]:
     """Staleness histogram, throughput per minute and where the time goes."""
     return run_stats.stats(session, run_id=run_id)
+
+
+@router.get("/{run_id}/grading", response_model=RunGrading)
+def show_run_grading(run_id: RunId, session: SessionDep) -> dict[str, Any]:
+    """The share of hidden-test grades that were blinded, and the episodes and training steps whose reward
+    a re-grade (`crucible episodes regrade`) changed."""
+    return run_grading.grading(session, run_id=run_id)

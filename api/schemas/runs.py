@@ -129,3 +129,37 @@ class RunStats(BaseModel):
     time_split: dict[str, float]
     """Seconds summed over those episodes (generation, sandbox, verify…) and over every training step
     (`training/<stage>` from the `timing_s/<stage>` metrics)."""
+
+
+class RegradedEpisode(BaseModel):
+    episode_id: int
+    step: int | None
+    """The training step that consumed it (None: not trained on)."""
+    before: float | None
+    """The reward it was stored (and trained) with."""
+    after: float
+    """The latest re-grade's reward."""
+    flags_before: list[str]
+    flags_after: list[str]
+
+
+class RegradedStep(BaseModel):
+    step: int
+    episodes: list[int]
+    reward_change: float
+    """Σ (re-graded − trained-on reward) over those episodes."""
+
+
+class RunGrading(BaseModel):
+    """How the run's hidden tests were graded, and what re-grading found."""
+
+    hidden_grades: int
+    """Hidden-test layers graded by a grader that reports blinding."""
+    unblinded_grades: int
+    """Of those, grades with no test blinded (the in-process report was the only evidence)."""
+    blinded_test_share: float | None
+    """Blinded tests ÷ graded tests over those grades."""
+    regraded: int
+    graders: list[str]
+    changed: list[RegradedEpisode]
+    steps: list[RegradedStep]

@@ -8,9 +8,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 from typer.testing import CliRunner
 
+from api.main import create_app
+from api.services.tokens import create_token
 from cli.main import app
 from core.models import Episode, EpisodeGroup, EpisodeRegrade
 from environments.code_repo import monitors, verifier
@@ -71,6 +74,19 @@ def test_regrade_finds_the_hacked_episodes_and_names_the_steps_that_trained_on_t
     printed = json.loads(result.output)
     assert printed["regraded"] == 1 and [row["episode_id"] for row in printed["changed"]] == [hack.id]
     assert printed["steps"] == {"3": {"episodes": [hack.id], "reward_change": pytest.approx(changed.after - 1.0)}}
+
+    # And through the API: what the regrade found, and how the run was graded (blinded or not).
+    _, token = create_token(db_session, name="regrade")
+    db_session.commit()
+    with TestClient(create_app(), headers={"Authorization": f"Bearer {token}"}) as client:
+        shown = client.get(f"/v1/runs/{run_id}/grading")
+        assert shown.status_code == 200, shown.text
+        grading = shown.json()
+        assert client.get("/v1/runs/999999999/grading").status_code == 404
+    assert [row["episode_id"] for row in grading["changed"]] == [hack.id] and grading["changed"][0]["step"] == 3
+    assert grading["steps"] == [{"step": 3, "episodes": [hack.id], "reward_change": pytest.approx(changed.after - 1.0)}]
+    assert (grading["hidden_grades"], grading["unblinded_grades"]) == (1, 1)  # the weakened grader did not blind
+    assert grading["blinded_test_share"] == 0.0
 
 
 @pytest.mark.parametrize("text", ["x", "3..1", "-1..2", "a..b", "1...2", "9" * 40 + "..x"])

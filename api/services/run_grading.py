@@ -1,0 +1,56 @@
+"""How a run was graded: the share of hidden-test grades that were blinded, and what re-grading found
+(`crucible episodes regrade`): per episode the reward it was trained on and the latest regrade's, and
+per training step that consumed a changed reward, how many episodes and by how much."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from api.services.runs import get
+
+CHANGE = 1e-9
+
+_BLINDING = text("""
+SELECT count(*) AS grades,
+       count(*) FILTER (WHERE (layer->'record'->>'blinded')::bigint = 0) AS unblinded,
+       coalesce(sum((layer->'record'->>'blinded')::bigint), 0) AS blinded_tests,
+       coalesce(sum((layer->'record'->>'graded')::bigint), 0) AS graded_tests
+FROM episodes AS e, jsonb_array_elements(e.verifier_layers) AS layer
+WHERE e.run_id = :run AND jsonb_typeof(e.verifier_layers) = 'array' AND layer->>'name' = 'hidden_tests'
+  AND jsonb_typeof(layer->'record') = 'object'
+""")
+_REGRADES = text("""
+SELECT DISTINCT ON (r.episode_id) r.episode_id, r.grader, r.reward AS after, r.flags AS flags_after,
+       r.previous_reward AS before, e.flags AS flags_before, r.created_at,
+       CASE WHEN e.advantage IS NOT NULL THEN g.consumed_step END AS step
+FROM episode_regrades AS r JOIN episodes AS e ON e.id = r.episode_id JOIN episode_groups AS g ON g.id = e.group_id
+WHERE r.run_id = :run
+ORDER BY r.episode_id, r.id DESC
+""")
+
+
+def grading(session: Session, *, run_id: int) -> dict[str, Any]:
+    get(session, run_id=run_id)  # 404 for an unknown run
+    blinding = session.execute(_BLINDING, {"run": run_id}).mappings().one()
+    graded_tests = int(blinding["graded_tests"])
+    rows = session.execute(_REGRADES, {"run": run_id}).mappings().all()
+    changed = [dict(row) for row in rows if abs((row["after"] or 0.0) - (row["before"] or 0.0)) > CHANGE
+               or sorted(row["flags_after"] or []) != sorted(row["flags_before"] or [])]
+    steps: dict[int, dict[str, Any]] = {}
+    for row in changed:
+        if row["step"] is not None:
+            entry = steps.setdefault(int(row["step"]), {"step": int(row["step"]), "episodes": [], "reward_change": 0.0})
+            entry["episodes"].append(int(row["episode_id"]))
+            entry["reward_change"] += (row["after"] or 0.0) - (row["before"] or 0.0)
+    return {
+        "hidden_grades": int(blinding["grades"]), "unblinded_grades": int(blinding["unblinded"]),
+        "blinded_test_share": (int(blinding["blinded_tests"]) / graded_tests) if graded_tests else None,
+        "regraded": len(rows), "graders": sorted({str(row["grader"]) for row in rows}),
+        "changed": [{"episode_id": int(row["episode_id"]), "step": row["step"], "before": row["before"],
+                     "after": row["after"], "flags_before": list(row["flags_before"] or []),
+                     "flags_after": list(row["flags_after"] or [])} for row in changed],
+        "steps": [steps[step] for step in sorted(steps)],
+    }
