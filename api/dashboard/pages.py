@@ -21,7 +21,7 @@ from api.pagination import DEFAULT_LIMIT, Cursor
 from api.params import EpisodeId, GroupId, RunId
 from api.routes.episodes import episode_filters
 from api.schemas.runs import RunDetail
-from api.services import episodes, groups, runs, sandboxes
+from api.services import episodes, groups, run_grading, runs, sandboxes
 from api.services.episodes import EpisodeFilters
 from core.errors import CrucibleError
 from core.flags import EpisodeFlag
@@ -82,7 +82,8 @@ def run_page(request: Request, run_id: RunId, session: SessionDep, _: PageToken)
     # stats) is fetched by run.js from /v1/runs/{id}/metrics and /stats, in parallel, on load.
     charts = {"run": RunDetail.model_validate(run).model_dump(mode="json")}
     return render(request, "run.html", {"run": run, "groups": recent_groups, "episodes": recent, "charts": charts,
-                                        "reasons": list(TerminationReason)})
+                                        "reasons": list(TerminationReason),
+                                        "grading": run_grading.grading(session, run_id=run_id)})
 
 
 @router.get("/groups/{group_id}")

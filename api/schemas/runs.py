@@ -154,7 +154,7 @@ class RunGrading(BaseModel):
     """How the run's hidden tests were graded, and what re-grading found."""
 
     hidden_grades: int
-    """Hidden-test layers graded by a grader that reports blinding."""
+    """Hidden-test layers graded by a grader that reports blinding (in the run's latest 2048 groups)."""
     unblinded_grades: int
     """Of those, grades with no test blinded (the in-process report was the only evidence)."""
     blinded_test_share: float | None

@@ -1,4 +1,5 @@
-"""How a run was graded: the share of hidden-test grades that were blinded, and what re-grading found
+"""How a run was graded: the share of hidden-test grades that were blinded (over the episodes of the run's
+latest WINDOW_GROUPS groups, as the run page's other statistics), and what re-grading found
 (`crucible episodes regrade`): per episode the reward it was trained on and the latest regrade's, and
 per training step that consumed a changed reward, how many episodes and by how much."""
 
@@ -9,6 +10,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from api.services.run_stats import WINDOW_GROUPS
 from api.services.runs import get
 
 CHANGE = 1e-9
@@ -18,9 +20,11 @@ SELECT count(*) AS grades,
        count(*) FILTER (WHERE (layer->'record'->>'blinded')::bigint = 0) AS unblinded,
        coalesce(sum((layer->'record'->>'blinded')::bigint), 0) AS blinded_tests,
        coalesce(sum((layer->'record'->>'graded')::bigint), 0) AS graded_tests
-FROM episodes AS e, jsonb_array_elements(e.verifier_layers) AS layer
-WHERE e.run_id = :run AND jsonb_typeof(e.verifier_layers) = 'array' AND layer->>'name' = 'hidden_tests'
-  AND jsonb_typeof(layer->'record') = 'object'
+FROM (SELECT id FROM episode_groups WHERE run_id = :run ORDER BY group_index DESC LIMIT :window) AS g
+JOIN episodes AS e ON e.group_id = g.id
+CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(e.verifier_layers) = 'array'
+                                             THEN e.verifier_layers ELSE '[]'::jsonb END) AS layer
+WHERE layer->>'name' = 'hidden_tests' AND jsonb_typeof(layer->'record') = 'object'
 """)
 _REGRADES = text("""
 SELECT DISTINCT ON (r.episode_id) r.episode_id, r.grader, r.reward AS after, r.flags AS flags_after,
@@ -34,7 +38,7 @@ ORDER BY r.episode_id, r.id DESC
 
 def grading(session: Session, *, run_id: int) -> dict[str, Any]:
     get(session, run_id=run_id)  # 404 for an unknown run
-    blinding = session.execute(_BLINDING, {"run": run_id}).mappings().one()
+    blinding = session.execute(_BLINDING, {"run": run_id, "window": WINDOW_GROUPS}).mappings().one()
     graded_tests = int(blinding["graded_tests"])
     rows = session.execute(_REGRADES, {"run": run_id}).mappings().all()
     changed = [dict(row) for row in rows if abs((row["after"] or 0.0) - (row["before"] or 0.0)) > CHANGE

@@ -83,6 +83,11 @@ def test_regrade_finds_the_hacked_episodes_and_names_the_steps_that_trained_on_t
         assert shown.status_code == 200, shown.text
         grading = shown.json()
         assert client.get("/v1/runs/999999999/grading").status_code == 404
+        page = client.get(f"/runs/{run_id}")  # the run page says it too
+        assert page.status_code == 200
+        section = page.text.split('id="grading"', 1)[1].split("</section>", 1)[0]
+        assert 'id="unblinded-grades">1<' in section and 'id="regraded-changed">1<' in section
+        assert f'<a href="/episodes/{hack.id}">{hack.id}</a>' in section and "<td class=\"num\">3</td>" in section
     assert [row["episode_id"] for row in grading["changed"]] == [hack.id] and grading["changed"][0]["step"] == 3
     assert grading["steps"] == [{"step": 3, "episodes": [hack.id], "reward_change": pytest.approx(changed.after - 1.0)}]
     assert (grading["hidden_grades"], grading["unblinded_grades"]) == (1, 1)  # the weakened grader did not blind
