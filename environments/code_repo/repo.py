@@ -180,7 +180,7 @@ def load_submission(sandbox: Sandbox, tree: bytes, *, base: str) -> None:
     # full workspace is the agent's doing. Clearing the fresh checkout (step 4) or unpacking for any other
     # reason failing is the grader's fault — retried, never scored as the agent's outcome.
     if code == 5 and any(sign in errors for sign in _FULL):
-        raise SubmissionError(f"the submitted tree does not fit in the workspace: {errors[-400:]}")
+        raise SubmissionError(f"the submitted tree could not be unpacked: it does not fit in the workspace: {errors[-400:]}")
     if code == 7:
         raise SubmissionError(f"git could not stage the submitted tree: {errors[-400:]}")
     if code != 0:
