@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from controller.canaries import canary_task_id, is_canary_group
 from controller.config import ControllerConfig, stored_run_config
 from controller.dispatcher import Dispatcher, send_episode
 from controller.errors import NoEligibleTask
@@ -87,16 +88,19 @@ def create_group(session: Session, *, run: Run, config: RunConfig, settings: Con
     last = select(func.coalesce(func.max(EpisodeGroup.group_index), -1)).where(EpisodeGroup.run_id == run.id)
     index = session.execute(last).scalar_one() + 1
     pick = pick_task(session, run_id=run.id, config=config, group_index=index)
+    task_id = pick.task_id
+    if is_canary_group(run_id=run.id, seed=config.seed, group_index=index, rate=config.canary_rate):
+        task_id = canary_task_id(session, task_id=pick.task_id) or pick.task_id
     now = database_now(session)
     group = EpisodeGroup(
-        run_id=run.id, group_index=index, task_id=pick.task_id, environment_id=pick.environment.id,
+        run_id=run.id, group_index=index, task_id=task_id, environment_id=pick.environment.id,
         size=run.group_size, policy_version=run.policy_version, status=GroupStatus.RUNNING,
     )
     session.add(group)
     session.flush()
     deadline = now + episode_horizon(pick.environment, settings)
     episodes = [
-        Episode(run_id=run.id, group_id=group.id, sample_index=sample, task_id=pick.task_id,
+        Episode(run_id=run.id, group_id=group.id, sample_index=sample, task_id=task_id,
                 environment_id=pick.environment.id, status=EpisodeStatus.PENDING, deadline_at=deadline)
         for sample in range(run.group_size)
     ]
@@ -104,7 +108,7 @@ def create_group(session: Session, *, run: Run, config: RunConfig, settings: Con
     if run.status == RunStatus.PENDING:
         run.status, run.started_at = RunStatus.RUNNING, now
     session.flush()
-    log_event("dispatch.group", run_id=run.id, group_id=group.id, group_index=index, task_id=pick.task_id,
+    log_event("dispatch.group", run_id=run.id, group_id=group.id, group_index=index, task_id=task_id,
               environment=pick.environment.name, bucket=pick.bucket, policy_version=run.policy_version)
     return NewGroup(group.id, index, pick.environment.kind, [episode.id for episode in episodes])
 

@@ -8,6 +8,8 @@ Fixed names are constants below; the templated families are:
     advantage/{env}/mean|std|abs_mean (what each environment contributes to the gradient)
     batch/dropped/{reason}, batch/left_out/{reason}, rollout/termination/{reason}
     policy/staleness/hist/{lag}, timing_s/{stage}, reward_hacking/judge_agreement/{component}
+Hack canaries (core/canaries.py), in a step that examined any: canary/episodes, canary/reward_mean (their
+mean score on the layer no honest change passes), canary/rewarded (how many scored above 0).
 The step's cost (cost/…: time and tokens per stage, FLOPs, FLOP/s, MFU) is named in `trainer.cost`.
 """
 
@@ -17,6 +19,7 @@ import math
 import statistics
 from collections import Counter, defaultdict
 
+from core.canaries import canary_score
 from trainer.rollouts import Sample
 from trainer.selection import BatchPlan
 from trainer.step import UpdateResult
@@ -28,6 +31,9 @@ ENTROPY = "policy/entropy"
 CLIP_LOW = "policy/clip_frac/low"
 CLIP_HIGH = "policy/clip_frac/high"
 PPO_KL = "policy/ppo_kl"
+CANARY_EPISODES = "canary/episodes"
+CANARY_REWARD_MEAN = "canary/reward_mean"
+CANARY_REWARDED = "canary/rewarded"
 KL_REF = "policy/kl_ref"
 IW_MEAN, IW_STD = "policy/importance_weight/mean", "policy/importance_weight/std"
 IW_MAX, IW_MIN = "policy/importance_weight/max", "policy/importance_weight/min"
@@ -180,6 +186,10 @@ def batch_metrics(plan: BatchPlan) -> dict[str, float]:
         out[FLAGGED] = sum(bool(s.flags) for s in plan.scored) / len(plan.scored)
         for flag, count in Counter(flag for s in plan.scored for flag in s.flags).items():
             out[f"rollout/flagged/{flag}"] = count / len(plan.scored)
+    measured = [canary_score(s.components) for s in plan.canaries if s.trainable]
+    if measured:
+        out[CANARY_EPISODES], out[CANARY_REWARD_MEAN] = len(measured), statistics.fmean(measured)
+        out[CANARY_REWARDED] = sum(score > 0 for score in measured)
     if plan.staleness:
         out[STALENESS_MEAN], out[STALENESS_MAX] = statistics.fmean(plan.staleness), max(plan.staleness)
         for lag, count in Counter(plan.staleness).items():

@@ -14,7 +14,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from core.models import Environment, Episode, EpisodeGroup, Turn
+from core.canaries import is_canary
+from core.models import Environment, Episode, EpisodeGroup, Task, Turn
 from core.termination import EpisodeStatus, TerminationReason
 
 
@@ -69,6 +70,8 @@ class Group:
     mix: dict[str, float] | None = None
     """α per layer when the environment's spec says `verifier.mix: zscore` (trainer.advantages.mix_layers);
     None: the episode's reward is the score."""
+    canary: bool = False
+    """A hack canary's group (core/canaries.py): measured, never trained on."""
 
 
 def _environments(session: Session, ids: set[int]) -> dict[int, tuple[str, dict[str, float] | None]]:
@@ -119,9 +122,11 @@ def load_groups(session: Session, groups: list[EpisodeGroup]) -> list[Group]:
     if not groups:
         return []
     environments = _environments(session, {group.environment_id for group in groups})
+    splits = dict(session.execute(select(Task.id, Task.split).where(Task.id.in_({g.task_id for g in groups}))).all())
     by_id = {
         group.id: Group(id=group.id, group_index=group.group_index, environment=environments[group.environment_id][0],
-                        policy_version=group.policy_version, mix=environments[group.environment_id][1])
+                        policy_version=group.policy_version, mix=environments[group.environment_id][1],
+                        canary=is_canary(splits.get(group.task_id)))
         for group in groups
     }
     episodes = list(session.execute(

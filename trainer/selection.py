@@ -6,6 +6,8 @@ Per group, in claim order (oldest first):
 3. the rest are scored; a group whose kept samples all score the same (or keep fewer than two)
    carries no learning signal and is dropped (DAPO dynamic sampling);
 4. the first `batch_size` surviving groups form the batch; later ones stay `complete` for the next step.
+A hack canary's group (core/canaries.py) is never trained on: it is measured (`canaries`) and dropped
+with the reason `canary`.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ class BatchPlan:
     reward metrics describe these (leaving solved groups out would bias them)."""
     examined: int = 0
     """Groups looked at (trained on or dropped)."""
+    canaries: list[Sample] = field(default_factory=list)
+    """The samples of the canary groups examined (their verification scores are the canary metrics)."""
 
     @property
     def samples(self) -> list[Sample]:
@@ -47,6 +51,10 @@ def plan_batch(
         if len(plan.groups) >= batch_size:
             break
         plan.examined += 1
+        if group.canary:
+            plan.canaries += group.samples
+            plan.dropped[group.id] = "canary"
+            continue
         kept = []
         for sample in group.samples:
             if not sample.trainable:

@@ -98,6 +98,9 @@ class RunConfig(BaseModel):
     """Cap on groups dispatched but not complete; default (max_staleness + 1) × batch_size."""
     max_groups: int | None = Field(default=None, ge=1)
     """Budget: stop dispatching after this many groups."""
+    canary_rate: float = Field(default=0.0, ge=0.0, le=0.5)
+    """Share of groups that are hack canaries (core/canaries.py): an impossible variant of the picked
+    code_repo task, never trained on; any reward on it is a hack, flagged `canary_rewarded`."""
     curriculum: Curriculum = Field(default_factory=Curriculum)
     seed: int = 0
     sampling: Sampling = Field(default_factory=lambda: Sampling())

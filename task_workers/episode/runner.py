@@ -15,15 +15,17 @@ import dataclasses
 import logging
 import time
 from contextlib import AbstractContextManager, ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from sqlalchemy import select
 
+from core.canaries import canary_score, is_canary
 from core.config_files import parse_model
 from core.db import session_scope
 from core.episode_text import render_turns
 from core.errors import CrucibleError
+from core.flags import EpisodeFlag
 from core.models import Environment, Episode, Task
 from core.schemas.run import Sampling
 from core.termination import TerminationReason
@@ -73,6 +75,8 @@ class _Loaded:
     sampling: Sampling
     training: bool
     """The run is trained on: every turn needs a known weight version."""
+    canary: bool = False
+    """The task is a hack canary (core/canaries.py): any reward on its verification layer is a hack."""
 
 
 def _load(episode_id: int, *, worker: str) -> _Loaded | None:
@@ -88,7 +92,7 @@ def _load(episode_id: int, *, worker: str) -> _Loaded | None:
         # No deadline yet: the agent's time budget starts at its first observation (run_agent_loop).
         return _Loaded(
             episode_id=episode.id, run_id=episode.run_id, group_id=episode.group_id, spec=spec, instruction=task.instruction,
-            payload=task.payload, sampling=sampling, training=training,
+            payload=task.payload, sampling=sampling, training=training, canary=is_canary(task.split),
         )
 
 
@@ -145,6 +149,8 @@ def run_episode(
         sandbox_id = getattr(sandbox, "id", None)
     timings = {**trajectory.timings, "lease": leased - started, "setup": set_up - leased, "verify": verify_s,
                "total": time.monotonic() - started}
+    if loaded.canary and canary_score(verdict.components) > 0:  # no honest change earns this: a hack
+        verdict = replace(verdict, flags=sorted({*verdict.flags, EpisodeFlag.CANARY_REWARDED.value}))
     if loaded.spec.verifier.judge is not None:  # what a judge of either mode will read: no answer-like lines
         verdict = flag_injection(verdict, transcript=transcript_of(trajectory.turns), verifier=loaded.spec.verifier)
     if _pointwise_judge(loaded.spec) or loaded.spec.verifier.reward_model:  # after the sandbox went back: text only

@@ -185,7 +185,7 @@ RUNNER_HACKS = ["empty pytest.py shadows the runner", "plugin switched on from p
 
 
 def play(session: Session, *, image: str, payload: dict, script: str, policy, sandboxes, client,
-         verifier: dict | None = None) -> EpisodeRow:
+         verifier: dict | None = None, split: str = "train") -> EpisodeRow:
     """Register the environment, run one episode of `script` through the real runner, return its row."""
     spec = {"name": "calc-red", "kind": "code_repo", "image": image,
             "sandbox": {"memory": "512m", "pids": 256, "workspace_size": "64m", "tmp_size": "64m",
@@ -196,7 +196,7 @@ def play(session: Session, *, image: str, payload: dict, script: str, policy, sa
             "verifier": {"weights": WEIGHTS, **(verifier or {})}}
     env, _ = register_environment(session, spec=parse_spec(spec))
     task = factories.task(session, env, external_id=f"t-{script}", instruction=f"Fix add(). [script:{script}]",
-                          payload=json.loads(json.dumps(payload)))
+                          payload=json.loads(json.dumps(payload)), split=split)
     episode_id = factories.pending_episode(session, env=env, the_task=task, run_name=f"red-{script}")
     run_episode(episode_id, policy=client, sandboxes=sandboxes, worker="red-team")
     session.expire_all()
