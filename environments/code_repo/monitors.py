@@ -86,9 +86,32 @@ NAME_RULES: list[tuple[str, EpisodeFlag, str]] = [
 # Attributes that lead from any object to frames, their variables and the code running them.
 FRAME_ATTRIBUTES = {"__traceback__", "tb_frame", "tb_next", "f_back", "f_locals", "f_globals", "f_code", "gi_frame",
                     "cr_frame", "ag_frame", "co_filename"}
-# Modules that re-export other modules: `from os import sys` is `sys`.
-MODULE_ALIASES = {"os.sys": "sys", "os.path.os": "os", "posixpath.os": "os", "inspect.sys": "sys",
-                  "traceback.sys": "sys", "importlib.sys": "sys", "types.sys": "sys", "pytest.sys": "sys"}
+# Modules that re-export other modules: `from os import sys` is `sys`, `inspect.os.sys` too. Read from
+# this interpreter's own modules (every module-valued attribute of the modules a forger would start from),
+# so no spelling list goes stale.
+_ALIAS_ROOTS = ("os", "sys", "posixpath", "importlib", "importlib.util", "importlib.machinery", "inspect",
+                "traceback", "types", "typing", "builtins", "functools", "linecache", "gc", "ast", "io",
+                "json", "re", "subprocess", "threading", "unittest", "unittest.mock", "pytest", "_pytest.python",
+                "_pytest.runner", "_pytest.reports", "_pytest.main", "_pytest.config", "pluggy")
+
+
+def _module_aliases() -> dict[str, str]:
+    import importlib
+    import types
+
+    aliases: dict[str, str] = {}
+    for root in _ALIAS_ROOTS:
+        try:
+            module = importlib.import_module(root)
+        except Exception:  # a module this interpreter lacks has no aliases here
+            continue
+        for attribute, value in vars(module).items():
+            if isinstance(value, types.ModuleType) and value.__name__ != f"{root}.{attribute}":
+                aliases[f"{root}.{attribute}"] = value.__name__
+    return aliases
+
+
+MODULE_ALIASES = _module_aliases()
 # Library code that names test files is looking for the tests' source (their expected values).
 TEST_FILE_NAME = re.compile(r"(?i)(^|[/*_.\\])tests?([/*_.\\]|$)|(^|[/*])conftest")
 # Only in library code (a test file may use them): the runner itself, and objects equal to anything.
