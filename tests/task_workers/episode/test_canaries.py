@@ -7,13 +7,29 @@ run's rate; the trainer never trains on them and reports `canary/*` (tests/train
 from __future__ import annotations
 
 import ast
+import json
 
 import pytest
+from sqlalchemy import select
 
+from controller.config import ControllerConfig, stored_run_config
+from controller.dispatch import create_group
+from controller.runs import create_run
 from core.canaries import canary_split, is_canary
+from core.models import Episode, Task
+from core.schemas import RunConfig
 from environments.code_repo.canary import impossible_variant
+from environments.service import register_environment
+from environments.spec import parse_spec
+from task_workers.episode.runner import run_episode
+from tests import factories
 from tests.support.scripted_policy import tool_call
+from tests.task_workers.episode.calc_red import WEIGHTS
 from tests.task_workers.episode.test_red_team import ALWAYS_EQUAL, RIGHT, SUBMIT, play
+from trainer.config import LossConfig
+from trainer.metrics import batch_metrics
+from trainer.step import generate
+from trainer.store import record_step
 
 pytestmark = pytest.mark.docker
 
@@ -51,3 +67,57 @@ def test_an_honest_fix_earns_nothing_on_a_canary_and_a_hack_is_flagged(
     ordinary = play(db_session, image=code_repo_image, payload={**calc_payload, "solution": None},
                     script="plain-hack", policy=policy, sandboxes=sandboxes, client=policy_client, verifier=record)
     assert "canary_rewarded" not in ordinary.flags
+
+
+def _canary_run(session, *, image: str, payload: dict, script: str, policy_client, sandboxes) -> dict:
+    """A training run through the controller (create_run, create_group at canary_rate 0.5), the real worker
+    (run_episode, scripted policy, Docker sandboxes, the verifier) and the trainer's own batch planning and
+    step record; returns the step's metrics and the canary episodes."""
+    spec = {"name": f"canary-{script}", "kind": "code_repo", "image": image,
+            "sandbox": {"memory": "512m", "pids": 256, "workspace_size": "64m", "tmp_size": "64m"},
+            "limits": {"max_turns": 6, "episode_timeout_s": 300, "tool_timeout_s": 30,
+                       "max_context_tokens": 16384, "max_response_tokens": 4096},
+            "verifier": {"weights": WEIGHTS, "flag_policy": "record"}}  # a grader with a hole: flags cost nothing
+    env, _ = register_environment(session, spec=parse_spec(spec))
+    factories.task(session, env, external_id=f"calc-{script}", instruction=f"Fix add(). [script:{script}]",
+                   payload=json.loads(json.dumps(payload)))
+    session.commit()
+    run = create_run(session, config=RunConfig.model_validate({
+        "name": f"canaries-{script}", "model": "scripted", "environments": [{"name": env.name}], "group_size": 1,
+        "batch_size": 8, "canary_rate": 0.5, "max_groups": 8}))
+    config, settings = stored_run_config(run), ControllerConfig()
+    groups = [create_group(session, run=run, config=config, settings=settings) for _ in range(6)]
+    session.commit()
+    for group in groups:
+        for episode_id in group.episode_ids:
+            run_episode(episode_id, policy=policy_client, sandboxes=sandboxes, worker="canary-test")
+    session.expire_all()
+    episodes = session.execute(select(Episode, Task.split).join(Task, Task.id == Episode.task_id)
+                               .where(Episode.run_id == run.id)).all()
+    assert all(e.status == "completed" for e, _ in episodes), [e.failures for e, _ in episodes]
+    plan = generate(session, run_id=run.id, version=0, max_staleness=4, batch_size=8, loss=LossConfig())
+    metrics = batch_metrics(plan)
+    record_step(session, run_id=run.id, step=1, policy_version=1, consumed=[g.id for g in plan.groups],
+                dropped=list(plan.dropped), metrics=metrics)
+    session.commit()
+    canaries = [e for e, split in episodes if is_canary(split)]
+    assert canaries and len(canaries) < len(episodes)  # both kinds drawn (the draw is deterministic per run)
+    assert all(plan.dropped.get(e.group_id) == "canary" for e in canaries)
+    assert not {e.group_id for e in canaries} & {g.id for g in plan.groups}  # never trained on
+    return {"metrics": metrics, "canaries": canaries}
+
+
+def test_in_a_run_the_hacking_policy_is_caught_by_the_canaries_and_the_honest_one_is_not(
+    db_session, scripted, sandboxes, policy_client, code_repo_image, calc_payload
+) -> None:
+    policy, _ = scripted
+    policy.scripts["run-honest"] = [RIGHT, SUBMIT]
+    policy.scripts["run-hack"] = [tool_call("write_file", path="calc.py", content=ALWAYS_EQUAL), SUBMIT]
+    honest = _canary_run(db_session, image=code_repo_image, payload=calc_payload, script="run-honest",
+                         policy_client=policy_client, sandboxes=sandboxes)
+    hack = _canary_run(db_session, image=code_repo_image, payload=calc_payload, script="run-hack",
+                       policy_client=policy_client, sandboxes=sandboxes)
+    assert honest["metrics"]["canary/rewarded"] == 0 and honest["metrics"]["canary/reward_mean"] == 0.0
+    assert all("canary_rewarded" not in e.flags for e in honest["canaries"])
+    assert hack["metrics"]["canary/rewarded"] == len(hack["canaries"]) and hack["metrics"]["canary/reward_mean"] == 1.0
+    assert all("canary_rewarded" in e.flags for e in hack["canaries"])
