@@ -131,8 +131,8 @@ def regrade(
                       _reward(row["after"]), safe(" ".join(row["flags_after"]) or "–"))
     if report["changed"]:
         console.print(table)
-    for step, row in report["steps"].items():
-        console.print(f"step {step} trained on {len(row['episodes'])} changed episodes "
+    for row in report["steps"]:
+        console.print(f"step {row['step']} trained on {len(row['episodes'])} changed episodes "
                       f"(reward change {row['reward_change']:+.3f})", highlight=False)
     for why, count in report["skipped"].items():
         console.print(f"skipped {count}: {safe(why)}", style="dim", highlight=False)

@@ -12,8 +12,7 @@ from sqlalchemy.orm import Session
 
 from api.services.run_stats import WINDOW_GROUPS
 from api.services.runs import get
-
-CHANGE = 1e-9
+from core.regrades import Regraded, changed_steps
 
 _BLINDING = text("""
 SELECT count(*) AS grades,
@@ -41,20 +40,13 @@ def grading(session: Session, *, run_id: int) -> dict[str, Any]:
     blinding = session.execute(_BLINDING, {"run": run_id, "window": WINDOW_GROUPS}).mappings().one()
     graded_tests = int(blinding["graded_tests"])
     rows = session.execute(_REGRADES, {"run": run_id}).mappings().all()
-    changed = [dict(row) for row in rows if abs((row["after"] or 0.0) - (row["before"] or 0.0)) > CHANGE
-               or sorted(row["flags_after"] or []) != sorted(row["flags_before"] or [])]
-    steps: dict[int, dict[str, Any]] = {}
-    for row in changed:
-        if row["step"] is not None:
-            entry = steps.setdefault(int(row["step"]), {"step": int(row["step"]), "episodes": [], "reward_change": 0.0})
-            entry["episodes"].append(int(row["episode_id"]))
-            entry["reward_change"] += (row["after"] or 0.0) - (row["before"] or 0.0)
+    regraded = [Regraded(int(row["episode_id"]), None if row["step"] is None else int(row["step"]), row["before"],
+                         float(row["after"]), list(row["flags_before"] or []), list(row["flags_after"] or []))
+                for row in rows]
     return {
         "hidden_grades": int(blinding["grades"]), "unblinded_grades": int(blinding["unblinded"]),
         "blinded_test_share": (int(blinding["blinded_tests"]) / graded_tests) if graded_tests else None,
         "regraded": len(rows), "graders": sorted({str(row["grader"]) for row in rows}),
-        "changed": [{"episode_id": int(row["episode_id"]), "step": row["step"], "before": row["before"],
-                     "after": row["after"], "flags_before": list(row["flags_before"] or []),
-                     "flags_after": list(row["flags_after"] or [])} for row in changed],
-        "steps": [steps[step] for step in sorted(steps)],
+        "changed": [episode.as_dict() for episode in regraded if episode.changed],
+        "steps": changed_steps(regraded),
     }

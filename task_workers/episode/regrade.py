@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from core.errors import ConfigError, NotFound
 from core.models import Environment, Episode, EpisodeGroup, EpisodeRegrade, Run, Task, Turn
+from core.regrades import Regraded, changed_steps
 from environments.base import GraderFault, ToolCall
 from environments.code_repo import repo
 from environments.registry import get_kind
@@ -32,7 +33,6 @@ from task_workers.episode.persist import layer_record
 from task_workers.episode.runner import SandboxProvider
 
 _GRADER_SOURCES = Path(__file__).parents[2] / "environments" / "code_repo"
-CHANGE = 1e-9
 
 
 def grader_version() -> str:
@@ -41,21 +41,6 @@ def grader_version() -> str:
     for path in sorted(_GRADER_SOURCES.glob("*.py")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return "code_repo@" + digest.hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class Regraded:
-    episode_id: int
-    step: int | None
-    """The training step that consumed the episode's group (None: not trained on)."""
-    before: float | None
-    after: float
-    flags_before: list[str]
-    flags_after: list[str]
-
-    @property
-    def delta(self) -> float:
-        return self.after - (self.before or 0.0)
 
 
 @dataclass
@@ -67,25 +52,15 @@ class RegradeReport:
 
     @property
     def changed(self) -> list[Regraded]:
-        return [e for e in self.episodes if abs(e.delta) > CHANGE or e.flags_after != e.flags_before]
+        return [e for e in self.episodes if e.changed]
 
     @property
-    def steps(self) -> dict[int, dict[str, Any]]:
-        """Per step that trained on a changed episode: the episodes, and the reward it trained on minus now."""
-        out: dict[int, dict[str, Any]] = {}
-        for episode in self.changed:
-            if episode.step is None:
-                continue
-            row = out.setdefault(episode.step, {"episodes": [], "reward_change": 0.0})
-            row["episodes"].append(episode.episode_id)
-            row["reward_change"] += episode.delta
-        return dict(sorted(out.items()))
+    def steps(self) -> list[dict[str, Any]]:
+        return changed_steps(self.episodes)
 
     def as_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "grader": self.grader, "regraded": len(self.episodes),
-                "changed": [{"episode_id": e.episode_id, "step": e.step, "before": e.before, "after": e.after,
-                             "flags_before": e.flags_before, "flags_after": e.flags_after} for e in self.changed],
-                "steps": {str(step): row for step, row in self.steps.items()}, "skipped": dict(self.skipped)}
+                "changed": [e.as_dict() for e in self.changed], "steps": self.steps, "skipped": dict(self.skipped)}
 
 
 def parse_steps(text: str | None) -> tuple[int, int] | None:

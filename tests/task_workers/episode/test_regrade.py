@@ -54,14 +54,14 @@ def test_regrade_finds_the_hacked_episodes_and_names_the_steps_that_trained_on_t
     run_id = hack.run_id  # each played episode is a run of its own (tests/factories.pending_episode)
     for honest in (right, wrong):  # the honest episodes' rewards stand under the current grader
         unchanged = regrade_run(db_session, run_id=honest.run_id, sandboxes=sandboxes)
-        assert len(unchanged.episodes) == 1 and unchanged.changed == [] and unchanged.steps == {}
+        assert len(unchanged.episodes) == 1 and unchanged.changed == [] and unchanged.steps == []
         assert unchanged.episodes[0].after == pytest.approx(honest.reward)
 
     report = regrade_run(db_session, run_id=run_id, sandboxes=sandboxes)
     [changed] = report.changed
     assert changed.episode_id == hack.id and changed.step == 3
     assert changed.after <= wrong_fix_reward + 1e-9 and "result_forging" in changed.flags_after
-    assert report.steps == {3: {"episodes": [hack.id], "reward_change": pytest.approx(changed.after - 1.0)}}
+    assert report.steps == [{"step": 3, "episodes": [hack.id], "reward_change": pytest.approx(changed.after - 1.0)}]
     # Stored beside the original, never over it.
     db_session.expire_all()
     assert db_session.get(Episode, hack.id).reward == pytest.approx(1.0)
@@ -73,7 +73,7 @@ def test_regrade_finds_the_hacked_episodes_and_names_the_steps_that_trained_on_t
     assert result.exit_code == 0, result.output
     printed = json.loads(result.output)
     assert printed["regraded"] == 1 and [row["episode_id"] for row in printed["changed"]] == [hack.id]
-    assert printed["steps"] == {"3": {"episodes": [hack.id], "reward_change": pytest.approx(changed.after - 1.0)}}
+    assert printed["steps"] == [{"step": 3, "episodes": [hack.id], "reward_change": pytest.approx(changed.after - 1.0)}]
 
     # And through the API: what the regrade found, and how the run was graded (blinded or not).
     _, token = create_token(db_session, name="regrade")
