@@ -250,8 +250,9 @@ started=$(date +%s)
     PYTHONHASHSEED=0 PYTHONDONTWRITEBYTECODE=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 \
     python3 -s -P -B "$dir/run.py" 3 "$@" 3>&1 >"$run/log" 2>&1 </dev/null
   status=$?
-  # Whatever the tests left running holds the pipe's write end: stopped, so the reader sees its end.
-  "${as_agent[@]}" sh -c 'kill -9 -1 2>/dev/null; exit 0'
+  # Whatever the tests left running holds the pipe's write end: stopped (again while any is left, so a
+  # process that keeps forking cannot outlast it), so the reader sees its end.
+  for _ in $(seq 50); do "${as_agent[@]}" sh -c 'kill -9 -1 2>/dev/null' || break; done
   elapsed=$(( $(date +%s) - started ))
   timed=0; { [ "$status" = 124 ] || [ "$elapsed" -ge "$limit" ]; } && timed=1
   echo "$status $timed" > "$run/status"

@@ -335,3 +335,19 @@ def test_no_byte_of_an_expected_value_is_readable_by_the_agents_uid_during_gradi
     assert files > 5000, blinded  # it really searched the image
     # Unblinded, the test process holds the hidden test file: the spy's search does find the markers.
     assert "FOUND" in unblinded and "/workspace/test_hidden.py" in unblinded, unblinded
+
+
+def test_processes_that_keep_forking_after_the_run_do_not_hold_the_grader(
+    db_session, scripted, sandboxes, policy_client, code_repo_image, calc_payload, wrong_fix_reward
+) -> None:
+    """Code under test leaves children that keep respawning (each holding the report pipe): the wrapper
+    stops them, the run ends, and the episode is graded as the agent's outcome. Without the stop the
+    reader never sees the pipe's end and grading hangs into a grader fault (checked by removing it)."""
+    spawner = ("import os as _o\nif _o.fork() == 0:\n    _o.setsid()\n    while True:\n        try:\n"
+               "            if _o.fork():\n                _o._exit(0)\n        except OSError:\n            pass\n")
+    policy, _ = scripted
+    policy.scripts["respawn"] = [append(spawner), WRONG, SUBMIT]
+    episode = play(db_session, image=code_repo_image, payload=calc_payload, script="respawn", policy=policy,
+                   sandboxes=sandboxes, client=policy_client, verifier={"flag_policy": "record"})
+    assert episode.reward <= wrong_fix_reward + 1e-9
+    assert episode.verifier_layers[-1]["name"] == "hidden_tests" and episode.verifier_layers[-1]["score"] == 0.0
