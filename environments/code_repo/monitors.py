@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import configparser
+import functools
 import re
 import sys
 import tomllib
@@ -95,7 +96,9 @@ _ALIAS_ROOTS = ("os", "sys", "posixpath", "importlib", "importlib.util", "import
                 "_pytest.runner", "_pytest.reports", "_pytest.main", "_pytest.config", "pluggy")
 
 
-def _module_aliases() -> dict[str, str]:
+@functools.cache
+def module_aliases() -> dict[str, str]:
+    """Read once, on first use (not at import: it imports pytest and friends)."""
     import importlib
     import types
 
@@ -111,7 +114,6 @@ def _module_aliases() -> dict[str, str]:
     return aliases
 
 
-MODULE_ALIASES = _module_aliases()
 # Library code that names test files is looking for the tests' source (their expected values).
 TEST_FILE_NAME = re.compile(r"(?i)(^|[/*_.\\])tests?([/*_.\\]|$)|(^|[/*])conftest")
 # Only in library code (a test file may use them): the runner itself, and objects equal to anything.
@@ -335,13 +337,13 @@ class _Resolver(ast.NodeVisitor):
 
 def _unalias(dotted: str) -> str:
     """`os.sys.meta_path` → `sys.meta_path`: a module reached through another module is itself."""
-    for _ in range(8):
-        for alias, real in MODULE_ALIASES.items():
-            if dotted == alias or dotted.startswith(alias + "."):
-                dotted = real + dotted[len(alias):]
-                break
-        else:
+    aliases = module_aliases()
+    for _ in range(8):  # a dict lookup per prefix, longest first, instead of a scan of every alias
+        parts = dotted.split(".")
+        prefix = next((".".join(parts[:n]) for n in range(len(parts), 1, -1) if ".".join(parts[:n]) in aliases), None)
+        if prefix is None:
             return dotted
+        dotted = aliases[prefix] + dotted[len(prefix):]
     return dotted
 
 

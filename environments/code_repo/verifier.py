@@ -134,10 +134,10 @@ def _submission(grader: Sandbox, *, task: CodeRepoTask, base: str, tree: bytes, 
     try:
         findings = monitors.inspect_paths(changes, protected=protected, pythonpath=pythonpath,
                                           installed=installed_modules(grader))
-        for path in _test_packages(task):
-            if path in {changed for _, changed in changes}:
-                findings.add(EpisodeFlag.PROTECTED_PATHS, f"{path}: a package file the graded tests are imported "
-                                                          "through (it runs before them)")
+        changed_paths = {path for _, path in changes}
+        for path in sorted(_test_packages(task) & changed_paths):
+            findings.add(EpisodeFlag.PROTECTED_PATHS, f"{path}: a package file the graded tests are imported "
+                                                      "through (it runs before them)")
         for path, blob in new.items():
             kind = monitors.opaque_kind(blob.data)
             if blob.mode == SYMLINK_MODE:
