@@ -9,17 +9,16 @@ shell session's framing). Target: ≤ 5 ms per turn.
 
 Part 2 — sync vs async at equal work on a long-tail workload (heavy-tailed policy latency per task,
 Pareto α 1.5, as with tool-heavy tasks; read_number episodes, whose CPU work is small), `--pairs`
-interleaved (sync, async) pairs in one process. Both modes: the real controller dispatching, the real
-episode runner in `--slots` worker threads with Docker sandboxes, the same tasks in the same dispatch
-order, a stand-in trainer, `--updates` updates of `--step-s` each, the same drop rule for stale groups
-(sync's bound is 0 by definition, async's `--staleness`). `--consume dispatch` (default, equal work):
-the trainer consumes groups strictly in dispatch order — a batch waits for its slowest group in both
-modes, so both train the same tasks (checked: `same_tasks_in_same_order`). `--consume complete`: as
-the real trainer claims them (lowest-indexed complete groups first); faster, but slow tasks are
-trained later or dropped as stale — the bias is measured (`bias`: mean policy delay of the trained
-tasks per mode, stale drops). Reported per pair and as medians: wall-clock to the same counted trained
-samples, generation-side idle slot-seconds, trainer-side idle seconds, and the fraction of the ideal
-no-idle pipeline (formula in the output). The figure to quote is `speedup.median` (min–max).
+interleaved (sync, async) pairs in one process. Both modes: the real controller dispatching within
+the admission bound, the real episode runner in `--slots` worker threads with Docker sandboxes, the
+same budget of U·B groups (`--updates` U, `--batch-size` B) hence the same task set, a stand-in trainer
+with the real trainer's rules (claim oldest dispatched complete groups, pacing, token staleness mask,
+hard cap; see StandInTrainer) and `--step-s` per update, tagging the policy server with each new
+version so that every stored token carries the version that sampled it. Sync's bound is 0 by
+definition, async's `--staleness` (η). Reported per pair and as medians: wall-clock to the same
+counted trained samples, generation-side idle slot-seconds, trainer-side idle seconds, the token-lag
+histogram, the masked-token fraction, stale drops, and the fraction of the critical-path bound (formula
+in the output). The figure to quote is `speedup.median` (min–max); `checks` says whether the targets hold.
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ import statistics
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,6 +38,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import httpx  # noqa: E402
 from sqlalchemy import func, select  # noqa: E402
 from sqlalchemy import update as sql_update  # noqa: E402
 
@@ -46,7 +47,7 @@ from bench.store import scratch_database  # noqa: E402
 from core.db import session_scope  # noqa: E402
 from core.models import Episode, EpisodeGroup, Run, Task, Turn  # noqa: E402
 from core.store import insert_episode  # noqa: E402
-from core.termination import GroupStatus  # noqa: E402
+from core.termination import DropReason, GroupStatus  # noqa: E402
 from environments.code_repo.task import CodeRepoTask, TestSpec, pack_directory  # noqa: E402
 from environments.service import register_environment  # noqa: E402
 from environments.spec import parse_spec  # noqa: E402
@@ -55,6 +56,14 @@ from task_workers.episode.runner import run_episode  # noqa: E402
 from task_workers.policy.client import PolicyClient  # noqa: E402
 from task_workers.sandbox import InMemoryEventSink, make_backend  # noqa: E402
 from tests.support.scripted_policy import serve_in_process, tokenize, tool_call  # noqa: E402
+from trainer.rollouts import load_groups  # noqa: E402
+from trainer.selection import StalenessRule, apply_staleness_mask, may_step, past_cap  # noqa: E402
+from trainer.store import (  # noqa: E402
+    claim_complete_groups,
+    inflight_groups,
+    more_groups_possible,
+    oldest_waiting_version,
+)
 
 
 def _task_payload(tmp: Path) -> dict[str, Any]:
@@ -159,34 +168,41 @@ TAIL_PAYLOAD = {"path": "number.txt", "number": "4711"}
 
 
 class StandInTrainer:
-    """A stand-in GRPO trainer. `consume="dispatch"`: strictly in dispatch order (group_index) — batch k
-    is groups k·B … k·B+B−1, waited for until every one is complete, however slow its tail: the same
-    groups, hence the same tasks, in both modes. `consume="complete"`: as the real trainer claims them
-    (`trainer.store.claim_complete_groups`: the lowest-indexed B groups that are complete, not waiting
-    for an earlier slow one) — slow groups are trained later, or dropped as stale and replaced: the bias
-    toward fast tasks this brings is measured (`bias` in the output). Sync mode is the same under both
-    (it dispatches one batch at a time). Each update takes `step_s` (a sleep: this measures scheduling,
-    not learning). The staleness rule is the real trainer's (a group sampled more than the run's bound
-    behind is dropped); drops are counted and reported. Trained samples are counted from the episodes
-    of the groups it consumed, not computed."""
+    """A stand-in GRPO trainer with the real trainer's rules. `consume="complete"` (default): as the real
+    trainer claims groups (`trainer.store.claim_complete_groups`: complete groups, oldest dispatched
+    first), paced as it is (`trainer.selection.may_step`: no step that would leave a running group past
+    the token bound), with the real staleness mask and hard cap (`apply_staleness_mask`, `past_cap`) on
+    the stored per-token versions; a group past the cap would be dropped and counted (`stale_drops`).
+    `consume="dispatch"`: strictly in dispatch order (group_index), each batch waiting for its slowest
+    group. Each update takes `step_s` (a sleep: this measures scheduling, not learning); after it the
+    scripted server is tagged with the new version (as a weight sync does), so the workers label the
+    tokens they sample with it. Trained samples are counted from the episodes of the consumed groups."""
 
     def __init__(self, *, run_id: int, batch_size: int, bound: int, step_s: float, updates: int,
-                 consume: str) -> None:
+                 consume: str, url: str, max_token_staleness: int | None = None) -> None:
         self.run_id, self.batch_size, self.bound, self.step_s, self.updates = run_id, batch_size, bound, step_s, updates
-        self.consume = consume
+        self.consume, self.url = consume, url
+        self.rule = StalenessRule.for_bound(bound, max_token_staleness=max_token_staleness if bound else None)
         self.staleness: list[int] = []
+        self.token_lags: Counter[int] = Counter()
+        self.masked = 0
         self.dropped = 0
+        self.waits = 0
         self.task_order: list[int] = []
         self.busy_s = 0.0
+        self.first_trained_at: float | None = None
         self.finished_at = 0.0
         self.done = threading.Event()
 
     def _next_batch(self, session: Any, cursor: int) -> list[EpisodeGroup] | None:
         if self.consume == "complete":
-            from trainer.store import claim_complete_groups
-
             claimed = claim_complete_groups(session, run_id=self.run_id, limit=self.batch_size)
-            return claimed if len(claimed) == self.batch_size else None
+            if len(claimed) == self.batch_size:
+                return claimed
+            # As the real trainer: fewer only when no more can come (a group was dropped, the budget is spent).
+            last = claimed and inflight_groups(session, run_id=self.run_id) == 0 and not more_groups_possible(
+                session, run_id=self.run_id)
+            return claimed if last else None
         groups = session.execute(
             select(EpisodeGroup).where(EpisodeGroup.run_id == self.run_id, EpisodeGroup.group_index >= cursor,
                                        EpisodeGroup.status != GroupStatus.DROPPED)
@@ -197,30 +213,50 @@ class StandInTrainer:
         return list(groups)
 
     def run(self) -> None:
-        version, cursor = 0, 0
-        while version < self.updates:
-            with session_scope() as session:
-                groups = self._next_batch(session, cursor)
-                if groups is None:
-                    session.rollback()
-                    time.sleep(0.01)
-                    continue
-                stale = [g for g in groups if version - g.policy_version > self.bound]
-                for group in stale:  # as the real trainer does: never learn from samples past the bound
-                    group.status = GroupStatus.DROPPED
-                self.dropped += len(stale)
-                if stale:
-                    continue  # the rest joins the next batch, still in dispatch order (replacements come last)
-                cursor = max(cursor, groups[-1].group_index + 1)
-                self.staleness += [version - g.policy_version for g in groups]
-                self.task_order += [g.task_id for g in groups]
-                started = time.monotonic()
-                time.sleep(self.step_s)  # the optimizer step
-                version += 1
-                for group in groups:
-                    group.status, group.consumed_step = GroupStatus.CONSUMED, version
-                session.execute(sql_update(Run).where(Run.id == self.run_id).values(policy_version=version))
-            self.busy_s += time.monotonic() - started  # the update, its commit and the version bump
+        version, cursor, waiting = 0, 0, False
+        with httpx.Client(base_url=self.url.removesuffix("/v1"), timeout=30) as server:
+            server.post("/update_weight_version", json={"new_version": "0"})  # every run starts at version 0
+            while version < self.updates:
+                with session_scope() as session:
+                    groups = self._next_batch(session, cursor)
+                    paced = groups is not None and may_step(version=version, rule=self.rule, oldest_waiting=(
+                        oldest_waiting_version(session, run_id=self.run_id, batch={g.id for g in groups})))
+                    if groups is None or not paced:
+                        self.waits += groups is not None and not waiting  # a new wait for a lagging group
+                        waiting = groups is not None
+                        session.rollback()
+                        time.sleep(0.01)
+                        continue
+                    waiting = False
+                    loaded = load_groups(session, groups)
+                    stale = []
+                    for group in loaded:
+                        for sample in group.samples:
+                            lags, masked = apply_staleness_mask(sample, current_version=version, rule=self.rule)
+                            if past_cap(lags, masked, self.rule):
+                                stale.append(group.id)
+                            else:
+                                self.token_lags.update(lags)
+                                self.masked += masked
+                    if stale:  # as the real trainer does: a group past the hard cap is not trained on
+                        for group in groups:
+                            if group.id in stale:
+                                group.status, group.drop_reason, group.dropped_step = (
+                                    GroupStatus.DROPPED, DropReason.STALE_CAP, version)
+                        self.dropped += len(set(stale))
+                        continue
+                    cursor = max(cursor, groups[-1].group_index + 1)
+                    self.staleness += [max(s.lags, default=0) for g in loaded for s in g.samples]
+                    self.task_order += [g.task_id for g in groups]
+                    started = time.monotonic()
+                    self.first_trained_at = self.first_trained_at or started
+                    time.sleep(self.step_s)  # the optimizer step
+                    version += 1
+                    server.post("/update_weight_version", json={"new_version": str(version)})  # the sync
+                    for group in groups:
+                        group.status, group.consumed_step = GroupStatus.CONSUMED, version
+                    session.execute(sql_update(Run).where(Run.id == self.run_id).values(policy_version=version))
+                self.busy_s += time.monotonic() - started  # the update, its commit and the version bump
         self.finished_at = time.monotonic()
         self.done.set()
 
@@ -243,16 +279,17 @@ class SlotClock:
 
 CONSUMPTION = {
     "dispatch": "in dispatch order (group_index): a batch waits for its slowest group in both modes",
-    "complete": ("as the real trainer claims groups (trainer.store.claim_complete_groups): the lowest-indexed "
-                 "complete groups, not waiting for a slow earlier one; identical to dispatch order in sync mode"),
+    "complete": ("as the real trainer: complete groups oldest dispatched first (trainer.store.claim_complete_groups), "
+                 "paced by trainer.selection.may_step, the token staleness mask and hard cap applied"),
 }
-IDEAL = ("ideal no-idle pipeline: generation never waits for training, training never waits for a batch: "
-         "max(G + step_s, T + G/updates), G = slot-seconds of the trained episodes / slots, T = updates × step_s "
-         "(the last update cannot overlap generation; the first batch cannot overlap training)")
+BOUND = ("critical-path bound L = max(ideal pipeline, slowest trained episode + step_s, updates × step_s); ideal "
+         "pipeline = max(G + step_s, T + G/updates), G = slot-seconds of the trained episodes / slots, T = updates × "
+         "step_s (the last update cannot overlap generation; the first batch cannot overlap training)")
 
 
 def _tail_run(*, mode: str, label: str, image: str, tasks: int, url: str, slots: int, consume: str,
-              group_size: int, batch_size: int, updates: int, step_s: float, staleness: int) -> dict[str, Any]:
+              group_size: int, batch_size: int, updates: int, step_s: float, staleness: int,
+              max_token_staleness: int | None) -> dict[str, Any]:
     from controller.config import ControllerConfig
     from controller.loop import Controller
     from controller.runs import create_run
@@ -270,9 +307,10 @@ def _tail_run(*, mode: str, label: str, image: str, tasks: int, url: str, slots:
                                   payload=TAIL_PAYLOAD) for i in range(tasks)])
         # The same seed: the controller's task picks are deterministic in (seed, group index), so both
         # modes dispatch the same tasks in the same order (checked: `task_order` is compared).
+        # The same budget in both modes (U·B groups): every dispatched task is trained, in both.
         run = create_run(session, config=RunConfig(
             name=f"tail-{label}", model="scripted", mode=mode, max_staleness=staleness, group_size=group_size,
-            batch_size=batch_size, environments=[{"name": "tail"}], seed=0))
+            batch_size=batch_size, environments=[{"name": "tail"}], seed=0, max_groups=updates * batch_size))
         run_id, bound = run.id, run.max_staleness
     backend = make_backend("docker")
     sandboxes = DockerSandboxes(backend=backend, events=InMemoryEventSink(), worker=f"bench-{label}",
@@ -304,7 +342,7 @@ def _tail_run(*, mode: str, label: str, image: str, tasks: int, url: str, slots:
             pool.submit(run_with_retries, args[0])
 
     trainer = StandInTrainer(run_id=run_id, batch_size=batch_size, bound=bound, step_s=step_s, updates=updates,
-                             consume=consume)
+                             consume=consume, url=url, max_token_staleness=max_token_staleness)
     controller = Controller(engine=get_engine(), dispatcher=LocalDispatcher(), settings=ControllerConfig(),
                             name=f"bench-{label}")
     try:
@@ -343,28 +381,35 @@ def _tail_figures(*, run_id: int, trainer: StandInTrainer, clock: SlotClock, sta
     gen_busy = clock.busy_within(started, ended)
     generation = trained_work / slots
     ideal = max(generation + step_s, updates * step_s + generation / updates)
+    slowest = max((b - a for eid, a, b in clock.spans if eid in trained_ids), default=0.0)
+    bound_s = max(ideal, slowest + step_s, updates * step_s)
+    sampled = sum(trainer.token_lags.values())
     return {
         "wall_s": round(wall, 3), "updates": updates, "samples_trained": len(trained_ids),
         "episodes_completed_total": generated,
         "generation_idle_s": round(slots * wall - gen_busy, 3),
         "generation_idle_frac": round(1 - gen_busy / (slots * wall), 3),
         "trainer_idle_s": round(wall - trainer.busy_s, 3), "trainer_busy_s": round(trainer.busy_s, 3),
-        "ideal_s": round(ideal, 3), "fraction_of_ideal": round(ideal / wall, 3),
+        "ideal_s": round(ideal, 3), "bound_s": round(bound_s, 3), "fraction_of_bound": round(bound_s / wall, 3),
         "staleness_bound": bound, "max_staleness": max(trainer.staleness, default=0),
+        "token_lag_hist": {str(lag): n for lag, n in sorted(trainer.token_lags.items())},
+        "masked_token_frac": round(trainer.masked / sampled, 4) if sampled else 0.0,
+        "trainer_waits_for_lagging_group": trainer.waits,  # full batches held back by trainer.selection.may_step
         "dropped_stale_groups": trainer.dropped, "task_order": trainer.task_order,
         "faults": sum(len(f or []) for f in faults),
     }
 
 
 def sync_vs_async(*, image: str, pairs: int, slots: int, updates: int, staleness: int,
-                  step_s: float, group_size: int, batch_size: int, consume: str) -> dict[str, Any]:
-    # One task per trained group in dispatch order, plus the groups async has in flight at the end.
-    tasks = (updates + staleness + 1) * batch_size
+                  step_s: float, group_size: int, batch_size: int, consume: str,
+                  max_token_staleness: int | None = None) -> dict[str, Any]:
+    # One task per group: the budget is U·B groups in both modes, the least-used pick covers each once.
+    tasks = updates * batch_size
     delays = _pareto_delays(tasks, seed=7)
     scripts = {f"tail-{i}": [{"text": tool_call("bash", command=f"cat {TAIL_PAYLOAD['path']}"), "delay_s": d},
                              tool_call("submit", answer=TAIL_PAYLOAD["number"])] for i, d in enumerate(delays)}
     settings = {"slots": slots, "group_size": group_size, "batch_size": batch_size, "updates": updates,
-                "step_s": step_s, "consume": consume}
+                "step_s": step_s, "consume": consume, "max_token_staleness": max_token_staleness}
     counter = iter(range(10**6))
 
     def side(mode: str) -> Callable[[], dict[str, Any]]:
@@ -409,15 +454,33 @@ def sync_vs_async(*, image: str, pairs: int, slots: int, updates: int, staleness
         "speedup": {"metric": "sync wall ÷ async wall to the same trained samples, per pair",
                     "median": summary["ratio_median"], "min": summary["ratio_min"], "max": summary["ratio_max"],
                     "per_pair": summary["ratios"], "pairs": summary["pairs"]},
-        "p50": {mode: {key: p50(mode, key) for key in ("wall_s", "generation_idle_s", "trainer_idle_s", "ideal_s",
-                                                       "fraction_of_ideal")} for mode in ("sync", "async")},
-        "ideal": IDEAL,
+        "p50": {mode: {key: p50(mode, key) for key in ("wall_s", "generation_idle_s", "trainer_idle_s", "bound_s",
+                                                       "fraction_of_bound", "masked_token_frac")}
+                for mode in ("sync", "async")},
+        "async_token_lag_hist": _summed_hist(runs["async"]),
+        "bound": BOUND,
+        "checks": {
+            "zero_stale_drops": all(r["dropped_stale_groups"] == 0 for r in runs["sync"] + runs["async"]),
+            "same_task_set": same_task_multiset and same_samples,
+            "speedup_at_least_3": summary["ratio_median"] >= 3.0,
+            "async_at_least_80pct_of_bound": p50("async", "fraction_of_bound") >= 0.8,
+            "masked_at_most_2pct": all(r["masked_token_frac"] <= 0.02 for r in runs["async"]),
+        },
         "runs": runs,
         "workload": {"policy_delay_s": _ms_like(delays), "tasks": tasks, **settings,
                      "trainer": "stand-in: step_s per update (sleep), real controller dispatch, "
-                                "real episode runner and Docker sandboxes"},
-        "targets": {"speedup": 2.5, "fraction_of_ideal": 0.85},
+                                "real episode runner and Docker sandboxes, the real trainer's claim, pacing and "
+                                "staleness mask"},
+        "targets": {"speedup": 3.0, "fraction_of_bound": 0.8, "masked_token_frac": 0.02},
     }
+
+
+def _summed_hist(runs: list[dict[str, Any]]) -> dict[str, int]:
+    """Every run's trained tokens by version lag, summed."""
+    total: Counter[str] = Counter()
+    for run in runs:
+        total.update(run["token_lag_hist"])
+    return dict(sorted(total.items(), key=lambda item: int(item[0])))
 
 
 def _ms_like(delays: list[float]) -> dict[str, float]:
@@ -432,13 +495,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--part", choices=["all", "orchestration", "tail"], default="all")
     parser.add_argument("--pairs", type=int, default=5, help="part 2: interleaved (sync, async) pairs")
-    parser.add_argument("--updates", type=int, default=8, help="part 2: trained batches per run")
+    parser.add_argument("--updates", type=int, default=32, help="part 2: trained batches per run (U)")
     parser.add_argument("--slots", type=int, default=16, help="part 2: episodes run at once (both modes)")
     parser.add_argument("--staleness", type=int, default=2, help="part 2: async mode's staleness bound")
     parser.add_argument("--step-s", type=float, default=1.0, help="part 2: seconds per (stand-in) update")
     parser.add_argument("--group-size", type=int, default=2, help="part 2: episodes per group")
     parser.add_argument("--batch-size", type=int, default=4, help="part 2: groups per update")
-    parser.add_argument("--consume", choices=sorted(CONSUMPTION), default="dispatch",
+    parser.add_argument("--max-token-staleness", type=int, default=None,
+                        help="part 2: async mode's token bound (default 2 × --staleness): masking and pacing")
+    parser.add_argument("--consume", choices=sorted(CONSUMPTION), default="complete",
                         help="part 2: the stand-in trainer's order of consumption")
     args = parser.parse_args(argv)
     for name in ("episodes", "concurrency", "turns", "pairs", "updates", "slots", "group_size", "batch_size"):
@@ -463,7 +528,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             result["sync_vs_async"] = sync_vs_async(
                 image=image, pairs=args.pairs, slots=args.slots, updates=args.updates,
                 staleness=args.staleness, step_s=args.step_s, group_size=args.group_size, batch_size=args.batch_size,
-                consume=args.consume)
+                consume=args.consume, max_token_staleness=args.max_token_staleness)
     print(json.dumps(result, indent=2))
     return result
 

@@ -4,6 +4,7 @@ migrated, set as CRUCIBLE_DATABASE_URL for this process, dropped at the end."""
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -21,10 +22,12 @@ from core.settings import get_settings
 @contextmanager
 def scratch_database(prefix: str) -> Iterator[str]:
     admin_url = os.environ.get("CRUCIBLE_BENCH_DATABASE_URL") or os.environ.get("CRUCIBLE_TEST_DATABASE_URL")
+    embedded: Path | None = None
     if not admin_url:
         from core.embedded import ensure_embedded_postgres
 
-        admin_url = ensure_embedded_postgres(Path(tempfile.mkdtemp(prefix="crucible-bench-pg-")))
+        embedded = Path(tempfile.mkdtemp(prefix="crucible-bench-pg-"))
+        admin_url = ensure_embedded_postgres(embedded)
     admin = make_url(admin_url)
     dsn = admin.set(drivername="postgresql").render_as_string(hide_password=False)
     name = f"{prefix}_{uuid.uuid4().hex[:8]}"
@@ -46,3 +49,8 @@ def scratch_database(prefix: str) -> Iterator[str]:
         get_settings.cache_clear()
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if embedded is not None:  # the server this benchmark started for itself: nothing left running
+            from core.embedded import stop_embedded_postgres
+
+            stop_embedded_postgres(embedded)
+            shutil.rmtree(embedded, ignore_errors=True)

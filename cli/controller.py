@@ -76,6 +76,8 @@ def _show(views: list[dict[str, Any]], output: OutputFormat, *, single: bool = F
         table.add_column(column, overflow="fold")
     for view in views:
         groups = ", ".join(f"{status} {count}" for status, count in sorted(view["groups"].items())) or "-"
+        if view.get("dropped_by_reason"):  # why the dropped ones were not trained on (core.termination.DropReason)
+            groups += " (dropped: " + ", ".join(f"{reason} {n}" for reason, n in view["dropped_by_reason"].items()) + ")"
         envs = ", ".join(f"{e['name']} v{e['version']} ×{e['weight']:g}" for e in view["environments"])
         table.add_row(str(view["id"]), safe(view["name"]), safe(view["status"]), safe(view["purpose"]),
                       safe(view["mode"]), str(view["policy_version"]), safe(groups), safe(envs))

@@ -422,7 +422,7 @@ def watch_training(procs: Processes, *, run_id: int, minutes: float, console: Co
                      "elapsed_s": round(elapsed, 1)}
             curve.append(point)
             console.print(f"  {step:>4}  {_pct(point['success'])}  {_num(point['reward'])}  "
-                          f"{_num(m.get('batch/groups'), 0):>6}  {_num(m.get('batch/dropped/zero_variance'), 0):>7}  "
+                          f"{_num(m.get('batch/groups'), 0):>6}  {_dropped(m):>7}  "
                           f"{_num(m.get('mismatch/kl'), 6):>11}  {_num(m.get('throughput/tokens_per_s'), 0):>5}  "
                           f"{_num(m.get('sync/seconds'), 3):>6}  {elapsed:>5.0f}s")
         time.sleep(2.0)
@@ -431,6 +431,20 @@ def watch_training(procs: Processes, *, run_id: int, minutes: float, console: Co
     code = procs.stop("trainer", grace_s=120)
     console.print(f"  run {run_id} stopped after {len(curve)} steps (trainer exit {code})")
     return curve
+
+
+def _dropped(metrics: dict[str, Any]) -> str:
+    """The step's dropped groups, every reason together (batch/dropped/{reason})."""
+    return str(int(sum(v for k, v in metrics.items() if k.startswith("batch/dropped/") and isinstance(v, int | float))))
+
+
+def drop_reasons(run_id: int) -> dict[str, int]:
+    """The run's dropped groups by reason, as stored on each group (core.termination.DropReason)."""
+    from controller.progress import run_progress
+    from core.db import session_scope
+
+    with session_scope() as session:
+        return run_progress(session, run_id=run_id).drop_reasons
 
 
 def _pct(value: Any) -> str:
@@ -471,9 +485,12 @@ def run_demo(settings: DemoSettings, *, console: Console) -> dict[str, Any]:
         curve = watch_training(procs, run_id=run_id, minutes=settings.rl_minutes, console=console,
                                max_steps=settings.rl_steps)
         after = evaluate(procs, settings=settings, model=str(served), label="after", console=console)
+    dropped = drop_reasons(run_id)
     result = {"run_id": run_id, "held_out_success_before": before, "held_out_success_after": after,
               "delta_points": round(100 * (after - before), 1), "minutes": round((time.monotonic() - began) / 60, 1),
-              "curve": curve}
+              "dropped_groups": dropped, "curve": curve}
+    console.print("  groups not trained on, by reason: " + (", ".join(f"{reason} {n}" for reason, n in dropped.items())
+                                                            or "none"))
     (path / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     console.print(f"\n[bold]held-out success: {before:.0%} → {after:.0%} ({result['delta_points']:+.1f} points)[/] "
                   f"in {result['minutes']} min. Run {run_id} stays in the store (`crucible run show {run_id}`); "

@@ -2,8 +2,12 @@
 
 For an active run, groups are dispatched while all of these leave room:
     in flight (groups running)    < max_inflight_groups      (default (staleness_bound + 1) × batch)
-    dispatched (groups ever)      < (policy_version + staleness_bound + 1) × batch_size   (train only)
+    dispatched − replaced         < (policy_version + staleness_bound + 1) × batch_size   (train only)
     dispatched                    < max_groups                (the budget, if set)
+`replaced`: groups the trainer dropped for any reason but staleness (DropReason.frees_admission). The
+second line is AReaL's admission bound: it, not a drop rule, keeps samples near the trainer's version.
+Under `dispatch_order: longest_first` the groups a pass creates are sent once all are created, longest
+expected task first (`tasks.episode_seconds`), so slow tasks start early in the window.
 With staleness_bound 0 (sync mode) a batch is dispatched, then nothing until the trainer has consumed
 it and bumped the policy version. Each group and its episodes are created in one transaction, which
 commits before the tasks are sent: a failed send leaves the episodes pending (unsent) for the
@@ -27,7 +31,7 @@ from controller.logs import log_event
 from controller.picking import pick_task
 from controller.progress import RunProgress, run_progress
 from controller.runs import ACTIVE_STATUSES, finish_run, get_run
-from core.models import Environment, Episode, EpisodeGroup, Run
+from core.models import Environment, Episode, EpisodeGroup, Run, Task
 from core.schemas import RunConfig
 from core.termination import EpisodeStatus, GroupStatus, RunStatus
 from environments.spec import Limits
@@ -56,15 +60,17 @@ class NewGroup:
     group_index: int
     queue: str
     episode_ids: list[int]
+    task_id: int = 0
 
 
 def allowance(*, run: Run, config: RunConfig, progress: RunProgress) -> Allowance:
     assert config.max_inflight_groups is not None  # resolved at creation
     room = {"inflight": config.max_inflight_groups - progress.inflight}
     if run.purpose == "train":  # pass-rate and eval runs are never trained on: no version bound
-        # Groups the trainer dropped (zero variance, too stale) are replaced: they do not count against
-        # the version bound, or dynamic sampling would starve the run. They still count against the budget.
-        useful = progress.dispatched - progress.dropped
+        # Groups the trainer dropped (zero variance, failed, …) are replaced: they do not count against the
+        # version bound, or dynamic sampling would starve the run; a group dropped past the staleness cap
+        # is not. They all still count against the budget.
+        useful = progress.dispatched - progress.replaced
         room["staleness"] = (run.policy_version + run.max_staleness + 1) * run.batch_size - useful
     if config.max_groups is not None:
         room["budget"] = config.max_groups - progress.dispatched
@@ -110,7 +116,7 @@ def create_group(session: Session, *, run: Run, config: RunConfig, settings: Con
     session.flush()
     log_event("dispatch.group", run_id=run.id, group_id=group.id, group_index=index, task_id=task_id,
               environment=pick.environment.name, bucket=pick.bucket, policy_version=run.policy_version)
-    return NewGroup(group.id, index, pick.environment.kind, [episode.id for episode in episodes])
+    return NewGroup(group.id, index, pick.environment.kind, [episode.id for episode in episodes], task_id)
 
 
 def send_episodes(session: Session, dispatcher: Dispatcher, *, episode_ids: list[int], queue: str) -> int:
@@ -137,6 +143,7 @@ def dispatch_run(
 ) -> DispatchResult:
     """Dispatch as many groups as the run's bounds allow (at most `max_groups_per_pass`). Commits."""
     result = DispatchResult(run_id=run_id)
+    created: list[NewGroup] = []
     for _ in range(settings.max_groups_per_pass):
         run = get_run(session, run_id=run_id, lock=True)  # serialises controllers on this run
         if run.status not in ACTIVE_STATUSES:
@@ -152,14 +159,41 @@ def dispatch_run(
         except NoEligibleTask as error:  # the caller reports it; the run waits for eligible tasks
             session.rollback()
             result.limit, result.error = "no_eligible_task", str(error)
-            return result
+            break
         session.commit()
         result.group_ids.append(new.group_id)
-        if send_episodes(session, dispatcher, episode_ids=new.episode_ids, queue=new.queue) < len(new.episode_ids):
+        if config.dispatch_order == "longest_first":
+            created.append(new)  # sent together once the pass has created every group it may
+        elif not _send(session, dispatcher, [new]):
             result.limit = "send_failed"
             return result
     session.commit()
+    if created and not _send(session, dispatcher, longest_first(session, created)):
+        result.limit = "send_failed"
     return result
+
+
+def longest_first(session: Session, groups: list[NewGroup]) -> list[NewGroup]:
+    """The groups in order of their task's expected episode seconds, longest first; a task never
+    measured first of all (it may be the longest); ties in dispatch order."""
+    seconds = dict(session.execute(select(Task.id, Task.episode_seconds)
+                                   .where(Task.id.in_({g.task_id for g in groups}))).all())
+    return sorted(groups, key=lambda g: (seconds.get(g.task_id) is not None, -(seconds.get(g.task_id) or 0.0),
+                                         g.group_index))
+
+
+def _send(session: Session, dispatcher: Dispatcher, groups: list[NewGroup]) -> bool:
+    """Send every group's episodes in order; on a failed send the rest, of this group and the later ones,
+    are left unsent for the reconciler (send_episodes). False if a send failed."""
+    for position, group in enumerate(groups):
+        if send_episodes(session, dispatcher, episode_ids=group.episode_ids, queue=group.queue) < len(group.episode_ids):
+            later = [episode_id for rest in groups[position + 1:] for episode_id in rest.episode_ids]
+            if later:
+                session.execute(update(Episode).where(Episode.id.in_(later), Episode.status == EpisodeStatus.PENDING,
+                                                      Episode.started_at.is_(None)).values(deadline_at=None))
+                session.commit()
+            return False
+    return True
 
 
 def complete_run_if_done(session: Session, *, run_id: int) -> bool:

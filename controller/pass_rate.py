@@ -28,7 +28,7 @@ from controller.progress import run_progress
 from controller.runs import create_run, get_run
 from core.models import Episode, EpisodeGroup, Run, Task
 from core.schemas import EnvironmentShare, RunConfig
-from core.schemas.run import Curriculum
+from core.schemas.run import Curriculum, SuccessRule
 from core.termination import EpisodeStatus, TerminationReason
 
 EVERY_TASK = Curriculum(pass_rate_band=(0.0, 1.0), bucket_weights={b: 1.0 for b in ("easy", "medium", "hard", "unknown")})
@@ -104,8 +104,9 @@ def record_pass_rates(
     if running:
         raise InvalidRunState(f"run {run_id} has {running} groups still running; record pass rates once all are complete")
     thresholds = thresholds or DifficultyThresholds()
+    rule = SuccessRule(threshold=success_threshold, component=component).model_dump()
     results = [
-        _store(session, task_id=task_id, outcomes=outcomes, thresholds=thresholds)
+        _store(session, task_id=task_id, outcomes=outcomes, thresholds=thresholds, rule=rule)
         for task_id, outcomes in sorted(_outcomes(session, run_id, success_threshold, component).items())
     ]
     session.flush()
@@ -115,8 +116,8 @@ def record_pass_rates(
 
 
 def _succeeded(episode: Episode, success_threshold: float, component: str | None) -> bool:
-    score: Any = episode.reward_components.get(component) if component else episode.reward
-    return isinstance(score, int | float) and score >= success_threshold
+    return SuccessRule(threshold=success_threshold, component=component).passed(episode.reward,
+                                                                                 episode.reward_components)
 
 
 def _countable(episode: Episode) -> bool:
@@ -143,7 +144,8 @@ def _outcomes(
 
 
 def _store(
-    session: Session, *, task_id: int, outcomes: list[tuple[bool, int]], thresholds: DifficultyThresholds
+    session: Session, *, task_id: int, outcomes: list[tuple[bool, int]], thresholds: DifficultyThresholds,
+    rule: dict[str, Any],
 ) -> TaskPassRate:
     successes = sum(1 for ok, _ in outcomes if ok)
     rate = successes / len(outcomes)
@@ -153,4 +155,5 @@ def _store(
     assert task is not None  # foreign key
     task.pass_rate, task.pass_rate_samples = result.pass_rate, result.samples
     task.pass_rate_policy_version, task.difficulty = result.policy_version, result.difficulty
+    task.pass_rate_rule = rule
     return result

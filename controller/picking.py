@@ -6,7 +6,10 @@
 3. within it, a task least used so far in this run (coverage), ties broken by a seeded hash.
 
 A task is eligible when it is in the run's split and has no measured pass rate or one inside the
-curriculum's band.
+curriculum's band. A share of groups (`curriculum.readmit_rate`, drawn by its own seeded coin) goes to
+a task outside the band instead, least used first, when there is one: the trainer's online update
+measures it again, so a task the policy stopped (or started) solving comes back into the band
+(its bucket reads `readmitted`).
 """
 
 from __future__ import annotations
@@ -81,12 +84,23 @@ def check_eligible(session: Session, *, environment_name: str, split: str, curri
     )
 
 
+def out_of_band(*, environment_name: str, split: str, curriculum: Curriculum) -> ColumnElement[bool]:
+    low, high = curriculum.pass_rate_band
+    return and_(Task.environment_name == environment_name, Task.split == split, Task.pass_rate.is_not(None),
+                or_(Task.pass_rate < low, Task.pass_rate > high))
+
+
 def pick_task(session: Session, *, run_id: int, config: RunConfig, group_index: int) -> Pick:
     token = f"{config.seed}:{group_index}"
     rng = random.Random(token)  # str seeds are hashed with SHA-512: the same in every process
     shares = run_environments(session, run_id=run_id)
     environment = rng.choices([env for env, _ in shares], weights=[weight for _, weight in shares])[0]
     curriculum = config.curriculum
+    if curriculum.readmit_rate > 0 and random.Random(f"{token}:readmit").random() < curriculum.readmit_rate:
+        outside = out_of_band(environment_name=environment.name, split=config.split, curriculum=curriculum)
+        task_id = _least_used_task(session, run_id=run_id, where=outside, bucket=None, token=token)
+        if task_id is not None:
+            return Pick(environment=environment, task_id=task_id, bucket="readmitted")
     buckets = eligible_buckets(session, environment_name=environment.name, split=config.split, curriculum=curriculum)
     if not buckets:
         check_eligible(session, environment_name=environment.name, split=config.split, curriculum=curriculum)
@@ -97,12 +111,13 @@ def pick_task(session: Session, *, run_id: int, config: RunConfig, group_index: 
         session, run_id=run_id, where=eligible(environment_name=environment.name, split=config.split,
                                                 curriculum=curriculum), bucket=bucket, token=token,
     )
+    assert task_id is not None  # the bucket holds an eligible task
     return Pick(environment=environment, task_id=task_id, bucket=bucket)
 
 
 def _least_used_task(
-    session: Session, *, run_id: int, where: ColumnElement[bool], bucket: str, token: str
-) -> int:
+    session: Session, *, run_id: int, where: ColumnElement[bool], bucket: str | None, token: str
+) -> int | None:
     usage = (
         select(EpisodeGroup.task_id, func.count().label("groups"))
         .where(EpisodeGroup.run_id == run_id)
@@ -112,8 +127,9 @@ def _least_used_task(
     query = (
         select(Task.id)
         .outerjoin(usage, usage.c.task_id == Task.id)
-        .where(where, bucket_of() == bucket)
+        .where(where, *([bucket_of() == bucket] if bucket is not None else []))
         .order_by(func.coalesce(usage.c.groups, 0), func.md5(func.concat(Task.id, ":", token)))
         .limit(1)
     )
-    return int(session.execute(query).scalar_one())
+    found = session.execute(query).scalar_one_or_none()
+    return None if found is None else int(found)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from core.models import Environment, Episode, EpisodeGroup, Run, RunEnvironment
-from core.termination import GroupStatus
+from core.termination import DropReason, GroupStatus
 
 __all__ = ["GroupStatus", "RunProgress", "describe_run", "run_progress"]
 
@@ -18,6 +18,8 @@ __all__ = ["GroupStatus", "RunProgress", "describe_run", "run_progress"]
 class RunProgress:
     groups: dict[str, int]
     """Groups of the run by status."""
+    drop_reasons: dict[str, int] = field(default_factory=dict)
+    """Dropped groups by reason (core.termination.DropReason; "unknown" for ones dropped before 0011)."""
 
     @property
     def dispatched(self) -> int:
@@ -26,6 +28,14 @@ class RunProgress:
     @property
     def dropped(self) -> int:
         return self.groups.get(GroupStatus.DROPPED, 0)
+
+    @property
+    def replaced(self) -> int:
+        """Dropped groups the controller replaces within the admission bound: every reason but staleness
+        (DropReason.frees_admission), so that the bound never widens because samples went stale."""
+        known = {reason.value: reason for reason in DropReason}
+        return sum(count for reason, count in self.drop_reasons.items()
+                   if reason not in known or known[reason].frees_admission)
 
     @property
     def inflight(self) -> int:
@@ -38,9 +48,16 @@ class RunProgress:
 
 def run_progress(session: Session, *, run_id: int) -> RunProgress:
     rows = session.execute(
-        select(EpisodeGroup.status, func.count()).where(EpisodeGroup.run_id == run_id).group_by(EpisodeGroup.status)
+        select(EpisodeGroup.status, EpisodeGroup.drop_reason, func.count()).where(EpisodeGroup.run_id == run_id)
+        .group_by(EpisodeGroup.status, EpisodeGroup.drop_reason)
     ).all()
-    return RunProgress(groups={status: count for status, count in rows})
+    groups: dict[str, int] = {}
+    reasons: dict[str, int] = {}
+    for status, reason, count in rows:
+        groups[status] = groups.get(status, 0) + count
+        if status == GroupStatus.DROPPED:
+            reasons[reason or "unknown"] = reasons.get(reason or "unknown", 0) + count
+    return RunProgress(groups=groups, drop_reasons=reasons)
 
 
 def episode_counts(session: Session, *, run_id: int) -> dict[str, int]:
@@ -61,6 +78,10 @@ def run_environments(session: Session, *, run_id: int) -> list[tuple[Environment
     return [(env, weight) for env, weight in rows]
 
 
+def _groups_view(progress: RunProgress) -> dict[str, Any]:
+    return {"groups": progress.groups, "dropped_by_reason": progress.drop_reasons}
+
+
 def describe_run(session: Session, run: Run, *, detail: bool = False) -> dict[str, Any]:
     """The run as the CLI and API show it; `detail` adds episode counts and the resolved config."""
     view: dict[str, Any] = {
@@ -71,7 +92,7 @@ def describe_run(session: Session, run: Run, *, detail: bool = False) -> dict[st
             {"name": env.name, "version": env.version, "kind": env.kind, "weight": weight}
             for env, weight in run_environments(session, run_id=run.id)
         ],
-        "groups": run_progress(session, run_id=run.id).groups,
+        **_groups_view(run_progress(session, run_id=run.id)),
         "created_at": run.created_at, "started_at": run.started_at, "finished_at": run.finished_at,
     }
     if detail:

@@ -28,7 +28,7 @@ ACTIVE_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING)
 
 def resolve_config(config: RunConfig, pinned: list[Environment]) -> RunConfig:
     """The config with every default made explicit: versions pinned, the effective staleness bound
-    (0 in sync mode) and the in-flight target."""
+    (0 in sync mode), the token staleness mask's bound and the in-flight target."""
     staleness = config.staleness_bound
     shares = [
         EnvironmentShare(name=env.name, version=env.version, weight=share.weight)
@@ -42,7 +42,8 @@ def resolve_config(config: RunConfig, pinned: list[Environment]) -> RunConfig:
         update={"loss": loss.model_copy(update={"normalize_rewards_per_environment": normalization})})
     return config.model_copy(
         update={"environments": shares, "max_staleness": staleness, "max_inflight_groups": inflight,
-                "trainer": trainer}
+                "max_token_staleness": 2 * staleness if config.max_token_staleness is None
+                else config.max_token_staleness, "trainer": trainer}
     )
 
 

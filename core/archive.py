@@ -68,11 +68,13 @@ SCHEMA = pa.schema([
     ("observation", pa.string()), ("tool_output_full", pa.string()), ("exit_code", pa.int32()),
     ("tool_status", pa.string()), ("duration_s", pa.float64()), ("generation_s", pa.float64()),
     ("truncated", pa.bool_()), ("truncated_bytes", pa.int32()), ("weight_version", pa.int32()),
-    ("weight_version_end", pa.int32()), ("replica", pa.string()), ("finish_reason", pa.string()),
+    ("weight_version_end", pa.int32()), ("version_runs", pa.list_(pa.int32())), ("replica", pa.string()),
+    ("finish_reason", pa.string()),
     ("created_at", pa.timestamp("us", tz="UTC")),
 ])
 """Every stored column of `turns` (not `search`, which Postgres derives); tool_call as JSON text; logprobs
-as the REALs (float32) they are, read back as the shortest decimal, as Postgres prints them."""
+as the REALs (float32) they are, read back as the shortest decimal, as Postgres prints them. An archive
+written before a column existed (version_runs) restores it as NULL (`_conform`)."""
 COLUMNS = tuple(SCHEMA.names)
 COLUMN_LIST = ", ".join(f'"{name}"' if name == "index" else name for name in COLUMNS)
 """COLUMNS as SQL, for the archive's SELECT and the restore's COPY."""
@@ -236,6 +238,14 @@ def _remove_turns(engine: Engine, run_id: int, *, turns: int, digest: str, scrat
         fsync_path(directory.parent)
 
 
+def _conform(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """The batch with SCHEMA's columns in SCHEMA's order; a column an older archive lacks is all NULL."""
+    names = set(batch.schema.names)
+    columns = [batch.column(field.name) if field.name in names else pa.nulls(batch.num_rows, type=field.type)
+               for field in SCHEMA]
+    return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
+
+
 def _csv(batch: pa.RecordBatch) -> bytes:
     """The batch as COPY's CSV, arrays written as Postgres array literals, all in Arrow's C++ (restoring a
     million turns row by row through Python would take minutes). A float32 logprob prints as its
@@ -290,7 +300,7 @@ def restore_run(engine: Engine, run_id: int, *, root: Path | None = None) -> Arc
                 if len(strangers):
                     raise ArchiveError(f"run {run_id}: its archive holds a turn of run {strangers[0].as_py()}; "
                                        "nothing was restored")
-                copy.write(_csv(batch))
+                copy.write(_csv(_conform(batch)))
                 episodes.update(pc.unique(batch.column("episode_id")).to_pylist())
                 turns += batch.num_rows
         if turns != expected.get("turns"):

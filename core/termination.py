@@ -50,7 +50,26 @@ class GroupStatus(StrEnum):
     RUNNING = "running"  # dispatched, some episode still pending or running
     COMPLETE = "complete"  # every episode ended; waiting for the trainer
     CONSUMED = "consumed"  # trained on
-    DROPPED = "dropped"  # the trainer discarded it (zero variance, too stale, non-finite loss)
+    DROPPED = "dropped"  # the trainer discarded it; `episode_groups.drop_reason` says why (DropReason)
+
+
+class DropReason(StrEnum):
+    """Why the trainer did not train on a group: stored on the group (`drop_reason`, with the step that
+    decided it), counted per step (`batch/dropped/{reason}`) and shown by the API, CLI and dashboard."""
+
+    ZERO_VARIANCE = "zero_variance"  # every kept sample scored the same: no learning signal (DAPO)
+    STALE_CAP = "stale_cap"  # past the hard staleness cap (trainer.selection): the only staleness drop
+    NO_TRAINABLE_SAMPLE = "no_trainable_sample"  # fewer than one sample the agent itself ended
+    FAILED = "failed"  # every sample ended by an infrastructure fault
+    NON_FINITE = "non_finite"  # its step's loss or gradient norm was not finite: the step was skipped
+    CANARY = "canary"  # a hack canary (core/canaries.py): measured, never trained on
+
+    @property
+    def frees_admission(self) -> bool:
+        """Whether the controller replaces the group within the staleness admission bound (dynamic
+        sampling). A group dropped for staleness does not: the bound must never widen because samples
+        went stale, or dropping would pay for running ahead."""
+        return self is not DropReason.STALE_CAP
 
 
 class RunStatus(StrEnum):

@@ -45,30 +45,41 @@ def has_variance(scores: list[float]) -> bool:
     return len(scores) >= 2 and max(scores) - min(scores) > STD_EPS
 
 
+def _layer_value(sample: Sample, layer: str, group: Group) -> float:
+    """The layer's score as the mix counts it: a flagged sample under `flag_policy: zero` earned nothing
+    on any layer (its reward is 0, whatever a layer that still ran reported)."""
+    if sample.flags and group.flag_policy == "zero":
+        return 0.0
+    return sample.components.get(layer, 0.0)
+
+
 def mix_layers(groups: list[Group]) -> dict[str, dict[str, tuple[float, float]]]:
     """For groups whose environment mixes by z-score (Group.mix: α per layer), replace each sample's
     score by Σ α·(c − mean_c)/std_c over the layers, the mean and std of each layer taken within the
     environment across the batch (a layer constant there contributes 0), plus what shaping added to the
-    reward (the overlong penalty); each layer's α·z is kept in `sample.mixed` (the step's metrics show
-    its distribution). Returns each mixed environment's (mean, std) per layer."""
-    by_env: dict[str, list[tuple[Sample, dict[str, float]]]] = defaultdict(list)
+    reward (the overlong penalty), minus the flag penalty for a flagged sample under `flag_policy:
+    penalize` (the rebuilt score would otherwise lose it: a flagged and an honest sample with equal
+    layers would get the same advantage); each layer's α·z is kept in `sample.mixed` (the step's
+    metrics show its distribution). Returns each mixed environment's (mean, std) per layer."""
+    by_env: dict[str, list[tuple[Sample, Group]]] = defaultdict(list)
     for group in groups:
         if group.mix:
-            by_env[group.environment] += [(sample, group.mix) for sample in group.samples]
+            by_env[group.environment] += [(sample, group) for sample in group.samples]
     stats: dict[str, dict[str, tuple[float, float]]] = {}
     for env, members in by_env.items():
-        alphas = members[0][1]
+        alphas = members[0][1].mix or {}
         layer_stats = {}
         for layer in alphas:
-            values = [sample.components.get(layer, 0.0) for sample, _ in members]
+            values = [_layer_value(sample, layer, group) for sample, group in members]
             layer_stats[layer] = (statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0)
         stats[env] = layer_stats
-        for sample, _ in members:
+        for sample, group in members:
             shaping = sample.score - sample.reward
             sample.mixed = {
-                layer: alpha * ((sample.components.get(layer, 0.0) - mean) / std if std > STD_EPS else 0.0)
+                layer: alpha * ((_layer_value(sample, layer, group) - mean) / std if std > STD_EPS else 0.0)
                 for layer, alpha in alphas.items() for mean, std in [layer_stats[layer]]}
-            sample.score = shaping + sum(sample.mixed.values())
+            penalty = group.flag_penalty if sample.flags and group.flag_policy == "penalize" else 0.0
+            sample.score = shaping + sum(sample.mixed.values()) - penalty
     return stats
 
 

@@ -17,7 +17,8 @@ whose loss or gradient norm is not finite is skipped: nothing of it is kept or c
 groups are dropped as `non_finite` and `optim/skipped_steps` reports it. A policy replica that
 reports a version other than the run's (restarted: "default") is re-synced before the next step.
 
-A step trains on `batch_size` groups. Groups it drops (zero variance, stale, no trainable sample) are
+A step trains on `batch_size` groups. Groups it drops (zero variance, past the staleness cap, no
+trainable sample: a core.termination.DropReason, stored on the group with the step) are
 committed as dropped at once so the controller dispatches replacements (DAPO dynamic sampling); a
 step trains on fewer only when no more can come (nothing in flight and the run stopped or its
 budget spent).
@@ -42,17 +43,18 @@ from core.config_files import parse_model
 from core.db import get_engine, session_factory
 from core.errors import ConfigError, CrucibleError
 from core.models import Run, RunEnvironment, TrainingStep
-from core.schemas.run import Curriculum, Sampling
-from core.termination import RunStatus
+from core.schemas.run import Curriculum, RunConfig, Sampling
+from core.termination import DropReason, RunStatus
 from trainer import cost, faults, metrics
 from trainer.checkpoint import CheckpointStore, TrainerState
 from trainer.config import TrainerConfig, trainer_config
 from trainer.engine import PolicyEngine, make_engine
 from trainer.errors import NonFiniteStep, WeightSyncError
 from trainer.ranks import INIT, REBUILD, STOP, UPDATE, FollowerSetup, LeaderEngine, Ranks, announce, leave
-from trainer.selection import BatchPlan
+from trainer.selection import BatchPlan, StalenessRule, may_step
 from trainer.step import UpdateResult, advantages, generate, score, update
 from trainer.store import (
+    PassOutcome,
     TrainedValue,
     consumed_groups,
     get_run,
@@ -61,6 +63,7 @@ from trainer.store import (
     last_step,
     mark_dropped,
     more_groups_possible,
+    oldest_waiting_version,
     publish_version,
     record_step,
     record_sync_error,
@@ -142,13 +145,19 @@ class Trainer:
             run = get_run(session, run_id=self.run_id)
             self.model_dir, self.batch_size = run.model, run.batch_size
             self.max_staleness, self.temperature = run.max_staleness, sampling_temperature(run)
+            stored = run.config if isinstance(run.config, dict) else {}
+            # Resolved at launch (controller.runs.resolve_config); a run launched before they existed: the defaults.
+            self.staleness_rule = StalenessRule.for_bound(run.max_staleness,
+                                                          max_token_staleness=stored.get("max_token_staleness"))
+            self.lag_wait_s = float(stored.get("lag_wait_s", RunConfig.model_fields["lag_wait_s"].default))
+            self._waiting_since: float | None = None
             self.config = trainer_config(run.config.get("trainer") or {}, source=f"run {self.run_id} config.trainer")
             environments = session.execute(select(func.count()).where(RunEnvironment.run_id == self.run_id)).scalar_one()
             # Decided once for the run: a batch that happens to hold one environment is normalised alike.
             self.normalization = self.config.loss.normalization_for(environments=max(int(environments), 1))
             curriculum = run.config.get("curriculum", {}) if isinstance(run.config, dict) else {}
-            self.pass_rate_update = parse_model(Curriculum, curriculum or {},
-                                                source=f"run {self.run_id} config.curriculum").pass_rate_update
+            parsed = parse_model(Curriculum, curriculum or {}, source=f"run {self.run_id} config.curriculum")
+            self.pass_rate_update, self.success_rule = parsed.pass_rate_update, parsed.success
 
     def _join_ranks(self) -> Ranks | None:
         """Under a launcher with several ranks (`crucible trainer --nproc N`), join the process group and
@@ -203,10 +212,10 @@ class Trainer:
         """One step if a batch is ready; None (after committing any drops) if not."""
         started = time.perf_counter()
         with self._sessions() as session:
-            plan = generate(session, run_id=self.run_id, version=self.step, max_staleness=self.max_staleness,
+            plan = generate(session, run_id=self.run_id, version=self.step, rule=self.staleness_rule,
                             batch_size=self.batch_size, loss=self.config.loss)
             if not self._batch_ready(session, plan):
-                mark_dropped(session, group_ids=list(plan.dropped))
+                mark_dropped(session, dropped=plan.dropped, step=self.step)
                 session.commit()
                 self._remember_drops(plan)
                 return None
@@ -230,9 +239,9 @@ class Trainer:
                   len(plan.groups))
         self._restore_engine()
         for group in plan.groups:
-            plan.dropped[group.id] = "non_finite"
+            plan.dropped[group.id] = DropReason.NON_FINITE
         plan.groups = []
-        mark_dropped(session, group_ids=list(plan.dropped))
+        mark_dropped(session, dropped=plan.dropped, step=self.step)
         session.commit()
         self._remember_drops(plan)
         self._skipped_steps += 1
@@ -262,11 +271,31 @@ class Trainer:
 
     def _batch_ready(self, session: Session, plan: BatchPlan) -> bool:
         if len(plan.groups) >= self.batch_size:
-            return True
+            return self._paced(session, plan)
         if plan.dropped or not plan.groups:  # commit the drops first: the controller replaces them
             return False
         return inflight_groups(session, run_id=self.run_id) == 0 and not more_groups_possible(
             session, run_id=self.run_id)
+
+    def _paced(self, session: Session, plan: BatchPlan) -> bool:
+        """Whether this step leaves no running group past the hard cap (trainer.selection.may_step); a
+        step waits for such a group at most `lag_wait_s`, then goes ahead."""
+        batch = {group.id for group in plan.groups} | set(plan.dropped)
+        oldest = oldest_waiting_version(session, run_id=self.run_id, batch=batch)
+        if may_step(version=self.step, oldest_waiting=oldest, rule=self.staleness_rule):
+            self._waiting_since = None
+            return True
+        now = time.monotonic()
+        if self._waiting_since is None:
+            self._waiting_since = now
+            log.info("run %d: step %d waits for a group dispatched at version %s (hard cap %d)", self.run_id,
+                     self.step + 1, oldest, self.staleness_rule.stale_cap_lag)
+        if now - self._waiting_since < self.lag_wait_s:
+            return False
+        log.warning("run %d: step %d waited %.0f s for a group dispatched at version %s; going ahead (it may "
+                    "be dropped as stale_cap)", self.run_id, self.step + 1, now - self._waiting_since, oldest)
+        self._waiting_since = None
+        return True
 
     def _learn(self, plan: BatchPlan, timings: dict[str, float]) -> UpdateResult:
         started = time.perf_counter()
@@ -301,9 +330,9 @@ class Trainer:
         started = time.perf_counter()
         trained = [TrainedValue(episode_id=s.episode_id, advantage=s.advantage, score=s.score) for s in plan.samples]
         record_step(session, run_id=self.run_id, step=step, policy_version=step, consumed=group_ids,
-                    dropped=list(plan.dropped), metrics=values, trained=trained)
-        update_pass_rates(session, weight=self.pass_rate_update,
-                          outcomes=[(s.task_id, s.reward, s.policy_version) for s in view.scored])
+                    dropped=plan.dropped, metrics=values, trained=trained)
+        update_pass_rates(session, weight=self.pass_rate_update, rule=self.success_rule, outcomes=[
+            PassOutcome(s.task_id, s.reward, s.components, s.policy_version, s.seconds) for s in view.scored])
         session.commit()
         values[metrics.timing_key("commit")] = round(time.perf_counter() - started, 6)
         self.step, self.consumed = step, state.consumed_groups

@@ -4,7 +4,9 @@ Per sampled token t of a sample with advantage A (environment tokens are masked 
 
     w_t = min(π_prox / π_behav, C)                 behaviour → proximal correction (TIS), no gradient
     u_t = π_θ / π_prox                             the PPO ratio against the proximal policy
-    J_t = w_t · min(u_t A, clip(u_t, 1 − ε_low, 1 + ε_high) A)   − β · k3(π_θ, π_ref)
+    J_t = w_t · min(u_t A, clip(u_t, 1 − ε_low, 1 + ε_high) A)   − β · k3_t
+    k3_t = min(e^d − d − 1, 10), d = log π_ref − log π_θ   an estimate of KL(π_θ ‖ π_ref), the reverse KL
+                                                   (tokens drawn from π_behav ≈ π_θ), capped as verl caps it
     L   = − Σ_t J_t / N_active                     DAPO: token sum ÷ active tokens of the whole batch
 
 π_behav is vLLM's logprob at sampling time (the stored turn logprobs), π_prox is recomputed by the
@@ -40,10 +42,16 @@ class TokenTensors:
     ref_logp: torch.Tensor | None = None  # π_ref, when a KL term is on
 
 
+K3_MAX = 10.0
+"""The k3 value cap (verl's): e^d − d − 1 grows as e^d, and one token far from π_ref (d = 20: 4.9e8)
+would swamp the batch's loss and gradient; past the cap the token adds a constant, no gradient."""
+
+
 def k3(log_ratio: torch.Tensor) -> torch.Tensor:
-    """Schulman's k3 estimator of KL(p‖q) from d = log q − log p sampled under p: e^d − d − 1 ≥ 0."""
+    """Schulman's k3 estimator of KL(p‖q) from d = log q − log p, x drawn from p: e^d − d − 1 ≥ 0, its
+    value capped at K3_MAX (d is clamped to ±20 first, so that e^d stays finite)."""
     d = log_ratio.clamp(-20.0, 20.0)
-    return torch.expm1(d) - d
+    return (torch.expm1(d) - d).clamp(max=K3_MAX)
 
 
 def policy_loss(
@@ -62,7 +70,7 @@ def policy_loss(
     per_token = -objective
     kl_ref = torch.zeros_like(per_token)
     if loss.kl_beta > 0.0 and tokens.ref_logp is not None:
-        kl_ref = k3(tokens.ref_logp.detach() - tokens.logp)  # KL(π_θ ‖ π_ref), sampled under π_θ ≈ π_behav
+        kl_ref = k3(tokens.ref_logp.detach() - tokens.logp)  # d = log π_ref − log π_θ: KL(π_θ ‖ π_ref)
         per_token = per_token + loss.kl_beta * kl_ref
     value = (per_token * mask).sum() / max(total_tokens, 1)
     with torch.no_grad():

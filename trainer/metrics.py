@@ -7,7 +7,8 @@ Fixed names are constants below; the templated families are:
     score/{env}/{layer}/mean|std (under `mix: zscore`: each layer's α·z, its share of the score)
     advantage/{env}/mean|std|abs_mean (what each environment contributes to the gradient)
     batch/dropped/{reason}, batch/left_out/{reason}, rollout/termination/{reason}
-    policy/staleness/hist/{lag}, timing_s/{stage}, reward_hacking/judge_agreement/{component}
+    policy/staleness/hist/{lag} (kept samples by their oldest token's lag), policy/token_lag/hist/{lag}
+    (kept samples' sampled tokens by lag), timing_s/{stage}, reward_hacking/judge_agreement/{component}
 Hack canaries (core/canaries.py), in a step that examined any: canary/episodes, canary/reward_mean (their
 mean score on the layer no honest change passes), canary/rewarded (how many scored above 0).
 The step's cost (cost/…: time and tokens per stage, FLOPs, FLOP/s, MFU) is named in `trainer.cost`.
@@ -20,6 +21,7 @@ import statistics
 from collections import Counter, defaultdict
 
 from core.canaries import canary_score
+from core.termination import DropReason
 from trainer.rollouts import Sample
 from trainer.selection import BatchPlan
 from trainer.step import UpdateResult
@@ -49,6 +51,11 @@ GROUPS, SAMPLES = "batch/groups", "batch/samples"
 TOKENS, SAMPLED_TOKENS = "batch/tokens", "batch/sampled_tokens"
 ADV_MEAN, ADV_STD = "batch/advantage/mean", "batch/advantage/std"
 STALENESS_MEAN, STALENESS_MAX = "policy/staleness/mean", "policy/staleness/max"
+TOKEN_MASKED = "policy/token_lag/masked_frac"
+"""Fraction of the kept samples' sampled tokens the staleness mask took the loss weight from."""
+TOKEN_LAG_MAX_WEIGHTED = "policy/token_lag/max_weighted"
+"""The largest lag of a token that carried loss weight: never above the run's max_token_staleness."""
+TOKEN_LAG_MEAN = "policy/token_lag/mean"
 TURNS_MEAN = "rollout/turns/mean"
 FLAGGED = "rollout/flagged_frac"
 """Fraction of the step's scored episodes the hack monitors flagged (rollout/flagged/{flag}: by flag)."""
@@ -170,7 +177,7 @@ def batch_metrics(plan: BatchPlan) -> dict[str, float]:
     out: dict[str, float] = {GROUPS: len(plan.groups), SAMPLES: len(samples),
                              TOKENS: sum(len(s.token_ids) for s in samples),
                              SAMPLED_TOKENS: sum(s.sampled_tokens for s in samples)}
-    zero = sum(1 for reason in plan.dropped.values() if reason == "zero_variance")
+    zero = sum(1 for reason in plan.dropped.values() if reason == DropReason.ZERO_VARIANCE)
     out[ZERO_VARIANCE] = zero / plan.examined if plan.examined else 0.0
     for reason, count in Counter(plan.dropped.values()).items():
         out[f"batch/dropped/{reason}"] = count
@@ -194,6 +201,14 @@ def batch_metrics(plan: BatchPlan) -> dict[str, float]:
         out[STALENESS_MEAN], out[STALENESS_MAX] = statistics.fmean(plan.staleness), max(plan.staleness)
         for lag, count in Counter(plan.staleness).items():
             out[f"policy/staleness/hist/{lag}"] = count
+    if plan.sampled_tokens:
+        out[TOKEN_MASKED] = plan.masked_tokens / plan.sampled_tokens
+        out[TOKEN_LAG_MEAN] = sum(lag * n for lag, n in plan.token_lags.items()) / plan.sampled_tokens
+        for lag, count in plan.token_lags.items():
+            out[f"policy/token_lag/hist/{lag}"] = count
+        weighted = plan.max_weighted_lag
+        if weighted is not None:
+            out[TOKEN_LAG_MAX_WEIGHTED] = weighted
     return out
 
 

@@ -62,7 +62,7 @@ def collate_packed(samples: list[Sample]) -> PackedBatch:
         positions += range(length)
         # Target t+1 of the row belongs to this sample for t = start … start+length−2; the last
         # position would predict the next sample's first token: masked (0) below by the shift.
-        mask += [float(m) for m in sample.loss_mask[1:]] + [0.0]
+        mask += [float(m) for m in sample.trained_mask[1:]] + [0.0]
         behav += [float(b) for b in sample.behaviour_logprobs[1:]] + [0.0]
         advantages += [sample.advantage] * (length - 1) + [0.0]
     row = torch.tensor(ids, dtype=torch.long)[None]  # (1, L)

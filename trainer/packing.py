@@ -19,7 +19,7 @@ class MicroBatch:
     input_ids: torch.Tensor  # (B, T) long
     attention_mask: torch.Tensor  # (B, T) long
     targets: torch.Tensor  # (B, T-1) long: input_ids[:, 1:]
-    mask: torch.Tensor  # (B, T-1) float: 1 where the target was sampled by the policy
+    mask: torch.Tensor  # (B, T-1) float: 1 where the target was sampled by the policy and carries loss weight
     behav_logp: torch.Tensor  # (B, T-1) float: vLLM's logprob of each sampled target
     advantages: torch.Tensor  # (B, T-1) float: the sample's advantage on each position
     sample_ids: list[int]  # (B,) episode ids, for per-sample results
@@ -44,7 +44,7 @@ def collate(samples: list[Sample]) -> MicroBatch:
     length = max(len(sample.token_ids) for sample in samples)
     ids = _pad([s.token_ids for s in samples], length=length, dtype=torch.long)  # (B, T)
     attention = _pad([[1] * len(s.token_ids) for s in samples], length=length, dtype=torch.long)
-    mask = _pad([s.loss_mask for s in samples], length=length, dtype=torch.float32)[:, 1:]  # (B, T-1)
+    mask = _pad([s.trained_mask for s in samples], length=length, dtype=torch.float32)[:, 1:]  # (B, T-1)
     behav = _pad([s.behaviour_logprobs for s in samples], length=length, dtype=torch.float32)[:, 1:]
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)[:, None] * mask
     return MicroBatch(input_ids=ids, attention_mask=attention, targets=ids[:, 1:], mask=mask,

@@ -2,7 +2,9 @@
 behaviour logprobs, reward and the policy version that produced it; read from the store.
 
 An episode's turns concatenated in index order are the exact sequence the policy saw (each turn:
-environment tokens, mask 0, then the sampled tokens, mask 1, with vLLM's logprobs).
+environment tokens, mask 0, then the sampled tokens, mask 1, with vLLM's logprobs and the weight
+version that sampled each; a turn stored without per-token versions labels its tokens with its oldest).
+A sample whose arrays do not line up is refused at load (MalformedSample), never trained on misaligned.
 """
 
 from __future__ import annotations
@@ -15,8 +17,19 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.canaries import is_canary
+from core.errors import CrucibleError
 from core.models import Environment, Episode, EpisodeGroup, Task, Turn
 from core.termination import EpisodeStatus, TerminationReason
+from core.token_versions import decode
+from environments.spec import VerifierConfig
+
+ENVIRONMENT = -1
+"""The version label of an environment token in `Sample.token_versions` (nothing sampled it)."""
+
+
+class MalformedSample(CrucibleError):
+    """An episode's stored arrays do not line up: training on it would pair tokens with the wrong
+    logprobs or versions."""
 
 
 @dataclass
@@ -34,6 +47,8 @@ class Sample:
     token_ids: list[int]  # (T,) every turn's tokens in order
     loss_mask: list[int]  # (T,) 1 where the policy sampled the token
     behaviour_logprobs: list[float]  # (T,) vLLM's logprob of each sampled token, 0 elsewhere
+    token_versions: list[int] = field(default_factory=list)
+    """(T,) the weight version that sampled each token, ENVIRONMENT (−1) for environment tokens."""
     turns: int = 0
     truncated: bool = False
     """The last completion was cut by its token budget (finish reason `length`)."""
@@ -45,10 +60,37 @@ class Sample:
     task_id: int = 0
     flags: tuple[str, ...] = ()
     """What the hack monitors saw (core.flags.EpisodeFlag values)."""
+    seconds: float | None = None
+    """The episode's wall-clock seconds (timings.total), for the task's duration estimate."""
+    loss_weights: list[int] | None = None
+    """(T,) the loss mask after the staleness mask (trainer.selection): a sampled token too far behind
+    stays in the context with no loss weight. None: the loss mask itself."""
+    lags: list[int] = field(default_factory=list)
+    """Each sampled token's version lag behind the trained version (set with `loss_weights`)."""
+
+    def __post_init__(self) -> None:
+        lengths = {"token_ids": len(self.token_ids), "loss_mask": len(self.loss_mask),
+                   "behaviour_logprobs": len(self.behaviour_logprobs)}
+        if self.token_versions:
+            lengths["token_versions"] = len(self.token_versions)
+        if len(set(lengths.values())) > 1:
+            raise MalformedSample(f"episode {self.episode_id}: expected its per-token arrays to have one length, "
+                                  f"got {lengths}")
 
     @property
     def sampled_tokens(self) -> int:
         return sum(self.loss_mask)
+
+    @property
+    def trained_mask(self) -> list[int]:
+        """1 where the token carries loss weight."""
+        return self.loss_mask if self.loss_weights is None else self.loss_weights
+
+    def sampled_versions(self) -> list[int]:
+        """The version of each sampled token, in order (all the episode's version when not labelled)."""
+        if not self.token_versions:
+            return [self.policy_version] * self.sampled_tokens
+        return [v for v, m in zip(self.token_versions, self.loss_mask, strict=True) if m]
 
     @property
     def trainable(self) -> bool:
@@ -72,23 +114,38 @@ class Group:
     None: the episode's reward is the score."""
     canary: bool = False
     """A hack canary's group (core/canaries.py): measured, never trained on."""
+    flag_policy: str = "zero"
+    """The environment's `verifier.flag_policy`; `mix: zscore` rebuilds the score from the layers and
+    must charge a flag again (trainer.advantages.mix_layers)."""
+    flag_penalty: float = 0.0
+    """What a flag costs under `flag_policy: penalize` (`verifier.flag_penalty`)."""
 
 
-def _environments(session: Session, ids: set[int]) -> dict[int, tuple[str, dict[str, float] | None]]:
-    """Each environment's name, and its layers' α when its spec mixes them by z-score."""
+@dataclass(frozen=True)
+class _EnvironmentView:
+    name: str
+    mix: dict[str, float] | None
+    flag_policy: str
+    flag_penalty: float
+
+
+def _environments(session: Session, ids: set[int]) -> dict[int, _EnvironmentView]:
+    """Each environment's name, its layers' α when its spec mixes them by z-score, and what a flag costs."""
     rows = session.execute(select(Environment.id, Environment.name, Environment.spec)
                            .where(Environment.id.in_(ids))).all()
-    out: dict[int, tuple[str, dict[str, float] | None]] = {}
+    out: dict[int, _EnvironmentView] = {}
     for env_id, name, spec in rows:
-        verifier = (spec or {}).get("verifier") or {}
-        mixed = verifier.get("mix") == "zscore"
-        out[env_id] = (name, {k: float(v) for k, v in verifier.get("weights", {}).items() if v} if mixed else None)
+        verifier = VerifierConfig.model_validate((spec or {}).get("verifier") or {})
+        mix = {k: float(v) for k, v in verifier.weights.items() if v} if verifier.mix == "zscore" else None
+        out[env_id] = _EnvironmentView(name=name, mix=mix, flag_policy=verifier.flag_policy,
+                                       flag_penalty=verifier.flag_penalty)
     return out
 
 
 def _turns_by_episode(session: Session, run_ids: set[int], episode_ids: list[int]) -> dict[int, list[Any]]:
     query = (  # naming the runs reads their partitions only
-        select(Turn.episode_id, Turn.token_ids, Turn.loss_mask, Turn.logprobs, Turn.finish_reason)
+        select(Turn.episode_id, Turn.token_ids, Turn.loss_mask, Turn.logprobs, Turn.finish_reason, Turn.prompt_length,
+               Turn.weight_version, Turn.version_runs)
         .where(Turn.run_id.in_(run_ids), Turn.episode_id.in_(episode_ids))
         .order_by(Turn.episode_id, Turn.index)
     )
@@ -98,23 +155,46 @@ def _turns_by_episode(session: Session, run_ids: set[int], episode_ids: list[int
     return turns
 
 
+def _turn_versions(episode_id: int, turn: Any, *, fallback: int) -> list[int]:
+    """(P + C,) ENVIRONMENT for the environment tokens, then each sampled token's version."""
+    completion = len(turn.token_ids) - turn.prompt_length
+    if turn.version_runs:
+        try:
+            sampled = decode(turn.version_runs, length=completion)
+        except ValueError as error:
+            raise MalformedSample(f"episode {episode_id}: {error}") from None
+    else:  # stored before per-token versions: the oldest version that can have sampled the turn
+        sampled = [turn.weight_version if turn.weight_version is not None else fallback] * completion
+    return [ENVIRONMENT] * turn.prompt_length + sampled
+
+
 def _sample(episode: Episode, turns: list[Any], *, environment: str, group_version: int) -> Sample:
     token_ids: list[int] = []
     mask: list[int] = []
     logprobs: list[float] = []
+    versions: list[int] = []
+    version = episode.policy_version if episode.policy_version is not None else group_version
     for turn in turns:
+        if not len(turn.token_ids) == len(turn.loss_mask) == len(turn.logprobs):
+            raise MalformedSample(f"episode {episode.id} turn: expected aligned arrays, got {len(turn.token_ids)} "
+                                  f"tokens, {len(turn.loss_mask)} mask entries, {len(turn.logprobs)} logprobs")
         token_ids += turn.token_ids
         mask += turn.loss_mask
         logprobs += turn.logprobs
-    version = episode.policy_version if episode.policy_version is not None else group_version
+        versions += _turn_versions(episode.id, turn, fallback=version)
     return Sample(
         episode_id=episode.id, group_id=episode.group_id, environment=environment, status=episode.status,
         termination=episode.termination_reason, reward=float(episode.reward or 0.0),
         components={k: float(v) for k, v in (episode.reward_components or {}).items()},
         policy_version=version, token_ids=token_ids, loss_mask=mask, behaviour_logprobs=logprobs,
-        turns=len(turns), truncated=bool(turns) and turns[-1].finish_reason == "length", task_id=episode.task_id,
-        flags=tuple(episode.flags or ()),
+        token_versions=versions, turns=len(turns), truncated=bool(turns) and turns[-1].finish_reason == "length",
+        task_id=episode.task_id, flags=tuple(episode.flags or ()), seconds=_seconds(episode.timings),
     )
+
+
+def _seconds(timings: Any) -> float | None:
+    total = timings.get("total") if isinstance(timings, dict) else None
+    return float(total) if isinstance(total, int | float) and not isinstance(total, bool) and total >= 0 else None
 
 
 def load_groups(session: Session, groups: list[EpisodeGroup]) -> list[Group]:
@@ -124,9 +204,11 @@ def load_groups(session: Session, groups: list[EpisodeGroup]) -> list[Group]:
     environments = _environments(session, {group.environment_id for group in groups})
     splits = dict(session.execute(select(Task.id, Task.split).where(Task.id.in_({g.task_id for g in groups}))).all())
     by_id = {
-        group.id: Group(id=group.id, group_index=group.group_index, environment=environments[group.environment_id][0],
-                        policy_version=group.policy_version, mix=environments[group.environment_id][1],
-                        canary=is_canary(splits.get(group.task_id)))
+        group.id: Group(id=group.id, group_index=group.group_index, environment=environments[group.environment_id].name,
+                        policy_version=group.policy_version, mix=environments[group.environment_id].mix,
+                        canary=is_canary(splits.get(group.task_id)),
+                        flag_policy=environments[group.environment_id].flag_policy,
+                        flag_penalty=environments[group.environment_id].flag_penalty)
         for group in groups
     }
     episodes = list(session.execute(

@@ -1,6 +1,6 @@
 """One training step as four functions: generate → score → advantages → update.
 
-    plan = generate(session, run_id=..., version=..., max_staleness=..., batch_size=..., loss=...)
+    plan = generate(session, run_id=..., version=..., rule=StalenessRule.for_bound(η), batch_size=..., loss=...)
     env_stats = score(plan, loss=cfg.loss)
     advantages(plan, loss=cfg.loss)
     result = update(engine, plan.samples, config=cfg, temperature=1.0)
@@ -26,21 +26,20 @@ from trainer.loss import TokenTensors, merge_stats, policy_loss
 from trainer.packing import MicroBatch, micro_batches, split_minibatches
 from trainer.ranks import Ranks, share
 from trainer.rollouts import Sample, load_groups
-from trainer.selection import BatchPlan, plan_batch
+from trainer.selection import BatchPlan, StalenessRule, plan_batch
 from trainer.store import claim_complete_groups
 
 CLAIM_FACTOR = 4  # claim up to this many batches' worth of complete groups: room to refill after drops
 
 
 def generate(
-    session: Session, *, run_id: int, version: int, max_staleness: int, batch_size: int, loss: LossConfig
+    session: Session, *, run_id: int, version: int, rule: StalenessRule, batch_size: int, loss: LossConfig
 ) -> BatchPlan:
     """Claim complete groups (locked until the caller's transaction ends), read their rollouts, and
-    plan the batch: which groups to train on, which to drop."""
+    plan the batch: which groups to train on, which to drop, which tokens carry loss weight."""
     claimed = claim_complete_groups(session, run_id=run_id, limit=batch_size * CLAIM_FACTOR)
     groups = load_groups(session, claimed)
-    return plan_batch(groups, current_version=version, max_staleness=max_staleness, batch_size=batch_size,
-                      loss=loss)
+    return plan_batch(groups, current_version=version, rule=rule, batch_size=batch_size, loss=loss)
 
 
 def score(plan: BatchPlan, *, normalization: str) -> dict[str, tuple[float, float]]:
@@ -53,6 +52,14 @@ def score(plan: BatchPlan, *, normalization: str) -> dict[str, tuple[float, floa
 
 def advantages(plan: BatchPlan, *, loss: LossConfig) -> None:
     assign_advantages(plan.groups, scale_by_std=loss.scale_advantages_by_std)
+
+
+def has_dropout(model: torch.nn.Module) -> bool:
+    """Whether the model's training forward is random: a dropout module with p > 0 (LoRA's dropout),
+    or attention dropout in its config."""
+    config = getattr(model, "config", None)
+    return any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()) or bool(
+        getattr(config, "attention_dropout", 0.0))
 
 
 @dataclass
@@ -87,16 +94,24 @@ def update(
               for part in split_minibatches(samples, count=opt.minibatches)]
     every = [batch for chunk in chunks for batch in chunk]
     # One pass over the batch: π_prox is π_θ at the step's start, i.e. the forward's own detached
-    # logprobs; more passes need them recomputed once, before the first optimizer step.
-    single_pass = opt.epochs == 1 and len(chunks) == 1
+    # logprobs; more passes need them recomputed once, before the first optimizer step. So does a model
+    # with dropout on (LoRA's): its training forward is noisy, π_prox must be the weights themselves,
+    # computed in eval mode.
+    single_pass = opt.epochs == 1 and len(chunks) == 1 and not has_dropout(engine.module)
     model = engine.module  # its decoder and head are called apart (see trainer.logprobs) ...
     first = next(model.parameters())
     whole = engine if hasattr(first, "ds_id") else None  # ... unless ZeRO-3 partitions it
     # bf16 autocast when the run asks for it: the forward (hence its backward) of the policy, and of the
     # proximal pass, so that π_θ/π_prox is 1 at the step's start; the loss itself stays float32.
     autocast = torch.autocast(first.device.type, dtype=torch.bfloat16, enabled=opt.autocast == "bf16")
-    with autocast:
-        prox = None if single_pass else sequence_logprobs(model, every, temperature=temperature, whole=whole)
+    prox = None
+    if not single_pass:
+        model.eval()
+        try:
+            with autocast:
+                prox = sequence_logprobs(model, every, temperature=temperature, whole=whole)
+        finally:
+            model.train()
     ref = None
     if config.loss.kl_beta > 0 and reference is not None:
         ref = sequence_logprobs(reference, every, temperature=temperature)

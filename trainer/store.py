@@ -24,15 +24,26 @@ from sqlalchemy import Connection, Engine, func, select, text, update
 from sqlalchemy.orm import Session
 
 from core.models import Episode, EpisodeGroup, PolicyVersion, Run, Task, TrainingStep
+from core.schemas.run import SuccessRule
 from core.step_points import empty_point, step_point
-from core.termination import GroupStatus, RunStatus
+from core.termination import DropReason, GroupStatus, RunStatus
 from trainer.errors import TrainerAlreadyRunning
 
 COMPLETE, CONSUMED, DROPPED, RUNNING = (GroupStatus.COMPLETE, GroupStatus.CONSUMED, GroupStatus.DROPPED,
                                         GroupStatus.RUNNING)
 LOCK_NAMESPACE = 0x43525543  # "CRUC": the first key of every trainer lock, the run id the second
-SUCCESS_REWARD = 1.0
-"""A rollout counts as a pass for the online pass rate when its reward reaches full marks."""
+
+
+@dataclass(frozen=True)
+class PassOutcome:
+    """One scored rollout, as the online pass-rate update reads it."""
+
+    task_id: int
+    reward: float
+    components: dict[str, float]
+    policy_version: int
+    seconds: float | None = None
+    """The episode's wall-clock seconds (moves tasks.episode_seconds the same way)."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +127,17 @@ def inflight_groups(session: Session, *, run_id: int) -> int:
     return int(session.execute(query).scalar_one())
 
 
+def oldest_waiting_version(session: Session, *, run_id: int, batch: set[int]) -> int | None:
+    """The dispatch version of the oldest group a step on `batch` (group ids) would leave behind: still
+    running, or complete but not in the batch (it completed after the claim). None: there is none."""
+    query = select(func.min(EpisodeGroup.policy_version)).where(
+        EpisodeGroup.run_id == run_id, EpisodeGroup.status.in_((RUNNING, COMPLETE)))
+    if batch:
+        query = query.where(EpisodeGroup.id.not_in(batch))
+    found = session.execute(query).scalar_one()
+    return None if found is None else int(found)
+
+
 def more_groups_possible(session: Session, *, run_id: int) -> bool:
     """Whether the controller may still dispatch groups for the run: it is active and its budget
     (`max_groups` in its config, counting every group dispatched) is not spent."""
@@ -129,17 +151,21 @@ def more_groups_possible(session: Session, *, run_id: int) -> bool:
     return int(dispatched) < int(budget)
 
 
-def mark_dropped(session: Session, *, group_ids: list[int]) -> None:
-    """Groups that will never be trained on (zero variance, stale, no trainable sample); flushed."""
-    if group_ids:
+def mark_dropped(session: Session, *, dropped: dict[int, str], step: int) -> None:
+    """Groups that will never be trained on, each with its reason (core.termination.DropReason) and the
+    step that decided it (the trainer's version then); flushed."""
+    by_reason: dict[str, list[int]] = defaultdict(list)
+    for group_id, reason in dropped.items():
+        by_reason[DropReason(reason)].append(group_id)
+    for reason, group_ids in by_reason.items():
         session.execute(
             update(EpisodeGroup).where(EpisodeGroup.id.in_(group_ids), EpisodeGroup.status == COMPLETE)
-            .values(status=DROPPED)
+            .values(status=DROPPED, drop_reason=reason, dropped_step=step)
         )
 
 
 def record_step(
-    session: Session, *, run_id: int, step: int, policy_version: int, consumed: list[int], dropped: list[int],
+    session: Session, *, run_id: int, step: int, policy_version: int, consumed: list[int], dropped: dict[int, str],
     metrics: dict[str, Any], trained: list[TrainedValue] | None = None,
 ) -> None:
     """In the step transaction, after the optimizer step: consume the batch's groups, drop the
@@ -156,7 +182,7 @@ def record_step(
         if done.rowcount != len(consumed):  # type: ignore[attr-defined]
             raise RuntimeError(f"step {step}: expected to consume {len(consumed)} complete groups, "
                                f"got {done.rowcount}")  # type: ignore[attr-defined]
-    mark_dropped(session, group_ids=dropped)
+    mark_dropped(session, dropped=dropped, step=step - 1)
     if trained:
         session.execute(update(Episode), [
             {"id": value.episode_id, "advantage": value.advantage, "trained_score": value.score} for value in trained])
@@ -199,25 +225,35 @@ def publish_version(
 
 
 def update_pass_rates(
-    session: Session, *, outcomes: list[tuple[int, float, int]], weight: float
+    session: Session, *, outcomes: list[PassOutcome], weight: float, rule: SuccessRule | None = None,
 ) -> dict[int, float]:
     """Move each task's pass rate towards the rate its newest group scored: rate ← (1 − w)·rate +
     w·group_rate, one update per group, oldest first (a task never measured takes the group's rate).
-    `outcomes`: (task id, reward, policy version) of every scored rollout of the groups examined.
+    A pass is counted by the rule the task was measured with (`tasks.pass_rate_rule`, the pass-rate
+    job's), else by `rule` (the run's `curriculum.success`): a judge- or reward-model-scored task whose
+    rewards never reach 1 must not drift to 0. `outcomes`: every scored rollout of the groups examined.
+    The task's episode seconds move the same way (the controller's `dispatch_order: longest_first`).
     Returns the new rates by task id. Flushed; in the step transaction, so exactly once per group."""
-    by_task: dict[int, list[tuple[float, int]]] = defaultdict(list)
-    for task_id, reward, version in outcomes:
-        by_task[task_id].append((reward, version))
+    by_task: dict[int, list[PassOutcome]] = defaultdict(list)
+    for outcome in outcomes:
+        by_task[outcome.task_id].append(outcome)
     if weight <= 0 or not by_task:
         return {}
+    default = rule or SuccessRule()
     tasks = session.execute(select(Task).where(Task.id.in_(by_task)).with_for_update()).scalars()
     rates = {}
     for task in tasks:
         results = by_task[task.id]
-        rate = sum(reward >= SUCCESS_REWARD - 1e-9 for reward, _ in results) / len(results)
+        measured = SuccessRule.model_validate(task.pass_rate_rule) if task.pass_rate_rule else default
+        rate = sum(measured.passed(o.reward, o.components) for o in results) / len(results)
         task.pass_rate = rate if task.pass_rate is None else (1.0 - weight) * task.pass_rate + weight * rate
         task.pass_rate_samples = (task.pass_rate_samples or 0) + len(results)
-        task.pass_rate_policy_version = max(version for _, version in results)
+        task.pass_rate_policy_version = max(o.policy_version for o in results)
+        timed = [o.seconds for o in results if o.seconds is not None]
+        if timed:
+            mean = sum(timed) / len(timed)
+            task.episode_seconds = mean if task.episode_seconds is None else (
+                (1.0 - weight) * task.episode_seconds + weight * mean)
         rates[task.id] = task.pass_rate
     session.flush()
     return rates

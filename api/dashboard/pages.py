@@ -21,7 +21,7 @@ from api.pagination import DEFAULT_LIMIT, Cursor
 from api.params import EpisodeId, GroupId, RunId
 from api.routes.episodes import episode_filters
 from api.schemas.runs import RunDetail
-from api.services import episodes, groups, run_grading, runs, sandboxes
+from api.services import episodes, groups, run_grading, run_staleness, runs, sandboxes
 from api.services.episodes import EpisodeFilters
 from core.errors import CrucibleError
 from core.flags import EpisodeFlag
@@ -83,7 +83,8 @@ def run_page(request: Request, run_id: RunId, session: SessionDep, _: PageToken)
     charts = {"run": RunDetail.model_validate(run).model_dump(mode="json")}
     return render(request, "run.html", {"run": run, "groups": recent_groups, "episodes": recent, "charts": charts,
                                         "reasons": list(TerminationReason),
-                                        "grading": run_grading.grading(session, run_id=run_id)})
+                                        "grading": run_grading.grading(session, run_id=run_id),
+                                        "staleness": run_staleness.staleness(session, run_id=run_id)})
 
 
 @router.get("/groups/{group_id}")

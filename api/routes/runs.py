@@ -10,8 +10,8 @@ from api.deps import SessionDep, current_token
 from api.pagination import DEFAULT_LIMIT, Cursor, Limit
 from api.params import RunId
 from api.schemas.common import ERROR_RESPONSES, MUTATION_RESPONSES
-from api.schemas.runs import RunDetail, RunGrading, RunMetrics, RunPublic, RunsPublic, RunStats
-from api.services import run_charts, run_grading, run_stats, runs
+from api.schemas.runs import RunDetail, RunGrading, RunMetrics, RunPublic, RunsPublic, RunStaleness, RunStats
+from api.services import run_charts, run_grading, run_staleness, run_stats, runs
 from core.models import Run
 from core.schemas import RunConfig
 from core.termination import RunStatus
@@ -77,6 +77,13 @@ def show_run_metrics(
 def show_run_stats(run_id: RunId, session: SessionDep) -> dict[str, Any]:
     """Staleness histogram, throughput per minute and where the time goes."""
     return run_stats.stats(session, run_id=run_id)
+
+
+@router.get("/{run_id}/staleness", response_model=RunStaleness)
+def show_run_staleness(run_id: RunId, session: SessionDep) -> dict[str, Any]:
+    """Dropped groups by reason, the trained tokens' version lags and masked fraction, and the trained
+    tasks' mean episode seconds beside the dispatched ones' (the length-bias check)."""
+    return run_staleness.staleness(session, run_id=run_id)
 
 
 @router.get("/{run_id}/grading", response_model=RunGrading)

@@ -38,6 +38,10 @@ class GroupSummary(BaseModel):
     policy_version: int
     status: GroupStatus
     consumed_step: int | None
+    drop_reason: str | None = None
+    """Why the trainer dropped it (core.termination.DropReason)."""
+    dropped_step: int | None = None
+    """The trainer's version when it dropped it."""
     created_at: datetime
     rewarded: int
     """Episodes with a reward so far."""

@@ -150,6 +150,35 @@ class RegradedStep(BaseModel):
     """Σ (re-graded − trained-on reward) over those episodes."""
 
 
+class TokenLagBin(BaseModel):
+    lag: int
+    """Versions behind the trained policy."""
+    tokens: int
+
+
+class RunStaleness(BaseModel):
+    """Why groups were not trained on, how far behind the trained tokens were, and the length-bias check."""
+
+    max_staleness: int
+    """The admission bound η."""
+    max_token_staleness: int
+    """A sampled token lagging more than this had no loss weight."""
+    dropped: dict[str, int]
+    """Dropped groups by reason (core.termination.DropReason; `unknown` before the reason was stored)."""
+    token_lags: list[TokenLagBin]
+    """The trained samples' sampled tokens by version lag, over every training step."""
+    masked_token_frac: float | None
+    """Of those tokens, the fraction the staleness mask took the loss weight from."""
+    max_weighted_lag: int | None
+    """The largest lag of a token that carried loss weight (≤ max_token_staleness)."""
+    trained_episode_s: float | None
+    """Mean seconds of the trained groups' episodes (the run's latest 2048 groups)."""
+    dispatched_episode_s: float | None
+    """Mean seconds of every ended episode there: equal to the above when no length is favoured."""
+    trained_episodes: int
+    ended_episodes: int
+
+
 class RunGrading(BaseModel):
     """How the run's hidden tests were graded, and what re-grading found."""
 

@@ -26,7 +26,8 @@ PREVIEW_CHARS = 240
 GROUP_COLUMNS = (
     EpisodeGroup.id, EpisodeGroup.run_id, EpisodeGroup.group_index, EpisodeGroup.task_id,
     EpisodeGroup.environment_id, EpisodeGroup.size, EpisodeGroup.policy_version, EpisodeGroup.status,
-    EpisodeGroup.consumed_step, EpisodeGroup.created_at, Environment.name.label("environment"),
+    EpisodeGroup.consumed_step, EpisodeGroup.drop_reason, EpisodeGroup.dropped_step, EpisodeGroup.created_at,
+    Environment.name.label("environment"),
 )
 
 

@@ -46,13 +46,17 @@ def _training_time(session: Session, *, run_id: int) -> dict[str, float]:
 
 
 def _ended_rows(run_id: int, *, current_version: int, keys: list[str]) -> Any:
-    """Each ended episode of the window reduced to its staleness, finish minute, tokens and timing seconds.
+    """Each ended episode of the window reduced to its staleness (the version that trained it, or would
+    train it now, minus its oldest turn's: what the trainer's lag counts for its oldest token), finish
+    minute, tokens and timing seconds.
     The window's groups come first with the version that trained on each (at most WINDOW_GROUPS rows),
     then their episodes by the group_id index: no scan of the run's groups, no training-step lookup per
     episode."""
     window = _window()
     trainers = (
-        select(window.c.id, func.coalesce(TrainingStep.policy_version, current_version).label("version"))
+        # The weights a step trained are the version before the one it produced (training_steps.policy_version);
+        # a group not trained yet would be trained by the current version: the lag the trainer sees.
+        select(window.c.id, func.coalesce(TrainingStep.policy_version - 1, current_version).label("version"))
         .outerjoin(TrainingStep, and_(TrainingStep.run_id == run_id, TrainingStep.step == window.c.consumed_step))
         .cte("trainers").prefix_with("MATERIALIZED")
     )

@@ -49,6 +49,12 @@ class Task(Base):
     pass_rate: Mapped[float | None] = mapped_column(Float)
     pass_rate_samples: Mapped[int] = mapped_column(Integer, default=0)
     pass_rate_policy_version: Mapped[int | None]
+    pass_rate_rule: Mapped[dict[str, Any] | None]
+    """The core.schemas.run.SuccessRule the pass rate was measured with (the pass-rate job's); the
+    trainer's online update counts passes by it. None: never measured by a job."""
+    episode_seconds: Mapped[float | None] = mapped_column(Float)
+    """An exponential average of its episodes' seconds, moved by the trainer with the pass rate (one
+    update per examined group): what `dispatch_order: longest_first` sorts by. None: not measured."""
     difficulty: Mapped[str | None] = mapped_column(String(16))
     """Curriculum bucket: easy, medium or hard (from the pass rate)."""
     created_at: Mapped[datetime] = created_at_column()

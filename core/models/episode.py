@@ -48,6 +48,10 @@ class EpisodeGroup(Base):
     status: Mapped[str] = mapped_column(String(16), default=GroupStatus.RUNNING)
     """core.termination.GroupStatus: running → complete (all samples ended) → consumed or dropped."""
     consumed_step: Mapped[int | None] = mapped_column(Integer)
+    drop_reason: Mapped[str | None] = mapped_column(String(32))
+    """core.termination.DropReason, when the trainer dropped it (None before migration 0011)."""
+    dropped_step: Mapped[int | None] = mapped_column(Integer)
+    """The trainer's step when it dropped the group: the version it was at (0 before the first update)."""
     created_at: Mapped[datetime] = created_at_column()
 
 
@@ -84,8 +88,8 @@ class Episode(Base):
     reward_components: Mapped[dict[str, Any]] = mapped_column(default=dict)
     """Every verifier layer's score by name, e.g. {"format": 1.0, "public_tests": 0.5}."""
     policy_version: Mapped[int | None] = mapped_column(Integer)
-    """The behaviour version: the oldest weight version any of its turns may have been sampled with
-    (the lowest turn start version). Staleness is measured from it."""
+    """The oldest weight version any of its turns may have been sampled with (the lowest turn start
+    version): what the dashboard shows. The trainer measures staleness per token (turns.version_runs)."""
     policy_version_last: Mapped[int | None] = mapped_column(Integer)
     """The newest weight version any of its turns may have been sampled with (highest end version)."""
     advantage: Mapped[float | None] = mapped_column(Float)
@@ -160,6 +164,11 @@ class Turn(Base):
     reports one, else the version when the request was sent. None: the server reported no version."""
     weight_version_end: Mapped[int | None] = mapped_column(Integer)
     """The newest weight version that sampled a token of it (else the version once it returned)."""
+    version_runs: Mapped[list[int] | None] = mapped_column(ARRAY(Integer))
+    """The version of every sampled token, run-length encoded over the completion: [v₀, n₀, v₁, n₁, …],
+    Σn = the completion's length (core/token_versions.py). From vLLM's per-token spans; where the server
+    reports none, every token carries the version when the request was sent. None: stored before
+    migration 0011, or no version reported."""
     replica: Mapped[str | None] = mapped_column(Text)
     """The policy replica (its URL, without credentials) that sampled it; None: a lone policy client."""
     finish_reason: Mapped[str | None] = mapped_column(String(32))

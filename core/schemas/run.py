@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -24,6 +24,21 @@ Bucket = Literal["easy", "medium", "hard", "unknown"]
 BUCKETS: tuple[Bucket, ...] = ("easy", "medium", "hard", "unknown")
 
 
+class SuccessRule(BaseModel):
+    """When a rollout counts as a pass for a task's pass rate: its reward, or one named reward component
+    (e.g. `hidden_tests`, or a judge's layer), at or above `threshold`. The one rule the pass-rate job
+    measures with and the trainer's online update follows (the job records it on each task)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    threshold: float = Field(default=1.0, ge=-1e6, le=1e6)
+    component: str | None = Field(default=None, min_length=1, max_length=64)
+
+    def passed(self, reward: float | None, components: dict[str, Any] | None) -> bool:
+        score = (components or {}).get(self.component) if self.component else reward
+        return isinstance(score, int | float) and not isinstance(score, bool) and score >= self.threshold - 1e-9
+
+
 class Curriculum(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -34,6 +49,12 @@ class Curriculum(BaseModel):
     pass_rate_update: float = Field(default=0.2, ge=0.0, le=1.0)
     """Weight of each group the trainer examines in its task's pass rate (exponential moving average),
     so the band follows the current policy; 0 keeps the measured pass rates fixed."""
+    success: SuccessRule = Field(default_factory=SuccessRule)
+    """What counts as a pass in that update for a task the pass-rate job has not measured (a measured
+    task keeps the rule it was measured with: `tasks.pass_rate_rule`)."""
+    readmit_rate: float = Field(default=0.05, ge=0.0, le=0.5)
+    """Share of groups drawn from tasks outside the band, so that a task the policy stopped (or
+    started) solving is measured again and can come back; 0: never."""
 
     @model_validator(mode="after")
     def _band_is_ordered(self) -> Curriculum:
@@ -93,7 +114,20 @@ class RunConfig(BaseModel):
     mode: Literal["sync", "async"] = "async"
     """sync: dispatch a batch, wait for it to be trained on; async: keep generating within the staleness bound."""
     max_staleness: int = Field(default=1, ge=0, le=64)
-    """How many policy versions an episode's weights may lag the trainer's (async mode)."""
+    """The admission bound (async mode): groups are dispatched while dispatched − replaced ≤ (published
+    version + max_staleness + 1) × batch_size (controller/dispatch.py). Nothing is dropped for it."""
+    max_token_staleness: int | None = Field(default=None, ge=0, le=256)
+    """A sampled token whose version lags the trained one by more than this stays in the context with
+    no loss weight (trainer.selection); default 2 × the staleness bound. A sample past the hard cap
+    (a token more than 4 × the bound behind, or every token masked) is dropped as stale_cap."""
+    dispatch_order: Literal["picked", "longest_first"] = "picked"
+    """`longest_first`: the groups one controller pass dispatches (those the admission bound lets in
+    together, e.g. a batch's worth after each update) are sent longest-expected first (tasks.episode_seconds,
+    unmeasured tasks first of all), so that the slow tasks start early instead of closing the window."""
+    lag_wait_s: float = Field(default=300.0, ge=0.0, le=86400.0)
+    """How long the trainer waits for a group still running that its next step would leave past the hard
+    cap, 4 × the staleness bound (trainer.selection.may_step); past it, the step goes ahead and that group
+    may be dropped as stale_cap."""
     max_inflight_groups: int | None = Field(default=None, ge=1)
     """Cap on groups dispatched but not complete; default (max_staleness + 1) × batch_size."""
     max_groups: int | None = Field(default=None, ge=1)

@@ -5,12 +5,18 @@ k-1 (mask 0) followed by what the policy sampled (mask 1). Nothing is ever re-re
 
 The agent's time budget (`episode_timeout_s`) starts here, when the agent gets its first
 observation: leasing a sandbox and setting the task up are the platform's time, not the agent's.
-Each turn records the server's weight version before and after its request; a training run refuses
-a turn whose version is unknown (a restarted server not re-synced yet): an infrastructure fault.
+Each turn records the weight version of every token it sampled (`version_runs`, from the server's
+spans) and the oldest and newest of them. A label still provisional ("N-unverified": the trainer's
+probe is running) is settled by asking the server again, for at most `settle_timeout_s`: verified,
+the turn is kept as version N; failed (the server rolled back), the completion is thrown away and the
+turn sampled again from the same context, so nothing sampled by rejected weights is ever stored. A
+training run refuses a turn whose version stays unknown (a restarted server not re-synced yet, a
+probe that never settles): an infrastructure fault, the episode retried.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +24,8 @@ from typing import Any
 from core.errors import CrucibleError
 from core.schemas.run import Sampling
 from core.termination import TerminationReason
-from core.versions import parse_label
+from core.token_versions import from_spans
+from core.versions import LabelState, Settled, settle
 from environments.base import EnvironmentKind, Sandbox, ToolResult
 from environments.parsing import PARSERS, MalformedToolCall
 from environments.spec import Limits
@@ -28,6 +35,7 @@ from task_workers.policy.chat import observation_frame
 from task_workers.policy.client import Completion, ContextOverflow, PolicyClient, PolicyError
 from task_workers.policy.pool import EpisodePolicy
 
+logger = logging.getLogger(__name__)
 NO_TOOL_CALL = "No tool call found. Call exactly one tool as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>."
 
 
@@ -42,6 +50,12 @@ class LoopContext:
     tool_parser: str = "hermes"
     require_version: bool = False
     """A training run: every turn must carry a known weight version (staleness is measured from it)."""
+    settle_timeout_s: float = 120.0
+    """How long a turn sampled under provisional weights waits for their probe to decide."""
+    settle_poll_s: float = 0.25
+    resamples: int = 2
+    """How many times a turn sampled by weights whose probe failed is sampled again before the
+    episode is given up as an infrastructure fault."""
 
 
 def cap_text(text: str, limit: int) -> str:
@@ -52,20 +66,80 @@ def cap_text(text: str, limit: int) -> str:
     return f"{text[:half]}\n[... {len(text) - 2 * half} characters truncated ...]\n{text[-half:]}"
 
 
-def _versions(ctx: LoopContext, completion: Completion) -> tuple[int | None, int | None]:
-    """(oldest, newest) version that sampled the completion. Every label must name verified weights in
-    a training run: "default" is a restarted server not re-synced yet, "N-unverified" weights whose
-    probe failed or is still running; either way the turn is an infrastructure fault, retried."""
-    versions = [parse_label(label, now=completion.version_after) for label in completion.versions]
+@dataclass(frozen=True)
+class _Versions:
+    start: int | None
+    end: int | None
+    runs: list[int] | None
+    """Per sampled token, run-length encoded (core/token_versions.py); None when not known."""
+
+
+class _RejectedWeights(Exception):
+    """The completion was sampled (at least in part) by weights whose probe failed."""
+
+
+def _settled(ctx: LoopContext, completion: Completion) -> list[Settled]:
+    """Every label of the completion (its spans', then the bracket's) settled, polling the server while
+    one is pending, for at most `settle_timeout_s` (a training run's only)."""
+    labels = [label for label, _, _ in completion.spans] + list(completion.versions)
+    now = completion.version_after
+    if not ctx.require_version:  # nothing trains on it: the labels are only shown, as they are now
+        return [settle(label, now=now) for label in labels]
+    deadline = time.monotonic() + ctx.settle_timeout_s
+    while True:
+        states = [settle(label, now=now) for label in labels]
+        if any(state.state is LabelState.FAILED for state in states):
+            raise _RejectedWeights(" → ".join(repr(label) for label in completion.versions))
+        if not any(state.state is LabelState.PENDING for state in states) or time.monotonic() >= deadline:
+            return states
+        time.sleep(ctx.settle_poll_s)
+        try:
+            now = ctx.policy.weight_version()
+        except PolicyError as error:
+            raise PolicyFault(str(error)) from error
+
+
+def _versions(ctx: LoopContext, completion: Completion) -> _Versions:
+    """The versions that sampled the completion. Every label must name verified weights in a training
+    run: "default" is a restarted server not re-synced yet, a pending "N-unverified" a probe that did
+    not decide in time; either way the turn is an infrastructure fault, retried."""
+    states = _settled(ctx, completion)
     labels = " → ".join(repr(label) for label in completion.versions)
-    if ctx.require_version and (not versions or None in versions):
+    if ctx.require_version and (not states or any(state.version is None for state in states)):
         raise PolicyFault(f"the policy server reported weight versions {labels} (now {completion.version_after!r}); "
                           "expected the run's verified integer versions (a restarted server serves again once the "
-                          "trainer has re-synced it)")
-    known = [v for v in versions if v is not None]
+                          "trainer has re-synced it; provisional weights once their probe has passed)")
+    span_states, bracket = states[:len(completion.spans)], states[len(completion.spans):]
+    known = [state.version for state in bracket if state.version is not None]
     if known != sorted(known):
         raise PolicyFault(f"the policy server's weight version went back during a request: {labels}")
-    return (known[0], known[-1]) if known else (None, None)
+    runs = None
+    if completion.spans and all(state.version is not None for state in span_states):
+        spans = [(int(state.version), start, end)  # type: ignore[arg-type]  # checked just above
+                 for (_, start, end), state in zip(completion.spans, span_states, strict=True)]
+        try:  # the spans must cover the completion exactly, their versions never going back
+            runs = from_spans(spans, length=len(completion.token_ids))
+        except ValueError as error:
+            raise PolicyFault(f"the policy server's weight versions {labels} cannot be trusted: {error}") from None
+    return _Versions(known[0] if known else None, known[-1] if known else None, runs)
+
+
+def _sample(ctx: LoopContext, tokens: list[int], trajectory: Trajectory) -> tuple[Completion, _Versions] | TerminationReason:
+    """A completion and its settled versions; sampled again (up to `resamples` times) when weights
+    whose probe failed sampled it, so that it is never stored."""
+    for attempt in range(ctx.resamples + 1):
+        completion = _generate(ctx, tokens)
+        if isinstance(completion, TerminationReason):
+            return completion
+        trajectory.timings["generation"] += completion.seconds
+        try:
+            return completion, _versions(ctx, completion)
+        except _RejectedWeights as rejected:
+            logger.warning("a turn was sampled by weights whose probe failed (%s): sampled again", rejected)
+            if attempt == ctx.resamples:
+                raise PolicyFault(f"the turn was sampled {attempt + 1} times by weights whose probe failed "
+                                  f"({rejected}); expected verified weights") from None
+    raise AssertionError("unreachable")
 
 
 def _generate(ctx: LoopContext, tokens: list[int]) -> Completion | TerminationReason:
@@ -107,12 +181,11 @@ def run_agent_loop(ctx: LoopContext, *, prompt_ids: list[int]) -> Trajectory:
         if time.monotonic() > deadline:
             trajectory.termination = TerminationReason.EPISODE_TIMEOUT
             return trajectory
-        completion = _generate(ctx, tokens)
-        if isinstance(completion, TerminationReason):
-            trajectory.termination = completion
+        sampled = _sample(ctx, tokens, trajectory)
+        if isinstance(sampled, TerminationReason):
+            trajectory.termination = sampled
             return trajectory
-        trajectory.timings["generation"] += completion.seconds
-        version_start, version_end = _versions(ctx, completion)
+        completion, versions = sampled
         started = time.monotonic()
         result, call, format_error = _act(ctx, completion)
         trajectory.timings["sandbox"] += time.monotonic() - started
@@ -122,7 +195,8 @@ def run_agent_loop(ctx: LoopContext, *, prompt_ids: list[int]) -> Trajectory:
             logprobs=[0.0] * len(pending_env) + completion.logprobs,
             loss_mask=[0] * len(pending_env) + [1] * len(completion.token_ids), prompt_length=len(pending_env),
             completion_text=completion.text, finish_reason=completion.finish_reason,
-            generation_s=completion.seconds, weight_version=version_start, weight_version_end=version_end,
+            generation_s=completion.seconds, weight_version=versions.start, weight_version_end=versions.end,
+            version_runs=versions.runs,
             tool_call=call, observation=observation, tool_output_full=cap_text(result.output, 65536),
             exit_code=result.exit_code, tool_status=result.status, duration_s=result.duration_s,
             truncated=result.truncated_bytes > 0 or observation != result.observation,

@@ -70,7 +70,7 @@ def store_episode(
     episode.verifier_layers = _layers(verdict)
     episode.final_diff = verdict.diff if verdict else None
     episode.flags = list(verdict.flags) if verdict else []
-    # The behaviour version is the oldest weights any turn may have used (staleness counts from it).
+    # The oldest and newest weights any turn used (shown per episode; staleness is per token, on the turns).
     oldest, newest = trajectory.behaviour_version, trajectory.newest_version
     episode.policy_version = oldest if oldest is not None else episode.policy_version
     episode.policy_version_last = newest if newest is not None else episode.policy_version

@@ -19,9 +19,11 @@ class TurnRecord:
     finish_reason: str | None
     generation_s: float
     weight_version: int | None
-    """The server's weight version when the request started (None: not reported)."""
+    """The oldest weight version that sampled a token of it (None: not reported)."""
     weight_version_end: int | None
-    """The server's weight version when the completion returned."""
+    """The newest weight version that sampled a token of it."""
+    version_runs: list[int] | None = None
+    """The version of every sampled token, run-length encoded (core/token_versions.py)."""
     tool_call: dict[str, Any] | None = None
     observation: str | None = None
     tool_output_full: str | None = None
@@ -59,7 +61,8 @@ class Trajectory:
 
     @property
     def behaviour_version(self) -> int | None:
-        """The oldest version any turn may have been sampled with: staleness is measured from it."""
+        """The oldest version any turn may have been sampled with (the trainer measures staleness per
+        token, from each turn's version_runs)."""
         starts = [turn.weight_version for turn in self.turns if turn.weight_version is not None]
         return min(starts) if starts else None
 

@@ -10,9 +10,11 @@ neutral penalties unless the run says otherwise), so no server or model default 
 distribution the trainer reproduces.
 
 Weight versions: vLLM's token-in/token-out route (`/inference/v1/generate`, served with
-`--enable-scale-out`) labels every span of output tokens with the weight version that sampled it;
-the client uses it when the server has it. Elsewhere (`/v1/completions`) the version is read before
-the request and after it: the turn was sampled by weights between the two.
+`--enable-scale-out`) labels every span of output tokens with the weight version that sampled it
+(`[start, end)` over the output); the client keeps the spans when the server has them. Elsewhere
+(`/v1/completions`) the version is read before the request and after it: the turn was sampled by
+weights between the two, and every token is labelled with the one read before (the oldest that can
+have sampled it; a sync during such a request is seen, `versions` differ, but not where it fell).
 
 Environment text is tokenized with special tokens split: a tool that prints `<|im_end|>` adds
 plain-text tokens, never a control token that would end the tool message.
@@ -63,6 +65,10 @@ class Completion:
     seconds: float
     replica: str | None = None
     """The pool replica that sampled it (task_workers/policy/pool.py); None from a lone client."""
+    spans: tuple[tuple[str | None, int, int], ...] = ()
+    """(label, start, end): output tokens [start, end) were sampled by weights labelled `label`. From
+    vLLM's spans where it reports them; else one span over the whole output, labelled with the version
+    read before the request. Empty for an empty output."""
 
     @property
     def version_start(self) -> str | None:
@@ -168,8 +174,9 @@ class PolicyClient:
         version_end = self.weight_version()
         choice = data["choices"][0]
         logprobs = [float(x) for x in (choice.get("logprobs") or {}).get("token_logprobs") or []]
+        count = len(choice.get("token_ids") or [])
         return _completion(choice, logprobs, versions=(version_start, version_end), after=version_end,
-                           started=started)
+                           started=started, spans=((version_start, 0, count),) if count else ())
 
     def _generate(self, prompt_ids: list[int], params: dict[str, Any], *, started: float) -> Completion | None:
         """vLLM's token-in/token-out route with per-token weight-version spans; None where the server
@@ -183,10 +190,15 @@ class PolicyClient:
         self._generate_route = True
         choice = data["choices"][0]
         logprobs = [float(entry["logprob"]) for entry in (choice.get("logprobs") or {}).get("content") or []]
-        spans = choice.get("weight_versions") or []
+        try:
+            spans = tuple((str(span["version"]), int(span["start"]), int(span["end"]))
+                          for span in choice.get("weight_versions") or [])
+        except (KeyError, TypeError, ValueError) as error:
+            raise PolicyError(f"the server's weight-version spans are malformed: {error!r}, got "
+                              f"{str(choice.get('weight_versions'))[:300]}") from error
         after = self.weight_version()
-        versions = tuple(str(span["version"]) for span in spans) or (after,)  # none: an empty output
-        return _completion(choice, logprobs, versions=versions, after=after, started=started)
+        versions = tuple(label for label, _, _ in spans) or (after,)  # none: an empty output
+        return _completion(choice, logprobs, versions=versions, after=after, started=started, spans=spans)
 
     def _request(self, method: str, path: str, *, json: Any = None, retry: bool = True, missing_ok: bool = False
                  ) -> Any:
@@ -216,13 +228,13 @@ class PolicyClient:
 
 
 def _completion(choice: dict[str, Any], logprobs: list[float], *, versions: tuple[str | None, ...],
-                after: str | None, started: float) -> Completion:
+                after: str | None, started: float, spans: tuple[tuple[str | None, int, int], ...]) -> Completion:
     token_ids = list(choice.get("token_ids") or [])
     if len(logprobs) != len(token_ids):
         raise PolicyError(f"the server returned {len(token_ids)} token ids but {len(logprobs)} logprobs")
     return Completion(token_ids=token_ids, logprobs=logprobs, text=choice.get("text", ""),
                       finish_reason=choice.get("finish_reason"), versions=versions, version_after=after,
-                      seconds=time.monotonic() - started)
+                      seconds=time.monotonic() - started, spans=spans)
 
 
 def sampling_body(sampling: Sampling) -> dict[str, Any]:

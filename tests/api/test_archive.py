@@ -242,3 +242,19 @@ def test_an_archived_run_cannot_be_resumed(seeded: SeededRun, db_session: Sessio
     db_session.rollback()
     archive.restore_run(engine, seeded.run_id)
     assert resume_run(db_session, run_id=seeded.run_id).status in ("running", "pending")
+
+
+def test_an_archive_written_before_version_runs_existed_restores_them_as_null() -> None:
+    """Issue 23 added turns.version_runs: a Parquet file from before has no such column; the restore's
+    COPY gets NULL there (the trainer then labels the turn's tokens with its oldest version)."""
+    import pyarrow as pa
+
+    older = pa.schema([field for field in archive.SCHEMA if field.name != "version_runs"])
+    row = {field.name: None for field in older}
+    row.update(run_id=1, episode_id=2, index=0, token_ids=[5, 6], logprobs=[0.0, -1.0], loss_mask=[0, 1],
+               prompt_length=1, completion_text="x", truncated=False, truncated_bytes=0, weight_version=3)
+    batch = pa.RecordBatch.from_pylist([row], schema=older)
+    conformed = archive._conform(batch)
+    assert conformed.schema == archive.SCHEMA and conformed.column("version_runs").to_pylist() == [None]
+    assert conformed.column("weight_version").to_pylist() == [3]
+    assert b"{5,6}" in archive._csv(conformed)

@@ -103,8 +103,10 @@ def test_metrics_fall_back_to_policy_versions_before_any_training(
 
 def test_stats_staleness_throughput_and_time_split(client: TestClient, seeded: SeededRun) -> None:
     stats = client.get(f"/v1/runs/{seeded.run_id}/stats").json()
-    # trained at step 1 (trainer at version 1) from version 0 → 1; untrained: current version 2 − 0 or − 1
-    assert stats["staleness"] == [{"staleness": 1, "episodes": 6}, {"staleness": 2, "episodes": 4}]
+    # trained at step 1 (the weights of version 0, which it turned into 1) from version 0 → 0; untrained:
+    # the current version 2 would train them, − 0 or − 1
+    assert stats["staleness"] == [{"staleness": 0, "episodes": 4}, {"staleness": 1, "episodes": 2},
+                                  {"staleness": 2, "episodes": 4}]
     assert [point["episodes"] for point in stats["throughput"]] == [4, 4, 2]
     # training time: the steps that trained on the window's groups (step 1, 3 s; step 2 trained on none)
     assert stats["time_split"] == {"generation": 15.0, "sandbox": 20.0, "verify": 5.0, "training/train": 3.0}
@@ -118,3 +120,38 @@ def test_stats_cover_a_window_of_the_latest_groups(
     assert stats["staleness"] == [{"staleness": 1, "episodes": 2}]  # the running group: 2 ended rollouts
     assert stats["time_split"]["generation"] == 3.0
     assert "training/train" not in stats["time_split"]  # no step has trained on the running group yet
+
+
+def test_staleness_names_why_groups_were_dropped_and_how_far_behind_training_was(
+    client: TestClient, db_session: Session, seeded: SeededRun,
+) -> None:
+    """Issue 23: every dropped group's reason (one dropped before reasons were stored: `unknown`), the
+    trained tokens' lags summed over the steps, the masked fraction, and the length-bias check; hostile
+    metric values (a non-numeric lag key, a string count) are skipped, not a 500."""
+    from core.models import TrainingStep
+
+    _, complete, _ = seeded.group_ids
+    db_session.execute(update(EpisodeGroup).where(EpisodeGroup.id == complete)
+                       .values(status="dropped", drop_reason="zero_variance", dropped_step=1))
+    db_session.add(EpisodeGroup(run_id=seeded.run_id, group_index=9, task_id=db_session.get(EpisodeGroup, complete)
+                                .task_id, environment_id=seeded.environment_ids[0], size=4, policy_version=0,
+                                status="dropped"))
+    steps = {s.step: s for s in db_session.query(TrainingStep).filter(TrainingStep.run_id == seeded.run_id)}
+    steps[1].metrics = {**steps[1].metrics, "policy/token_lag/hist/0": 30, "policy/token_lag/hist/5": 10,
+                        "policy/token_lag/masked_frac": 0.25, "batch/sampled_tokens": 40,
+                        "policy/token_lag/max_weighted": 4, "policy/token_lag/hist/abc": 7}
+    steps[2].metrics = {**steps[2].metrics, "policy/token_lag/hist/0": "many", "policy/token_lag/masked_frac": 0.5,
+                        "batch/sampled_tokens": "lots"}
+    db_session.commit()
+    found = client.get(f"/v1/runs/{seeded.run_id}/staleness").json()
+    assert found["dropped"] == {"unknown": 1, "zero_variance": 1}
+    assert found["token_lags"] == [{"lag": 0, "tokens": 30}, {"lag": 5, "tokens": 10}]
+    assert found["masked_token_frac"] == pytest.approx(0.25) and found["max_weighted_lag"] == 4
+    assert found["trained_episode_s"] == pytest.approx(5.0) and found["dispatched_episode_s"] == pytest.approx(5.0)
+    assert (found["max_staleness"], found["max_token_staleness"]) == (1, 2)
+    assert client.get("/v1/runs/999999/staleness").status_code == 404
+    page = client.get(f"/runs/{seeded.run_id}")  # the dashboard's run page: its Staleness section
+    assert page.status_code == 200 and 'id="drop-reasons"' in page.text and "zero_variance <b>1</b>" in page.text
+    assert 'id="masked-frac">25.00%' in page.text
+    group_page = client.get(f"/groups/{complete}").text
+    assert 'id="drop-reason">dropped: zero_variance' in group_page

@@ -50,6 +50,7 @@ def test_launch_ls_show_stop_resume_as_json(env: Environment, tmp_path: Path) ->
     assert (step["leader"], step["dispatched"]) == (True, {str(launched["id"]): 2})
     shown = _invoke("run", "show", str(launched["id"]), "-o", "json")
     assert (shown["status"], shown["groups"], shown["episodes"]) == ("running", {"running": 2}, {"pending": 8})
+    assert shown["dropped_by_reason"] == {} and shown["config"]["max_token_staleness"] == 0  # sync: 2 × 0
     assert _invoke("run", "stop", str(launched["id"]), "-o", "json")["status"] == "stopped"
     assert [r["id"] for r in _invoke("run", "ls", "--status", "stopped", "-o", "json")] == [launched["id"]]
     assert _invoke("run", "resume", str(launched["id"]), "-o", "json")["status"] == "running"

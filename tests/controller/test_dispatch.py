@@ -161,3 +161,30 @@ def test_groups_the_trainer_dropped_are_replaced_within_the_version_bound(db_ses
     db_session.commit()
     again = dispatch_run(db_session, run_id=run.id, dispatcher=dispatcher, settings=ControllerConfig())
     assert len(again.group_ids) == 1  # the dropped group is replaced, nothing more
+
+
+def test_longest_first_sends_the_slow_tasks_of_a_pass_first(
+    db_session: Session, recorder: RecordingDispatcher, settings: ControllerConfig
+) -> None:
+    """Issue 23: the groups one pass may dispatch are sent longest-expected first (an unmeasured task
+    first of all); group indexes, hence consumption order, stay the pick order."""
+    env = f.environment(db_session)
+    tasks = f.tasks(db_session, env, 4)
+    for task, seconds in zip(tasks, [1.0, 30.0, None, 5.0], strict=True):
+        task.episode_seconds = seconds
+    db_session.commit()
+    run = f.launch(db_session, env, mode="async", max_staleness=1, batch_size=2, group_size=1,
+                   dispatch_order="longest_first", curriculum={"readmit_rate": 0})
+    created = _dispatch(db_session, run.id, recorder, settings)
+    assert len(created) == 4  # (0 + 1 + 1) × 2
+    task_of = {e.id: e.task_id for e in f.episodes(db_session, run.id)}
+    seconds = {t.id: t.episode_seconds for t in tasks}
+    sent = [seconds[task_of[episode_id]] for episode_id in recorder.episode_ids]
+    assert sent == [None, 30.0, 5.0, 1.0]
+    assert [g.group_index for g in f.groups(db_session, run.id)] == [0, 1, 2, 3]
+    plain = f.launch(db_session, env, mode="async", max_staleness=1, batch_size=2, group_size=1)
+    before = len(recorder.episode_ids)
+    _dispatch(db_session, plain.id, recorder, settings)
+    plain_task_of = {e.id: e.task_id for e in f.episodes(db_session, plain.id)}
+    order = [g.task_id for g in f.groups(db_session, plain.id)]
+    assert [plain_task_of[e] for e in recorder.episode_ids[before:]] == order  # pick order, as before

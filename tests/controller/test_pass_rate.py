@@ -73,10 +73,11 @@ def test_a_job_samples_every_task_of_the_split_once_and_records_rates(
     assert rows == {easy.id: (0.75, 4, 0, "easy"), medium.id: (pytest.approx(1 / 3), 3, 0, "medium"),
                     hard.id: (0.0, 4, 0, "hard")}
 
-    training = f.launch(db_session, env, curriculum={"pass_rate_band": [0.1, 0.9]})
+    training = f.launch(db_session, env, curriculum={"pass_rate_band": [0.1, 0.9], "readmit_rate": 0})
     config = stored_run_config(training)
     picked = {pick_task(db_session, run_id=training.id, config=config, group_index=i).task_id for i in range(20)}
-    assert picked == {easy.id, medium.id}  # hard (0.0) is outside the band
+    assert picked == {easy.id, medium.id}  # hard (0.0) is outside the band (and readmission is off)
+    assert {t.pass_rate_rule["threshold"] for t in (easy, medium, hard)} == {1.0}  # type: ignore[index]
 
 
 def test_success_by_component_and_custom_buckets(db_session: Session, controller: Controller) -> None:

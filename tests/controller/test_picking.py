@@ -43,8 +43,22 @@ def test_split_and_pass_rate_band_exclude_tasks(db_session: Session) -> None:
     f.tasks(db_session, env, 1, pass_rate=0.05, difficulty="hard")  # below the band
     f.tasks(db_session, env, 1, pass_rate=0.95, difficulty="easy")  # above it
     f.tasks(db_session, env, 1, split="test")
-    run = f.launch(db_session, env, curriculum={"pass_rate_band": [0.1, 0.9]})
+    run = f.launch(db_session, env, curriculum={"pass_rate_band": [0.1, 0.9], "readmit_rate": 0})
     assert {task_id for _, task_id, _ in _picks(db_session, run, 60)} == {inside.id, unmeasured.id}
+
+
+def test_tasks_outside_the_band_are_readmitted_at_a_small_rate_to_be_measured_again(db_session: Session) -> None:
+    """Without readmission a task the policy stopped solving (or always solves) leaves the band for good:
+    its pass rate is only updated from groups the trainer examines, and it is never drawn again."""
+    env = f.environment(db_session)
+    f.tasks(db_session, env, 3, pass_rate=0.5, difficulty="medium")
+    outside = {t.id for t in f.tasks(db_session, env, 2, pass_rate=0.0, difficulty="hard")}
+    run = f.launch(db_session, env, curriculum={"pass_rate_band": [0.1, 0.9], "readmit_rate": 0.1})
+    picks = _picks(db_session, run, 400)
+    readmitted = [task_id for _, task_id, bucket in picks if bucket == "readmitted"]
+    assert 20 <= len(readmitted) <= 60 and set(readmitted) == outside  # about 40 of 400, both re-measured
+    assert all(task_id not in outside for _, task_id, bucket in picks if bucket != "readmitted")
+    assert picks == _picks(db_session, run, 400)  # deterministic, like every pick
 
 
 def test_buckets_are_drawn_by_weight_and_zero_weight_buckets_never(db_session: Session) -> None:

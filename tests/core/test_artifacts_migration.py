@@ -3,13 +3,11 @@ touching what was there."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from sqlalchemy import create_engine, func, insert, pool, select
 from sqlalchemy.orm import Session
 
 from core import migrate
-from core.models import Episode, EpisodeArtifact, Run, Turn
+from core.models import Episode, EpisodeArtifact, EpisodeGroup, Run, Task, Turn
 from core.store import insert_episode
 from tests import factories
 from tests.support.browser_episode import browser_trajectory, png
@@ -18,16 +16,20 @@ from tests.support.browser_episode import browser_trajectory, png
 def _populate(session: Session) -> int:
     """A run with a completed episode and its turns, written at revision 0005 (no artifacts table yet)."""
     env = factories.environment(session, kind="browser")
-    the_task = factories.task(session, env)
-    run_id = session.execute(insert(Run).values(  # only the columns revision 0005 has (0008 adds to runs)
+    # Only the columns revision 0005 has: 0008 adds to runs, 0011 to tasks, groups and turns.
+    task_id = session.execute(insert(Task).values(environment_name=env.name, external_id="t", instruction="x",
+                                                  payload={}).returning(Task.id)).scalar_one()
+    run_id = session.execute(insert(Run).values(
         name="populated", model="tiny", group_size=1, batch_size=1, config={}).returning(Run.id)).scalar_one()
-    the_run = SimpleNamespace(id=run_id, group_size=1)
-    group = factories.group(session, env=env, task=the_task, run=the_run, group_index=0)
-    episode_id, _ = insert_episode(session, run_id=the_run.id, group_id=group.id, sample_index=0,
-                                   task_id=the_task.id, environment_id=env.id, status="completed", num_turns=2)
+    group_id = session.execute(insert(EpisodeGroup).values(
+        run_id=run_id, group_index=0, task_id=task_id, environment_id=env.id, size=1, policy_version=0,
+        status="running").returning(EpisodeGroup.id)).scalar_one()
+    episode_id, _ = insert_episode(session, run_id=run_id, group_id=group_id, sample_index=0,
+                                   task_id=task_id, environment_id=env.id, status="completed", num_turns=2)
     for turn in browser_trajectory().turns:
-        columns = {name: value for name, value in vars(turn).items() if name != "replica"}  # added by 0007
-        session.execute(insert(Turn).values(run_id=the_run.id, episode_id=episode_id, **columns))
+        columns = {name: value for name, value in vars(turn).items()
+                   if name not in ("replica", "version_runs")}  # added by 0007 and 0011
+        session.execute(insert(Turn).values(run_id=run_id, episode_id=episode_id, **columns))
     session.commit()
     return episode_id
 

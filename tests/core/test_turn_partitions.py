@@ -81,6 +81,8 @@ def test_0008_partitions_a_populated_store_without_copying_and_downgrades(scratc
     # A finished run from before partitioning archives out of turns_legacy and restores into it (with the
     # code of the head revision, which records the archive's hash on the run).
     migrate.upgrade("head", url=_sqlalchemy(scratch))
+    with psycopg.connect(scratch) as conn:  # later revisions add columns (0011: version_runs), all NULL here
+        at_head = conn.execute(CHECKSUM).fetchone()
     engine = create_engine(_sqlalchemy(scratch), poolclass=pool.NullPool)
     try:
         report = archive.archive_run(engine, old_runs[1], root=tmp_path)
@@ -92,7 +94,7 @@ def test_0008_partitions_a_populated_store_without_copying_and_downgrades(scratc
     finally:
         engine.dispose()
     with psycopg.connect(scratch) as conn:
-        assert conn.execute(CHECKSUM).fetchone() == after
+        assert conn.execute(CHECKSUM).fetchone() == at_head  # the restore gives back every row as it was
         assert _partition_of(conn, old_runs[1]) == {"turns_legacy"}
 
     migrate.downgrade("0007", url=_sqlalchemy(scratch))
@@ -103,7 +105,7 @@ def test_0008_partitions_a_populated_store_without_copying_and_downgrades(scratc
                             ).fetchone()[0] == 0
     migrate.upgrade("head", url=_sqlalchemy(scratch))
     with psycopg.connect(scratch) as conn:
-        assert conn.execute(CHECKSUM).fetchone() == after
+        assert conn.execute(CHECKSUM).fetchone() == at_head
 
 
 def test_every_run_gets_its_partition_even_when_ids_come_round_again(db_session: Session) -> None:

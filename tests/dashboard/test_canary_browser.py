@@ -16,6 +16,7 @@ from tests.dashboard.test_cost_browser import _log_in
 from tests.trainer.rows import add_group, make_environment, make_run
 from trainer.config import LossConfig
 from trainer.metrics import CANARY_REWARDED, batch_metrics
+from trainer.selection import StalenessRule
 from trainer.step import generate
 from trainer.store import record_step
 
@@ -34,11 +35,11 @@ def _steps(session: Session, engine: Engine) -> tuple[int, list[float]]:
                         .values(reward_components={"hidden_tests": float(hacked)}))
         session.commit()
         with Session(engine) as step_session:
-            plan = generate(step_session, run_id=run.id, version=step - 1, max_staleness=4, batch_size=1,
+            plan = generate(step_session, run_id=run.id, version=step - 1, rule=StalenessRule.for_bound(4), batch_size=1,
                             loss=LossConfig())
             metrics = batch_metrics(plan)
             record_step(step_session, run_id=run.id, step=step, policy_version=step,
-                        consumed=[g.id for g in plan.groups], dropped=list(plan.dropped), metrics=metrics)
+                        consumed=[g.id for g in plan.groups], dropped=plan.dropped, metrics=metrics)
             step_session.commit()
         shown.append(metrics[CANARY_REWARDED])
     return run.id, shown

@@ -20,6 +20,7 @@ from tests.dashboard.conftest import screenshot
 from tests.trainer.rows import add_group, make_environment, make_run
 from trainer import metrics
 from trainer.loop import Trainer
+from trainer.selection import StalenessRule
 from trainer.step import generate
 from trainer.tiny_model import make_tiny_model
 
@@ -44,7 +45,7 @@ def test_the_group_page_shows_the_advantages_the_trainer_used(  # type: ignore[n
     db_session.commit()
     trainer = Trainer(run_id=run.id, publisher=None, checkpoint_root=tmp_path / "ck")  # type: ignore[arg-type]
     try:
-        plan = generate(db_session, run_id=run.id, version=0, max_staleness=1, batch_size=1,
+        plan = generate(db_session, run_id=run.id, version=0, rule=StalenessRule.for_bound(1), batch_size=1,
                         loss=trainer.config.loss)
         assert [group.id for group in plan.groups] == [trained.id]
         trainer._commit(db_session, plan, trainer._learn(plan, {}), {})

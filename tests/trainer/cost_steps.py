@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from core.models import Episode, TrainingStep
 from tests.trainer.rows import add_group, make_environment, make_run
 from trainer.loop import Trainer
+from trainer.selection import StalenessRule
 from trainer.step import generate
 
 
@@ -39,7 +40,7 @@ def train_steps(session: Session, *, model_dir: Path, tmp_path: Path, steps: int
     trainer = Trainer(run_id=run.id, publisher=None, checkpoint_root=tmp_path / "ck")  # type: ignore[arg-type]
     try:
         for step in range(steps):
-            plan = generate(session, run_id=run.id, version=step, max_staleness=steps, batch_size=1,
+            plan = generate(session, run_id=run.id, version=step, rule=StalenessRule.for_bound(steps), batch_size=1,
                             loss=trainer.config.loss)
             timings = {"generate": 0.0}  # one dict through the step, as train_one_step passes it
             trainer._commit(session, plan, trainer._learn(plan, timings), timings)

@@ -14,7 +14,7 @@ from tests.trainer.rows import add_group, make_environment, make_run
 from trainer.config import LossConfig
 from trainer.metrics import CANARY_EPISODES, CANARY_REWARD_MEAN, CANARY_REWARDED, batch_metrics
 from trainer.rollouts import load_groups
-from trainer.selection import plan_batch
+from trainer.selection import StalenessRule, plan_batch
 
 
 def test_a_canary_group_is_dropped_and_measured(db_session: Session) -> None:
@@ -29,7 +29,7 @@ def test_a_canary_group_is_dropped_and_measured(db_session: Session) -> None:
     db_session.commit()
     groups = load_groups(db_session, [ordinary, canary])
     assert [g.canary for g in groups] == [False, True]
-    plan = plan_batch(groups, current_version=0, max_staleness=1, batch_size=4, loss=LossConfig())
+    plan = plan_batch(groups, current_version=0, rule=StalenessRule.for_bound(1), batch_size=4, loss=LossConfig())
     assert [g.id for g in plan.groups] == [ordinary.id] and plan.dropped == {canary.id: "canary"}
     assert all(s.group_id != canary.id for s in plan.samples + plan.scored)  # never trained on, nor in rewards
     metrics = batch_metrics(plan)
@@ -42,6 +42,6 @@ def test_a_step_without_canaries_reports_none(db_session: Session) -> None:
     env, task = make_environment(db_session)
     group = add_group(db_session, run=run, env=env, task=task, rewards=[1.0, 0.0])
     db_session.commit()
-    plan = plan_batch(load_groups(db_session, [group]), current_version=0, max_staleness=1, batch_size=2,
+    plan = plan_batch(load_groups(db_session, [group]), current_version=0, rule=StalenessRule.for_bound(1), batch_size=2,
                       loss=LossConfig())
     assert CANARY_EPISODES not in batch_metrics(plan)

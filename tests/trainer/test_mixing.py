@@ -16,7 +16,7 @@ from tests.trainer.rows import add_group, make_run
 from trainer.advantages import assign_advantages, mix_layers, normalize_per_environment
 from trainer.config import LossConfig
 from trainer.rollouts import Group, Sample, load_groups
-from trainer.selection import plan_batch
+from trainer.selection import StalenessRule, plan_batch
 
 ALPHA = {"hidden_tests": 0.5, "judge": 0.5}
 # Per episode: (tests passed?, the judge's score on a 0–100 scale). The judge disagrees with the tests.
@@ -84,7 +84,7 @@ def test_a_group_whose_rewards_tie_but_whose_layers_differ_is_trained_when_mixed
         group = _groups(mix=mix)[0]
         for sample in group.samples:
             sample.reward = 1.0  # equal rewards, different layers
-        plan = plan_batch([group], current_version=0, max_staleness=1, batch_size=1, loss=LossConfig())
+        plan = plan_batch([group], current_version=0, rule=StalenessRule.for_bound(1), batch_size=1, loss=LossConfig())
         assert (group.id in plan.dropped) == dropped
 
 

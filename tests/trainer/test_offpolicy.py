@@ -32,9 +32,10 @@ from trainer.engine import TorchEngine
 from trainer.errors import NonFiniteStep, TrainerAlreadyRunning
 from trainer.loop import Trainer
 from trainer.lora import apply_lora
+from trainer.selection import StalenessRule
 from trainer.serving import VllmServer
 from trainer.step import generate
-from trainer.store import update_pass_rates
+from trainer.store import PassOutcome, update_pass_rates
 
 BASE = {"name": "r", "model": "m", "environments": [{"name": "e"}]}
 
@@ -182,7 +183,7 @@ def test_the_trainer_stores_the_advantages_it_used(
     db_session.commit()
     trainer = _trainer(run.id, tmp_path)
     try:
-        plan = generate(db_session, run_id=run.id, version=0, max_staleness=1, batch_size=1, loss=trainer.config.loss)
+        plan = generate(db_session, run_id=run.id, version=0, rule=StalenessRule.for_bound(1), batch_size=1, loss=trainer.config.loss)
         result = trainer._learn(plan, {})
         outcome = trainer._commit(db_session, plan, result, {})
     finally:
@@ -203,13 +204,13 @@ def test_pass_rates_follow_the_groups_the_trainer_examines(db_session: Session) 
     task.pass_rate, task.pass_rate_samples = 0.5, 8
     db_session.flush()
     rates = update_pass_rates(db_session, weight=0.2, outcomes=[
-        (task.id, 1.0, 3), (task.id, 1.0, 3), (task.id, 1.0, 4), (task.id, 1.0, 4),
-        (other.id, 0.0, 4), (other.id, 1.0, 4)])
+        PassOutcome(task.id, 1.0, {}, 3), PassOutcome(task.id, 1.0, {}, 3), PassOutcome(task.id, 1.0, {}, 4),
+        PassOutcome(task.id, 1.0, {}, 4), PassOutcome(other.id, 0.0, {}, 4), PassOutcome(other.id, 1.0, {}, 4)])
     assert rates == {task.id: pytest.approx(0.6), other.id: pytest.approx(0.5)}  # 0.8 · 0.5 + 0.2 · 1
     assert (task.pass_rate_samples, task.pass_rate_policy_version) == (12, 4)
     # A task the policy now always solves leaves the [0.1, 0.9] band after a few groups.
     for _ in range(8):
-        update_pass_rates(db_session, weight=0.2, outcomes=[(task.id, 1.0, 5)] * 4)
+        update_pass_rates(db_session, weight=0.2, outcomes=[PassOutcome(task.id, 1.0, {}, 5)] * 4)
     assert task.pass_rate is not None and task.pass_rate > 0.9
 
 

@@ -1,5 +1,5 @@
-"""Multi-rank training (issue 14): a 2-rank DeepSpeed ZeRO-3 step over gloo on CPU gives the loss and
-(within 1e-5) the updated weights of the 1-rank step on the same batch. Each side runs in its own
+"""Multi-rank training (issue 14): a 2-rank DeepSpeed ZeRO step over gloo on CPU, stage 3 and stage 2 (the
+default), gives the loss and (within 1e-5) the updated weights of the 1-rank step on the same batch. Each side runs in its own
 processes (a real process group over loopback), both from the same tiny model and the same samples."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _rank_main(rank: int, world: int, port: int, model_dir: str, out: str, optimizer: dict) -> None:
+def _rank_main(rank: int, world: int, port: int, model_dir: str, out: str, optimizer: dict, stage: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), DS_ACCELERATOR="cpu")
     torch.set_num_threads(1)
@@ -50,7 +50,7 @@ def _rank_main(rank: int, world: int, port: int, model_dir: str, out: str, optim
     from trainer.engine import make_engine
     from trainer.step import update
 
-    config = TrainerConfig.model_validate({"optimizer": {"lr": LR, **optimizer}, "deepspeed": {"stage": 3}})
+    config = TrainerConfig.model_validate({"optimizer": {"lr": LR, **optimizer}, "deepspeed": {"stage": stage}})
     engine = make_engine(model=AutoModelForCausalLM.from_pretrained(model_dir), config=config)
     assert (Ranks.current() is None) == (world == 1)
     results = [update(engine, _samples(), config=config) for _ in range(2)]
@@ -62,9 +62,9 @@ def _rank_main(rank: int, world: int, port: int, model_dir: str, out: str, optim
     leave()  # as the trainer's ranks end: exiting with the group up can abort in gloo's threads
 
 
-def _run(world: int, *, model_dir: Path, out: Path, optimizer: dict) -> dict:
-    mp.start_processes(_rank_main, args=(world, _free_port(), str(model_dir), str(out), optimizer), nprocs=world,
-                       start_method="spawn", join=True)
+def _run(world: int, *, model_dir: Path, out: Path, optimizer: dict, stage: int) -> dict:
+    mp.start_processes(_rank_main, args=(world, _free_port(), str(model_dir), str(out), optimizer, stage),
+                       nprocs=world, start_method="spawn", join=True)
     return torch.load(out, weights_only=False)
 
 
@@ -79,13 +79,16 @@ def test_share_gives_each_rank_every_wth_micro_batch_padded_to_the_busiest() -> 
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("optimizer", [
-    {"micro_batch_tokens": 64},  # one pass: 5 micro-batches, 3 on rank 0 and 2 (+1 padding) on rank 1
-    {"micro_batch_tokens": 64, "epochs": 2, "minibatches": 2},  # π_prox recomputed, 4 optimizer steps
-], ids=["one-pass", "two-epochs-two-minibatches"])
-def test_two_rank_zero3_step_matches_the_one_rank_step(tiny_model_dir: Path, tmp_path: Path, optimizer: dict) -> None:
-    one = _run(1, model_dir=tiny_model_dir, out=tmp_path / "one.pt", optimizer=optimizer)
-    two = _run(2, model_dir=tiny_model_dir, out=tmp_path / "two.pt", optimizer=optimizer)
+@pytest.mark.parametrize(("stage", "optimizer"), [
+    (3, {"micro_batch_tokens": 64}),  # one pass: 5 micro-batches, 3 on rank 0 and 2 (+1 padding) on rank 1
+    (3, {"micro_batch_tokens": 64, "epochs": 2, "minibatches": 2}),  # π_prox recomputed, 4 optimizer steps
+    (2, {"micro_batch_tokens": 64, "epochs": 2, "minibatches": 2}),  # the default stage: sharded optimizer state
+], ids=["zero3-one-pass", "zero3-two-epochs-two-minibatches", "zero2-two-epochs-two-minibatches"])
+def test_two_rank_zero_step_matches_the_one_rank_step(
+    tiny_model_dir: Path, tmp_path: Path, stage: int, optimizer: dict,
+) -> None:
+    one = _run(1, model_dir=tiny_model_dir, out=tmp_path / "one.pt", optimizer=optimizer, stage=stage)
+    two = _run(2, model_dir=tiny_model_dir, out=tmp_path / "two.pt", optimizer=optimizer, stage=stage)
     assert two["losses"] == pytest.approx(one["losses"], rel=1e-5, abs=1e-7)
     assert two["tokens"] == one["tokens"]  # every real token trained once, padding not counted
     # The gradient itself, not only Adam's scale-free step: the same norm before clipping.

@@ -34,13 +34,13 @@ def test_each_step_stores_the_point_of_exactly_its_consumed_groups(db_session: S
     db_session.commit()
     with Session(engine) as step_session:
         record_step(step_session, run_id=run.id, step=1, policy_version=1, consumed=[g.id for g in first],
-                    dropped=[], metrics={"loss/policy": 0.1})
+                    dropped={}, metrics={"loss/policy": 0.1})
         assert _points(db_session, run.id) == {}  # nothing visible before the commit
         step_session.commit()
-        record_step(step_session, run_id=run.id, step=2, policy_version=2, consumed=[second.id], dropped=[],
+        record_step(step_session, run_id=run.id, step=2, policy_version=2, consumed=[second.id], dropped={},
                     metrics={})
         step_session.commit()
-        record_step(step_session, run_id=run.id, step=3, policy_version=3, consumed=[], dropped=[left.id], metrics={})
+        record_step(step_session, run_id=run.id, step=3, policy_version=3, consumed=[], dropped={left.id: "zero_variance"}, metrics={})
         step_session.commit()
     stored = _points(db_session, run.id)
     assert stored[1] == {  # 5 ended episodes (the sandbox fault has no reward): rewards 1, 0, 0, 1
@@ -60,7 +60,7 @@ def test_a_rolled_back_step_leaves_no_point(db_session: Session, engine: Engine)
     group = add_group(db_session, run=run, env=env, task=task, rewards=[1.0, 0.0])
     db_session.commit()
     with Session(engine) as step_session:
-        record_step(step_session, run_id=run.id, step=1, policy_version=1, consumed=[group.id], dropped=[], metrics={})
+        record_step(step_session, run_id=run.id, step=1, policy_version=1, consumed=[group.id], dropped={}, metrics={})
         step_session.rollback()  # a trainer killed before its commit
     assert _points(db_session, run.id) == {}
 
@@ -76,9 +76,9 @@ def test_non_finite_rewards_are_stored_as_null(db_session: Session, engine: Engi
                        .values(reward=float("inf")))
     db_session.commit()
     with Session(engine) as step_session:
-        record_step(step_session, run_id=run.id, step=1, policy_version=1, consumed=[nan_group.id], dropped=[],
+        record_step(step_session, run_id=run.id, step=1, policy_version=1, consumed=[nan_group.id], dropped={},
                     metrics={})
-        record_step(step_session, run_id=run.id, step=2, policy_version=2, consumed=[inf_group.id], dropped=[],
+        record_step(step_session, run_id=run.id, step=2, policy_version=2, consumed=[inf_group.id], dropped={},
                     metrics={})
         step_session.commit()
     stored = _points(db_session, run.id)
@@ -99,10 +99,10 @@ def test_crucible_runs_points_stores_what_the_trainer_would_have(db_session: Ses
     db_session.commit()
     with Session(engine) as step_session:
         for step, group in enumerate(groups, start=1):
-            record_step(step_session, run_id=run.id, step=step, policy_version=step, consumed=[group.id], dropped=[],
+            record_step(step_session, run_id=run.id, step=step, policy_version=step, consumed=[group.id], dropped={},
                         metrics={})
             step_session.commit()
-        record_step(step_session, run_id=run.id, step=3, policy_version=3, consumed=[], dropped=[], metrics={})
+        record_step(step_session, run_id=run.id, step=3, policy_version=3, consumed=[], dropped={}, metrics={})
         step_session.commit()
     stored = _points(db_session, run.id)
     db_session.execute(update(TrainingStep).where(TrainingStep.run_id == run.id).values(points=null()))  # SQL NULL

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -162,3 +164,69 @@ def test_push_keeps_in_flight_requests(
         syncer.push(model=trainer_model, version=4)
     assert tokens_at_push is not None and tokens_at_push < 400
     assert len(token_ids) == 400 and finish_reasons[-1] == "length"
+
+
+def test_a_sync_in_the_middle_of_a_completion_is_labelled_at_the_token_it_took_effect(
+    vllm_server: VllmServer, tokenizer: PreTrainedTokenizerBase, trainer_model: PreTrainedModel,
+    syncer: ReloadWeightSyncer,
+) -> None:
+    """(I3, issue 23) One completion on vLLM's token-in/token-out route while the trainer pushes new weights:
+    the stored versions switch at one token offset, and each span's logprobs are those of its own
+    version's weights (≤ 1e-3), not the other's. Tokens sampled under the provisional label count as the
+    new version once it is committed (settled by the worker's loop)."""
+    from core.schemas.run import Sampling
+    from core.token_versions import decode
+    from environments.spec import Limits
+    from task_workers.episode.loop import LoopContext, _versions
+    from task_workers.policy.client import PolicyClient, sampling_body
+
+    syncer.control.set_version(10)  # the weights served now are version 10, verified
+    client = PolicyClient(base_url=vllm_server.api_url, model=vllm_server.model_name)
+    prompt = list(tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, return_dict=False))
+    params = {**sampling_body(Sampling(temperature=1.0)), "max_tokens": 1024 - len(prompt) - 8, "ignore_eos": True,
+              "logprobs": 0, "skip_special_tokens": False}
+    new = _perturbed(trainer_model, seed=5)
+    result: dict[str, Any] = {}
+
+    def sample() -> None:
+        result["completion"] = client._generate(prompt, params, started=time.monotonic())
+
+    worker = threading.Thread(target=sample)
+    try:
+        worker.start()
+        deadline = time.monotonic() + 60
+        while _running_requests(vllm_server) < 1 and worker.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)  # some tokens sampled by version 10 first
+        syncer.push(model=new, version=11)  # pause (keep) → reload → tag "11-unverified" → resume → tag "11"
+        worker.join(300)
+        completion = result["completion"]
+        labels = [label for label, _, _ in completion.spans]
+        assert labels[0] == "10" and len(labels) >= 2 and all(label.startswith("11") for label in labels[1:]), labels
+        switch = completion.spans[1][1]
+        tokens = completion.token_ids
+        assert 0 < switch < len(tokens)
+        ctx = LoopContext(kind=None, task=None, sandbox=None, policy=client, limits=Limits(),  # type: ignore[arg-type]
+                          sampling=Sampling(temperature=1.0), require_version=True)
+        stored = _versions(ctx, completion)
+        assert decode(stored.runs or [], length=len(tokens)) == [10] * switch + [11] * (len(tokens) - switch)
+        old = trainer_logprobs(model=trainer_model, token_ids=prompt + tokens)[len(prompt) - 1:]
+        moved = trainer_logprobs(model=new, token_ids=prompt + tokens)[len(prompt) - 1:]
+        served = completion.logprobs
+        for span, own, other in ((slice(0, switch), old, moved), (slice(switch, len(tokens)), moved, old)):
+            mine = [abs(a - b) for a, b in zip(served[span], own[span], strict=True)]
+            theirs = [abs(a - b) for a, b in zip(served[span], other[span], strict=True)]
+            assert max(mine) <= 1e-3, (span, max(mine))
+            assert sum(theirs) / len(theirs) > DISAGREE, (span, sum(theirs) / len(theirs))
+    finally:
+        worker.join(300)
+        client.close()
+        syncer.push(model=trainer_model, version=12)
+
+
+def _running_requests(server: VllmServer) -> float:
+    """vLLM's `vllm:num_requests_running` gauge (Prometheus text at /metrics)."""
+    text = httpx.get(f"{server.base_url}/metrics", timeout=10).text
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith("vllm:num_requests_running")]
+    return sum(values)

@@ -28,6 +28,7 @@ from tests.task_workers.episode.calc_red import WEIGHTS
 from tests.task_workers.episode.test_red_team import ALWAYS_EQUAL, RIGHT, SUBMIT, play
 from trainer.config import LossConfig
 from trainer.metrics import batch_metrics
+from trainer.selection import StalenessRule
 from trainer.step import generate
 from trainer.store import record_step
 
@@ -95,10 +96,10 @@ def _canary_run(session, *, image: str, payload: dict, script: str, policy_clien
     episodes = session.execute(select(Episode, Task.split).join(Task, Task.id == Episode.task_id)
                                .where(Episode.run_id == run.id)).all()
     assert all(e.status == "completed" for e, _ in episodes), [e.failures for e, _ in episodes]
-    plan = generate(session, run_id=run.id, version=0, max_staleness=4, batch_size=8, loss=LossConfig())
+    plan = generate(session, run_id=run.id, version=0, rule=StalenessRule.for_bound(4), batch_size=8, loss=LossConfig())
     metrics = batch_metrics(plan)
     record_step(session, run_id=run.id, step=1, policy_version=1, consumed=[g.id for g in plan.groups],
-                dropped=list(plan.dropped), metrics=metrics)
+                dropped=plan.dropped, metrics=metrics)
     session.commit()
     canaries = [e for e, split in episodes if is_canary(split)]
     assert canaries and len(canaries) < len(episodes)  # both kinds drawn (the draw is deterministic per run)

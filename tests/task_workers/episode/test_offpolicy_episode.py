@@ -10,6 +10,7 @@ drives tests/task_workers/episode/test_real_vllm.py and tests/trainer/test_train
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from core.models import Episode, EpisodeGroup, Run, Task, Turn
 from core.store import insert_episode
-from core.versions import parse_label
+from core.versions import LabelState, parse_label, settle
 from environments.service import register_environment
 from environments.spec import EnvironmentSpec, parse_spec
 from task_workers.context import DockerSandboxes
@@ -142,6 +143,7 @@ def test_a_training_run_refuses_turns_from_a_server_with_no_version(
 
 @pytest.mark.parametrize(("label", "now", "expected"), [
     ("4", "5", 4),
+    ("5-unverified", "6-unverified", 5),  # 6 is pushed only after 5 was published
     ("default", "default", None),  # a restarted server: no known weights
     ("5-unverified", "5", 5),  # sampled while the probe ran, verified since: version 5's weights
     ("5-unverified", "6", 5),
@@ -152,3 +154,88 @@ def test_a_training_run_refuses_turns_from_a_server_with_no_version(
 ])
 def test_weight_version_labels(label: str | None, now: str | None, expected: int | None) -> None:
     assert parse_label(label, now=now) == expected
+
+
+@pytest.mark.parametrize(("label", "now", "state"), [
+    ("5-unverified", "5-unverified", LabelState.PENDING), ("5-unverified", "4", LabelState.FAILED),
+    ("5-unverified", "5", LabelState.VERIFIED), ("5-unverified", "default", LabelState.UNKNOWN),
+    ("x-unverified", "5", LabelState.UNKNOWN), ("٥", "5", LabelState.UNKNOWN),  # a non-ASCII digit is no version
+])
+def test_a_provisional_label_is_pending_until_the_server_says_how_its_probe_went(
+        label: str, now: str, state: LabelState) -> None:
+    assert settle(label, now=now).state is state
+
+
+def _flips(policy: ScriptedPolicy, *, provisional: str, then: str, text: str) -> Any:
+    """A scripted step: its first call puts the server on `provisional` weights (a sync's probe running)
+    and settles them to `then` shortly after, as the trainer's probe would; later calls change nothing."""
+    calls: list[int] = []
+
+    def step(prompt: str) -> str:
+        if not calls:
+            policy.weight_version = provisional
+            threading.Timer(0.4, lambda: setattr(policy, "weight_version", then)).start()
+        calls.append(1)
+        return text
+
+    step.calls = calls  # type: ignore[attr-defined]
+    return step
+
+
+def test_a_turn_sampled_while_the_probe_runs_is_kept_once_the_probe_passes(
+    db_session: Session, scripted: tuple[ScriptedPolicy, str], policy_client: PolicyClient,
+    sandboxes: DockerSandboxes, code_repo_image: str,
+) -> None:
+    """Before the fix a turn that returned under "5-unverified" threw the whole episode away (a policy
+    fault), which hit long episodes hardest; now the worker asks again until the label is settled."""
+    policy, _ = scripted
+    policy.weight_version = "4"
+    policy.scripts["probing"] = [_flips(policy, provisional="5-unverified", then="5",
+                                        text=tool_call("bash", command="cat number.txt")),
+                                 tool_call("submit", answer="42")]
+    episode_id = _episode(db_session, image=code_repo_image, script="probing")
+    assert run_episode(episode_id, policy=policy_client, sandboxes=sandboxes, worker="test").stored
+    first, second = _turns(db_session, episode_id)
+    # /v1/completions reports no spans: the version read before the request (4) labels every token, the
+    # one after (5-unverified, settled to 5) is its newest.
+    assert (first.weight_version, first.weight_version_end) == (4, 5)
+    assert first.version_runs == [4, len(first.token_ids) - first.prompt_length]
+    assert (second.weight_version, second.weight_version_end) == (5, 5)
+
+
+def test_nothing_sampled_by_weights_whose_probe_failed_is_stored(
+    db_session: Session, scripted: tuple[ScriptedPolicy, str], policy_client: PolicyClient,
+    sandboxes: DockerSandboxes, code_repo_image: str,
+) -> None:
+    """(I3) The probe fails and the server rolls back to 4: the completion sampled under "5-unverified"
+    is thrown away and the turn sampled again on version 4; no stored token carries version 5."""
+    policy, _ = scripted
+    policy.weight_version = "4"
+    flipping = _flips(policy, provisional="5-unverified", then="4", text=tool_call("bash", command="cat number.txt"))
+    policy.scripts["rolled-back"] = [flipping, tool_call("submit", answer="42")]
+    episode_id = _episode(db_session, image=code_repo_image, script="rolled-back")
+    assert run_episode(episode_id, policy=policy_client, sandboxes=sandboxes, worker="test").stored
+    turns = _turns(db_session, episode_id)
+    assert len(flipping.calls) == 2  # sampled twice: the first completion was discarded
+    assert [(t.weight_version, t.weight_version_end) for t in turns] == [(4, 4), (4, 4)]
+    assert all(t.version_runs == [4, len(t.token_ids) - t.prompt_length] for t in turns)
+
+
+@pytest.mark.parametrize(("spans", "why"), [
+    ((("4", 0, 2), ("5", 3, 5)), "starting at token 2"),  # a gap: token 2 has no label
+    ((("5", 0, 2), ("4", 2, 5)), "went back"),  # a version going back within a completion
+    ((("4", 0, 4),), "cover 5 tokens, they cover 4"),
+])
+def test_weight_version_spans_that_cannot_be_trusted_are_a_policy_fault(spans: tuple, why: str) -> None:
+    from core.schemas.run import Sampling
+    from environments.spec import Limits
+    from task_workers.episode.loop import LoopContext, _versions
+    from task_workers.policy.client import Completion
+
+    completion = Completion(token_ids=[1, 2, 3, 4, 5], logprobs=[-1.0] * 5, text="", finish_reason="stop",
+                            versions=tuple(label for label, _, _ in spans), version_after="5", seconds=0.1,
+                            spans=spans)
+    ctx = LoopContext(kind=None, task=None, sandbox=None, policy=None, limits=Limits(),  # type: ignore[arg-type]
+                      sampling=Sampling(), require_version=True)
+    with pytest.raises(PolicyFault, match=why):
+        _versions(ctx, completion)
