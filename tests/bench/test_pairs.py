@@ -1,5 +1,5 @@
-"""The benchmarks' paired statistics (bench/pairs.py) and the long-tail benchmark's stand-in trainer,
-which must consume groups in dispatch order (bench/episodes.py): the properties a sceptic checks."""
+"""The benchmarks' paired statistics (bench/pairs.py) and the long-tail benchmark's stand-in trainer
+(bench/episodes.py), which must consume groups as the real trainer does: the properties a sceptic checks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 
 from bench.pairs import interleave, paired_summary
 from core.models import EpisodeGroup
-from tests.trainer.rows import make_environment, make_run
+from tests.trainer.rows import add_group, make_environment, make_run
 
 
 def test_pairs_alternate_which_side_goes_first() -> None:
@@ -58,10 +58,12 @@ def test_the_stand_in_trainer_waits_for_the_next_group_in_dispatch_order(db_sess
         db_session.add(group)
         groups.append(group)
     db_session.commit()
-    trainer = StandInTrainer(run_id=run.id, batch_size=2, bound=1, step_s=0.0, updates=2, consume="dispatch")
+    trainer = StandInTrainer(run_id=run.id, batch_size=2, bound=1, step_s=0.0, updates=2, consume="dispatch",
+                             url="http://127.0.0.1:9/v1")  # never called by _next_batch
     assert trainer._next_batch(db_session, 0) is None  # groups 2 and 3 are complete, but 1 is not
     # As the real trainer claims (--consume complete): the lowest complete groups, the slow one skipped.
-    claimer = StandInTrainer(run_id=run.id, batch_size=2, bound=1, step_s=0.0, updates=2, consume="complete")
+    claimer = StandInTrainer(run_id=run.id, batch_size=2, bound=1, step_s=0.0, updates=2, consume="complete",
+                             url="http://127.0.0.1:9/v1")
     assert [g.group_index for g in claimer._next_batch(db_session, 0)] == [0, 2]
     db_session.rollback()  # the claim's row locks
     groups[1].status = "complete"
@@ -70,21 +72,26 @@ def test_the_stand_in_trainer_waits_for_the_next_group_in_dispatch_order(db_sess
     assert [g.group_index for g in trainer._next_batch(db_session, 2)] == [2, 3]
 
 
-def test_a_stale_group_is_dropped_and_the_rest_stay_in_dispatch_order(db_session: Session) -> None:
-    """The drop rule is the real trainer's; dropping must not skip the batch's fresh groups. The
-    stand-in's own loop, on the database, with bound 0 so a group sampled before update 1 is stale after."""
+def test_the_stand_in_trains_with_the_real_rules_and_tags_the_server_with_each_version(db_session: Session) -> None:
+    """The stand-in's own loop, on the database: complete groups claimed oldest dispatched first, the
+    token lags counted from the stored versions, nothing dropped within the cap, and the policy server
+    tagged with each new version (as a weight sync does), so later tokens carry it."""
     from bench.episodes import StandInTrainer
+    from tests.support.scripted_policy import ScriptedPolicy, serve
 
-    run = make_run(db_session, model="/models/none", group_size=1, batch_size=2)
+    run = make_run(db_session, model="/models/none", group_size=2, batch_size=2)
     env, task = make_environment(db_session)
-    for index, version in enumerate([0, 0, 0, 1, 1]):
-        db_session.add(EpisodeGroup(run_id=run.id, group_index=index, task_id=task.id, environment_id=env.id,
-                                    size=1, policy_version=version, status="complete"))
+    for version in (0, 0, 1, 1):
+        add_group(db_session, run=run, env=env, task=task, rewards=[1.0, 0.0], version=version)
     db_session.commit()
-    trainer = StandInTrainer(run_id=run.id, batch_size=2, bound=0, step_s=0.0, updates=2, consume="dispatch")
-    trainer.run()
+    policy = ScriptedPolicy()
+    with serve(policy) as url:
+        trainer = StandInTrainer(run_id=run.id, batch_size=2, bound=1, step_s=0.0, updates=2, consume="complete",
+                                 url=url)
+        trainer.run()
     db_session.expire_all()
     rows = db_session.query(EpisodeGroup).filter(EpisodeGroup.run_id == run.id).order_by(EpisodeGroup.group_index)
     assert [(g.status, g.consumed_step) for g in rows] == [
-        ("consumed", 1), ("consumed", 1), ("dropped", None), ("consumed", 2), ("consumed", 2)]
-    assert trainer.dropped == 1 and trainer.staleness == [0, 0, 0, 0]
+        ("consumed", 1), ("consumed", 1), ("consumed", 2), ("consumed", 2)]
+    assert trainer.dropped == 0 and trainer.masked == 0 and policy.weight_version == "2"
+    assert dict(trainer.token_lags) == {0: 96}  # 4 groups × 2 episodes × 12 sampled tokens, each trained on time
