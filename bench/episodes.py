@@ -60,6 +60,7 @@ from trainer.rollouts import load_groups  # noqa: E402
 from trainer.selection import StalenessRule, apply_staleness_mask, may_step, past_cap  # noqa: E402
 from trainer.store import (  # noqa: E402
     claim_complete_groups,
+    complete_groups_besides,
     inflight_groups,
     more_groups_possible,
     oldest_waiting_version,
@@ -191,6 +192,7 @@ class StandInTrainer:
         self.task_order: list[int] = []
         self.busy_s = 0.0
         self.first_trained_at: float | None = None
+        self.steps: list[tuple[float, float]] = []  # (start, end) of each update, on the monotonic clock
         self.finished_at = 0.0
         self.done = threading.Event()
 
@@ -201,7 +203,8 @@ class StandInTrainer:
                 return claimed
             # As the real trainer: fewer only when no more can come (a group was dropped, the budget is spent).
             last = claimed and inflight_groups(session, run_id=self.run_id) == 0 and not more_groups_possible(
-                session, run_id=self.run_id)
+                session, run_id=self.run_id) and complete_groups_besides(
+                session, run_id=self.run_id, claimed={g.id for g in claimed}) == 0
             return claimed if last else None
         groups = session.execute(
             select(EpisodeGroup).where(EpisodeGroup.run_id == self.run_id, EpisodeGroup.group_index >= cursor,
@@ -257,6 +260,7 @@ class StandInTrainer:
                         group.status, group.consumed_step = GroupStatus.CONSUMED, version
                     session.execute(sql_update(Run).where(Run.id == self.run_id).values(policy_version=version))
                 self.busy_s += time.monotonic() - started  # the update, its commit and the version bump
+                self.steps.append((started, time.monotonic()))
         self.finished_at = time.monotonic()
         self.done.set()
 
@@ -379,6 +383,8 @@ def _tail_figures(*, run_id: int, trainer: StandInTrainer, clock: SlotClock, sta
     trained_ids = {eid for eid, status in consumed if status == "completed"}
     trained_work = clock.busy_within(float("-inf"), float("inf"), episodes=trained_ids)
     gen_busy = clock.busy_within(started, ended)
+    last_dispatch = max(a for _, a, _ in clock.spans)
+    drain_idle = slots * (ended - last_dispatch) - clock.busy_within(last_dispatch, ended)
     generation = trained_work / slots
     ideal = max(generation + step_s, updates * step_s + generation / updates)
     slowest = max((b - a for eid, a, b in clock.spans if eid in trained_ids), default=0.0)
@@ -389,6 +395,9 @@ def _tail_figures(*, run_id: int, trainer: StandInTrainer, clock: SlotClock, sta
         "episodes_completed_total": generated,
         "generation_idle_s": round(slots * wall - gen_busy, 3),
         "generation_idle_frac": round(1 - gen_busy / (slots * wall), 3),
+        # after the last dispatch (the drain) and before it (admission full while slots are free)
+        "generation_idle_drain_s": round(drain_idle, 3),
+        "generation_idle_before_last_dispatch_s": round(slots * wall - gen_busy - drain_idle, 3),
         "trainer_idle_s": round(wall - trainer.busy_s, 3), "trainer_busy_s": round(trainer.busy_s, 3),
         "ideal_s": round(ideal, 3), "bound_s": round(bound_s, 3), "fraction_of_bound": round(bound_s / wall, 3),
         "staleness_bound": bound, "max_staleness": max(trainer.staleness, default=0),
@@ -416,7 +425,7 @@ def sync_vs_async(*, image: str, pairs: int, slots: int, updates: int, staleness
         return lambda: _tail_run(mode=mode, label=f"{mode}-{next(counter)}", image=image,
                                  tasks=tasks, url=url, staleness=staleness, **settings)
 
-    with serve_in_process(scripts) as url:
+    with serve_in_process(scripts, generate=True) as url:  # per-token version spans, as vLLM's
         runs = interleave(pairs=pairs, sides={"sync": side("sync"), "async": side("async")})
     for run in runs["sync"] + runs["async"]:
         run["speed"] = 1.0 / run["wall_s"]
@@ -496,7 +505,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--part", choices=["all", "orchestration", "tail"], default="all")
     parser.add_argument("--pairs", type=int, default=5, help="part 2: interleaved (sync, async) pairs")
     parser.add_argument("--updates", type=int, default=32, help="part 2: trained batches per run (U)")
-    parser.add_argument("--slots", type=int, default=16, help="part 2: episodes run at once (both modes)")
+    # 12, not 16: the admission window holds (η + 1)·B groups = 24 episodes at η 2, one batch of them (8)
+    # is in training, so at most 16 run and every complete group waiting for the trainer idles two slots;
+    # 16 slots were 23 % idle before the last dispatch by design (bench/episodes.py --part tail --slots 16).
+    parser.add_argument("--slots", type=int, default=12, help="part 2: episodes run at once (both modes)")
     parser.add_argument("--staleness", type=int, default=2, help="part 2: async mode's staleness bound")
     parser.add_argument("--step-s", type=float, default=1.0, help="part 2: seconds per (stand-in) update")
     parser.add_argument("--group-size", type=int, default=2, help="part 2: episodes per group")

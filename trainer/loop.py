@@ -56,6 +56,7 @@ from trainer.step import UpdateResult, advantages, generate, score, update
 from trainer.store import (
     PassOutcome,
     TrainedValue,
+    complete_groups_besides,
     consumed_groups,
     get_run,
     hold_trainer_lock,
@@ -275,7 +276,8 @@ class Trainer:
         if plan.dropped or not plan.groups:  # commit the drops first: the controller replaces them
             return False
         return inflight_groups(session, run_id=self.run_id) == 0 and not more_groups_possible(
-            session, run_id=self.run_id)
+            session, run_id=self.run_id) and complete_groups_besides(
+            session, run_id=self.run_id, claimed={group.id for group in plan.groups}) == 0
 
     def _paced(self, session: Session, plan: BatchPlan) -> bool:
         """Whether this step leaves no running group past the hard cap (trainer.selection.may_step); a

@@ -127,6 +127,15 @@ def inflight_groups(session: Session, *, run_id: int) -> int:
     return int(session.execute(query).scalar_one())
 
 
+def complete_groups_besides(session: Session, *, run_id: int, claimed: set[int]) -> int:
+    """Complete groups of the run outside `claimed`, locked by another transaction or not: a batch is
+    not the last while one is left (a claim skips a locked row; the row is still to be trained)."""
+    query = select(func.count()).where(EpisodeGroup.run_id == run_id, EpisodeGroup.status == COMPLETE)
+    if claimed:
+        query = query.where(EpisodeGroup.id.not_in(claimed))
+    return int(session.execute(query).scalar_one())
+
+
 def oldest_waiting_version(session: Session, *, run_id: int, batch: set[int]) -> int | None:
     """The dispatch version of the oldest group a step on `batch` (group ids) would leave behind: still
     running, or complete but not in the batch (it completed after the claim). None: there is none."""

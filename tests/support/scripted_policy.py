@@ -4,7 +4,10 @@ at least one test drives a real vLLM on CPU too).
 
 Routes: /v1/models, /v1/completions (token-id prompts, `return_token_ids`, logprobs), /tokenize (text
 or chat messages + tools), /detokenize, /weight_info, /update_weight_version, /is_paused (what
-`paused` says; it pauses nothing), /health.
+`paused` says; it pauses nothing), /health; with `generate=True` also vLLM's token-in/token-out
+/inference/v1/generate, which spreads a reply's tokens evenly over its `delay_s` and labels each with
+the version tagged when it was produced (`weight_versions` spans, as vLLM reports a completion that
+a weight sync interrupted).
 
 Tokens are bytes (0-255) plus ChatML specials. A task's instruction names its script with
 `[script:NAME]`; turn k of an episode gets `scripts[NAME][k]` — a string, a `Reply`, or a callable.
@@ -88,9 +91,11 @@ def _logprob(position: int) -> float:
 
 
 class ScriptedPolicy:
-    def __init__(self, scripts: dict[str, list[Step]] | None = None, *, max_model_len: int = 16384) -> None:
+    def __init__(self, scripts: dict[str, list[Step]] | None = None, *, max_model_len: int = 16384,
+                 generate: bool = False) -> None:
         self.scripts: dict[str, list[Step]] = dict(scripts or {})
         self.max_model_len = max_model_len
+        self.generate = generate
         self.weight_version = "0"
         self.requests = 0
         self.paused = False
@@ -106,22 +111,57 @@ class ScriptedPolicy:
             step = step(prompt)
         return step if isinstance(step, Reply) else Reply(step)
 
+    def _overflow(self, prompt_ids: list[int], max_tokens: int) -> JSONResponse | None:
+        if len(prompt_ids) + max_tokens <= self.max_model_len:
+            return None
+        message = (f"This model's maximum context length is {self.max_model_len} tokens. However, you "
+                   f"requested {len(prompt_ids) + max_tokens} tokens.")
+        return JSONResponse({"error": {"message": message, "type": "BadRequestError", "code": 400}}, 400)
+
+    @staticmethod
+    def _output(reply: Reply, max_tokens: int) -> tuple[list[int], str]:
+        ids = [*tokenize(reply.text), IM_END]
+        return (ids[:max_tokens], "length") if len(ids) > max_tokens else (ids, "stop")
+
+    def _generate(self, body: dict[str, Any]) -> JSONResponse:
+        """/inference/v1/generate: the reply's tokens produced one by one over its delay, each labelled
+        with the version tagged at that moment; spans [start, end) per version, as vLLM's."""
+        prompt_ids = list(body["token_ids"])
+        max_tokens = int(body.get("sampling_params", {}).get("max_tokens") or 16)
+        if (overflow := self._overflow(prompt_ids, max_tokens)) is not None:
+            return overflow
+        reply = self._reply(detokenize(prompt_ids))
+        if reply.status != 200:
+            time.sleep(reply.delay_s)
+            return JSONResponse({"error": {"message": "scripted failure", "code": reply.status}}, reply.status)
+        ids, finish = self._output(reply, max_tokens)
+        spans: list[dict[str, Any]] = []
+        for position in range(len(ids)):
+            if reply.delay_s:
+                time.sleep(reply.delay_s / len(ids))
+            version = self.weight_version
+            if spans and spans[-1]["version"] == version:
+                spans[-1]["end"] = position + 1
+            else:
+                spans.append({"version": version, "start": position, "end": position + 1})
+        choice = {
+            "index": 0, "text": detokenize(ids), "finish_reason": finish, "token_ids": ids,
+            "logprobs": {"content": [{"logprob": _logprob(i)} for i in range(len(ids))]},
+            "weight_versions": spans,
+        }
+        return JSONResponse({"id": f"gen-{self.requests}", "choices": [choice], "prompt_token_ids": prompt_ids})
+
     def _complete(self, body: dict[str, Any]) -> JSONResponse:
         prompt_ids = body["prompt"] if isinstance(body["prompt"], list) else tokenize(body["prompt"])
         max_tokens = int(body.get("max_tokens") or 16)
-        if len(prompt_ids) + max_tokens > self.max_model_len:
-            message = (f"This model's maximum context length is {self.max_model_len} tokens. However, you "
-                       f"requested {len(prompt_ids) + max_tokens} tokens.")
-            return JSONResponse({"error": {"message": message, "type": "BadRequestError", "code": 400}}, 400)
+        if (overflow := self._overflow(prompt_ids, max_tokens)) is not None:
+            return overflow
         reply = self._reply(detokenize(prompt_ids))
         if reply.delay_s:
             time.sleep(reply.delay_s)
         if reply.status != 200:
             return JSONResponse({"error": {"message": "scripted failure", "code": reply.status}}, reply.status)
-        ids = [*tokenize(reply.text), IM_END]
-        finish = "stop"
-        if len(ids) > max_tokens:
-            ids, finish = ids[:max_tokens], "length"
+        ids, finish = self._output(reply, max_tokens)
         choice = {
             "index": 0, "text": detokenize(ids), "finish_reason": finish, "token_ids": ids,
             "prompt_token_ids": prompt_ids,
@@ -176,6 +216,15 @@ class ScriptedPolicy:
 
             return await anyio.to_thread.run_sync(self._complete, body)
 
+        if self.generate:
+            @app.post("/inference/v1/generate")
+            async def generate(request: Request) -> JSONResponse:
+                self.requests += 1
+                body = await request.json()
+                import anyio
+
+                return await anyio.to_thread.run_sync(self._generate, body)
+
         return app
 
 
@@ -214,16 +263,17 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--scripts", required=True, help='JSON: {name: [reply text or {"text", "delay_s"}, ...]}')
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--generate", action="store_true", help="serve /inference/v1/generate with spans")
     args = parser.parse_args()
     with open(args.scripts) as handle:
         scripts = {name: [Reply(**step) if isinstance(step, dict) else step for step in steps]
                    for name, steps in json.load(handle).items()}
-    policy = ScriptedPolicy(scripts)
+    policy = ScriptedPolicy(scripts, generate=args.generate)
     uvicorn.run(policy.app, host="127.0.0.1", port=args.port, log_level="warning")
 
 
 @contextmanager
-def serve_in_process(scripts: dict[str, list[Any]]) -> Iterator[str]:
+def serve_in_process(scripts: dict[str, list[Any]], *, generate: bool = False) -> Iterator[str]:
     """Like `serve`, but in a child process; steps are strings or {"text", "delay_s", "status"} dicts."""
     import os
     import subprocess
@@ -234,7 +284,7 @@ def serve_in_process(scripts: dict[str, list[Any]]) -> Iterator[str]:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump(scripts, handle)
     child = subprocess.Popen([sys.executable, "-m", "tests.support.scripted_policy", "--scripts", handle.name,
-                              "--port", str(port)])
+                              "--port", str(port), *(["--generate"] if generate else [])])
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(f"{url}/health", alive=lambda: child.poll() is None, timeout_s=30, poll_s=0.1,
