@@ -206,7 +206,7 @@ def _training(conn: psycopg.Connection, ids: dict[str, int]) -> None:
         INSERT INTO training_steps (run_id, step, policy_version, metrics, created_at)
         SELECT g.run_id, g.consumed_step, g.consumed_step,
                jsonb_build_object('loss/policy', 0.5 / (1 + g.consumed_step), 'reward/mean', avg(e.reward),
-                                  'timing_s/train', 3.5, 'timing_s/sync', 0.8, 'policy/entropy', 1.2 - 0.01 * g.consumed_step),
+                                  'timing_s/update', 3.5, 'timing_s/sync', 0.8, 'policy/entropy', 1.2 - 0.01 * g.consumed_step),
                min(g.created_at) + interval '1 minute'
         FROM episode_groups g JOIN episodes e ON e.group_id = g.id
         WHERE g.id >= %(gid)s AND g.consumed_step IS NOT NULL GROUP BY g.run_id, g.consumed_step""",

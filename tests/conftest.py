@@ -1,7 +1,14 @@
-"""Fixtures shared by every test: a real, freshly migrated Postgres database per test session.
+"""Fixtures shared by every test, one of each per test session (per xdist worker under `-n`):
 
-The database server is the one in CRUCIBLE_TEST_DATABASE_URL (an admin URL; `make test` points it at
-the machine's Postgres when one answers), else an embedded Postgres started under a temp dir.
+- a real, freshly migrated Postgres database. The server is the one in CRUCIBLE_TEST_DATABASE_URL (an
+  admin URL; `make test` points it at the machine's Postgres when one answers), else an embedded
+  Postgres started under a temp dir; each session (each xdist worker) gets its own database;
+- the tiny model (`tiny_model_dir`, read-only) and one real vLLM server on a copy of it
+  (`vllm_server`; `served_original` puts it back on the starting weights before a test that needs them);
+- a Redis database index per xdist worker (CRUCIBLE_TEST_REDIS_URL's index − the worker's number).
+
+Markers follow from the fixtures a test uses (`pytest_collection_modifyitems`): `docker`, `vllm`,
+`browser`. Every test that uses a vLLM server is in xdist group "vllm", so one worker starts it once.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -64,9 +72,10 @@ def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def crucible_settings(
     database_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[None]:
-    """Point every Crucible component under test at the test database and a temp data dir."""
+    """Point every Crucible component under test at the test database and a temp data dir (its own,
+    always: two sessions sharing one would share checkpoints of runs with the same ids)."""
     os.environ["CRUCIBLE_DATABASE_URL"] = database_url
-    os.environ.setdefault("CRUCIBLE_DATA_DIR", str(tmp_path_factory.mktemp("data")))
+    os.environ["CRUCIBLE_DATA_DIR"] = str(tmp_path_factory.mktemp("data"))
     get_settings.cache_clear()
     yield
     get_settings.cache_clear()
@@ -87,3 +96,99 @@ def db_session(engine: Engine) -> Iterator[Session]:
     tables = ", ".join(f'"{table.name}"' for table in Base.metadata.sorted_tables)
     with engine.begin() as conn:
         conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
+
+
+# -- one tiny model and one vLLM server per session ---------------------------------------------------
+
+# What a real model ships (Qwen: top_k 20, repetition penalty 1.05), made hostile: a server that applied
+# any of it would sample from a distribution the trainer does not compute, and every test that matches
+# vLLM's logprobs to the trainer's would fail.
+HOSTILE_GENERATION_CONFIG = {"do_sample": True, "temperature": 0.3, "top_k": 3, "top_p": 0.5, "min_p": 0.2,
+                             "repetition_penalty": 1.5}
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A freshly made tiny model (seed 0, default spec). Read-only: copy it before changing it."""
+    from trainer.tiny_model import make_tiny_model
+
+    return make_tiny_model(out_dir=tmp_path_factory.mktemp("tiny") / "model", seed=0).path
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def served_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the tiny model for the server (weight sync rewrites its safetensors), with hostile
+    generation defaults (HOSTILE_GENERATION_CONFIG) that the server must ignore."""
+    import json
+
+    served = Path(shutil.copytree(tiny_model_dir, tmp_path_factory.mktemp("served") / "model"))
+    config = json.loads((served / "generation_config.json").read_text())
+    (served / "generation_config.json").write_text(json.dumps({**config, **HOSTILE_GENERATION_CONFIG}))
+    return served
+
+
+@pytest.fixture(scope="session")
+def vllm_server(served_model_dir: Path) -> Iterator[Any]:
+    """The session's real vLLM server (float32, eager) on a free port: the policy of every test that
+    needs a live one, and the judge of the judge tests. Started once, always stopped. Tests that push
+    weights put the starting ones back (`served_original`) or restore them themselves."""
+    from trainer.serving import VllmServer, group_members
+
+    log_path = served_model_dir.parent / "server.log"
+    # A generous start-up limit: on 2 shared cores under load vLLM has been seen to need > 240 s.
+    with VllmServer(model_dir=served_model_dir, served_model_name="tiny", max_model_len=4096,
+                    log_path=log_path, startup_timeout_s=600) as server:
+        yield server
+    assert server.pid is not None and group_members(server.pid) == [], "vLLM processes outlived stop()"
+
+
+@pytest.fixture
+def served_original(vllm_server: Any, tiny_model_dir: Path) -> Any:
+    """The session's server, put back on the tiny model's starting weights and tagged version 0 (a test
+    before may have trained and synced)."""
+    from transformers import AutoModelForCausalLM
+
+    from trainer.weight_sync import make_weight_syncer
+
+    syncer = make_weight_syncer("reload", base_url=vllm_server.base_url, model_dir=vllm_server.model_dir)
+    syncer.push(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir), version=0)
+    syncer.close()
+    return vllm_server
+
+
+# -- markers from fixtures; the vLLM tests on one xdist worker ------------------------------------------
+
+FIXTURE_MARKS = {
+    "docker": {"backend", "sandbox_images", "code_repo_image", "sandboxes", "docker_backend", "repo_spec"},
+    "vllm": {"vllm_server", "served_original"},
+    "browser": {"browser", "page", "driver", "browser_sandbox"},
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        for mark, fixtures in FIXTURE_MARKS.items():
+            if used & fixtures and item.get_closest_marker(mark) is None:
+                item.add_marker(getattr(pytest.mark, mark))
+        if item.get_closest_marker("vllm") is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group("vllm"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist, worker gwN uses Redis database index base − N (the base from CRUCIBLE_TEST_REDIS_URL,
+    15 by default: counting down keeps clear of index 0, where a developer's own data is)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    url = os.environ.get("CRUCIBLE_TEST_REDIS_URL")
+    if url and worker.startswith("gw"):
+        base, _, index = url.rpartition("/")
+        number = int(index) if index.isdigit() else 0
+        os.environ["CRUCIBLE_TEST_REDIS_URL"] = f"{base}/{(number - int(worker[2:])) % 16}"

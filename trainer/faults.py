@@ -25,7 +25,9 @@ log = logging.getLogger(__name__)
 
 
 def crash_point(point: str, *, step: int) -> None:
-    """SIGKILL this process if CRUCIBLE_TRAINER_CRASH_AT names `point:step`."""
+    """SIGKILL this process if CRUCIBLE_TRAINER_CRASH_AT names `point:step`; `point` is one of POINTS."""
+    if point not in POINTS:
+        raise ValueError(f"crash point: expected one of {', '.join(POINTS)}, got {point!r}")
     if os.environ.get(ENV) != f"{point}:{step}" or os.environ.get(ATTEMPT_ENV, "0") != "0":
         return
     if os.environ.get("RANK", "0") == os.environ.get(RANK_ENV, "0"):

@@ -72,6 +72,32 @@ reward (a judge, a reward model) that pays for length shows it rising while succ
 LENGTH_JUDGE_CORR = "reward_hacking/length_judge_corr"
 """The same with the judge layer's score alone, over the episodes a judge scored."""
 JUDGE_LAYER = "judge"  # environments.judge.LAYER (not imported: the trainer does not load environments)
+FAMILIES = (
+    "reward/{env}/mean", "reward/{env}/std", "reward/{env}/{component}/mean", "reward/{env}/{component}/std",
+    "score/{env}/mean", "score/{env}/std", "score/{env}/{layer}/mean", "score/{env}/{layer}/std",
+    "advantage/{env}/mean", "advantage/{env}/std", "advantage/{env}/abs_mean",
+    "batch/dropped/{reason}", "batch/left_out/{reason}", "rollout/termination/{reason}", "rollout/flagged/{flag}",
+    "policy/staleness/hist/{lag}", "policy/token_lag/hist/{lag}", "timing_s/{stage}",
+    "reward_hacking/judge_agreement/{component}",
+)
+"""The templated names (the docstring's families); `timing_s/{stage}` takes only the STAGES."""
+
+
+def is_metric_name(name: str) -> bool:
+    """Whether the trainer writes (or may write) a metric of this name: a constant here or in
+    `trainer.cost`, or one of the FAMILIES with its placeholders filled."""
+    from trainer import cost
+
+    fixed = {value for module in (globals(), vars(cost)) for key, value in module.items()
+             if key.isupper() and isinstance(value, str) and "/" in value and not value.endswith("/")}
+    if name in fixed:
+        return True
+    if name.startswith("timing_s/"):
+        return name.removeprefix("timing_s/") in STAGES
+    parts = name.split("/")
+    return any(len(parts) == len(family.split("/")) and all(
+        f.startswith("{") or f == p for f, p in zip(family.split("/"), parts, strict=True)) and all(parts)
+        for family in FAMILIES)
 
 
 def reward_key(env: str, stat: str) -> str:

@@ -26,6 +26,8 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -240,12 +242,24 @@ def build_images(
         data_dir = data_dir or settings.data_dir
         base_image = base_image if base_image is not None else settings.sandbox_base_image
     api = docker_api()
-    base = build_base(api=api, cache_dir=data_dir / "images", base_image=base_image or None, force=force)
-    wanted = names if names is not None else sorted(p.parent.name for p in images_dir.glob("*/Dockerfile"))
-    built = [base]
-    for name in wanted:
-        built.append(build_environment(name, api=api, base_tag=base.tag, images_dir=images_dir, force=force))
+    with _build_lock(data_dir / "images"):  # another process building the same images waits, then finds them
+        base = build_base(api=api, cache_dir=data_dir / "images", base_image=base_image or None, force=force)
+        wanted = names if names is not None else sorted(p.parent.name for p in images_dir.glob("*/Dockerfile"))
+        built = [base]
+        for name in wanted:
+            built.append(build_environment(name, api=api, base_tag=base.tag, images_dir=images_dir, force=force))
     return built
+
+
+@contextmanager
+def _build_lock(cache_dir: Path) -> Iterator[None]:
+    """An exclusive lock on the image cache for one build (released when the process dies, too)."""
+    import fcntl
+
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir / ".build.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def image_tag(name: str, *, base_image: str | None = None) -> str:

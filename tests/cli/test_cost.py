@@ -19,14 +19,8 @@ from core.models import TrainingStep
 from tests.trainer.cost_steps import train_steps
 from tests.trainer.rows import make_run
 from trainer import cost
-from trainer.tiny_model import make_tiny_model
 
 ROOT = Path(__file__).parents[2]
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model(out_dir=tmp_path_factory.mktemp("tiny") / "model", seed=0).path
 
 
 def _crucible(*args: str) -> subprocess.CompletedProcess[str]:

@@ -16,14 +16,8 @@ import torch
 
 from trainer.reward_model import score
 from trainer.synthetic_preferences import make_pairs, write_jsonl
-from trainer.tiny_model import make_tiny_model
 
 ROOT = Path(__file__).parents[2]
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model(out_dir=tmp_path_factory.mktemp("tiny") / "model", seed=0).path
 
 
 def _crucible(*args: str) -> subprocess.CompletedProcess[str]:

@@ -25,7 +25,7 @@ from environments.browser.sandbox.sites import shop
 from task_workers.sandbox.labels import ENV
 from tests.task_workers.conftest import backend, image_cache, sandbox_images  # noqa: F401 - the image fixtures
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.browser]
 ROOT = Path(__file__).parents[2]
 
 

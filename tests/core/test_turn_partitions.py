@@ -9,6 +9,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+import sqlalchemy.exc
 from sqlalchemy import Engine, create_engine, pool, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
@@ -146,7 +147,7 @@ def test_creating_a_run_waits_for_no_writer_of_episodes(engine: Engine) -> None:
 
 def test_a_turn_for_a_run_with_no_partition_is_refused(db_session: Session) -> None:
     """No default partition: a turn naming a run that does not exist fails loudly, never lands somewhere."""
-    with pytest.raises(Exception, match="no partition of relation"):
+    with pytest.raises(sqlalchemy.exc.IntegrityError, match="no partition of relation"):
         db_session.execute(text("INSERT INTO turns (run_id, episode_id, index, token_ids, logprobs, loss_mask, "
                                 "prompt_length) VALUES (987654, 1, 0, '{}', '{}', '{}', 0)"))
     db_session.rollback()

@@ -28,9 +28,9 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def live_server(app: FastAPI) -> Iterator[str]:  # noqa: F811
-    """The app under uvicorn in a thread on 127.0.0.1; yields its base URL."""
+    """The app under uvicorn in a thread on 127.0.0.1, one per session; yields its base URL."""
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)

@@ -15,17 +15,11 @@ from tests.dashboard.conftest import screenshot
 from tests.trainer.cost_steps import train_steps
 from tests.trainer.rows import make_run
 from trainer import cost
-from trainer.tiny_model import make_tiny_model
 
 pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install playwright)")
 
 COLUMNS = [cost.ROLLOUT_S, cost.UPDATE_S, cost.REFERENCE_S, cost.REWARD_S, cost.UPDATE_TOKENS, cost.STEP_S,
            cost.FLOPS_PER_S, cost.MFU]
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model(out_dir=tmp_path_factory.mktemp("tiny") / "model", seed=0).path
 
 
 def _log_in(page, token: str) -> None:  # type: ignore[no-untyped-def]

@@ -22,14 +22,8 @@ from trainer import metrics
 from trainer.loop import Trainer
 from trainer.selection import StalenessRule
 from trainer.step import generate
-from trainer.tiny_model import make_tiny_model
 
 pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install playwright)")
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model(out_dir=tmp_path_factory.mktemp("tiny") / "model", seed=0).path
 
 
 def test_the_group_page_shows_the_advantages_the_trainer_used(  # type: ignore[no-untyped-def]

@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from core.errors import ConfigError
 from trainer.advantages import assign_advantages, normalize_per_environment, overlong_penalty, shaped_reward
 from trainer.config import LossConfig, TrainerConfig, trainer_config
 from trainer.engine import TorchEngine
@@ -119,9 +120,9 @@ def test_k3_kl_term_is_added_with_its_weight() -> None:
 
 
 def test_trainer_config_names_the_bad_field() -> None:
-    with pytest.raises(Exception, match=r"loss\.clip_low"):
+    with pytest.raises(ConfigError, match=r"loss\.clip_low"):
         trainer_config({"loss": {"clip_low": 2}})
-    with pytest.raises(Exception, match="lora with deepspeed stage 3"):
+    with pytest.raises(ConfigError, match="lora with deepspeed stage 3"):
         trainer_config({"lora": {}, "deepspeed": {"stage": 3}})
 
 
@@ -192,5 +193,5 @@ def test_bf16_autocast_does_the_float32_update_to_bf16_rounding(tiny_model_dir, 
 
 
 def test_an_unknown_autocast_is_refused_by_name() -> None:
-    with pytest.raises(Exception, match=r"optimizer\.autocast"):
+    with pytest.raises(ConfigError, match=r"optimizer\.autocast"):
         trainer_config({"optimizer": {"autocast": "fp8"}})

@@ -1,7 +1,7 @@
 """`VllmServer` start-up failures: a readable error, and no process of the server's group left behind.
 
-These start real vLLM processes (that fail or are stopped early); no server is healthy here, so they
-never overlap with the module server of `test_vllm.py`.
+These start real vLLM processes (that fail or are stopped early), on the xdist worker of the other
+vLLM tests (marked `vllm`).
 """
 
 from __future__ import annotations
@@ -15,28 +15,38 @@ from core.errors import ConfigError
 from trainer.errors import ServerStartError
 from trainer.serving import VllmServer, group_members
 
+pytestmark = pytest.mark.vllm
 
-def test_missing_weights_give_the_root_cause_and_leave_nothing(tiny_model_dir: Path, tmp_path: Path) -> None:
+
+def test_a_server_that_fails_or_never_answers_gives_the_cause_and_leaves_nothing(
+    tiny_model_dir: Path, tmp_path: Path,
+) -> None:
+    """Two real start-ups at once (one vLLM import's time, not two): a model without weights exits with
+    the root cause on the error's first line; one that does not answer /health in 8 s is stopped, its
+    whole process group with it."""
+    from concurrent.futures import ThreadPoolExecutor
+
     broken = tmp_path / "no-weights"
     broken.mkdir()
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tiny_model_dir / name, broken / name)
-    server = VllmServer(model_dir=broken, log_path=tmp_path / "server.log")
-    with pytest.raises(ServerStartError) as caught:
-        server.start()
-    message = str(caught.value)
-    assert "exited with code" in message
-    assert "Cannot find any model weights" in message.splitlines()[0]  # the cause, first line
-    assert str(tmp_path / "server.log") in message
-    assert server.pid is not None and group_members(server.pid) == []
+    failing = VllmServer(model_dir=broken, log_path=tmp_path / "broken.log")
+    slow = VllmServer(model_dir=tiny_model_dir, startup_timeout_s=8, log_path=tmp_path / "slow.log")
 
+    def start(server: VllmServer) -> str:
+        with pytest.raises(ServerStartError) as caught:
+            server.start()
+        return str(caught.value)
 
-def test_start_timeout_stops_the_whole_group(tiny_model_dir: Path, tmp_path: Path) -> None:
-    server = VllmServer(model_dir=tiny_model_dir, startup_timeout_s=8, log_path=tmp_path / "server.log")
-    with pytest.raises(ServerStartError, match="did not answer /health within 8 s"):
-        server.start()
-    assert server.pid is not None and group_members(server.pid) == []
-    server.stop()  # idempotent
+    with ThreadPoolExecutor(2) as pool:
+        failed, timed_out = pool.map(start, (failing, slow))
+    assert "exited with code" in failed
+    assert "Cannot find any model weights" in failed.splitlines()[0]  # the cause, first line
+    assert str(tmp_path / "broken.log") in failed
+    assert "did not answer /health within 8 s" in timed_out
+    for server in (failing, slow):
+        assert server.pid is not None and group_members(server.pid) == []
+    slow.stop()  # idempotent
 
 
 def test_directory_without_config_fails_before_starting(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """The trainer against the real thing: vLLM (CPU) serving a tiny model, episodes from the real episode
-runner in Docker sandboxes, Postgres. One vLLM server for the module.
+runner in Docker sandboxes, Postgres. The session's vLLM server (tests/conftest.py).
 
 - token exactness: the trainer's recomputed logprobs of stored turns match vLLM's behaviour logprobs;
 - a step syncs the weights, the probe passes, and only then the version is published;
@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 from core.models import Episode, EpisodeGroup, PolicyVersion, Run, Task, TrainingStep, Turn
 from core.store import insert_episode
+from core.termination import DropReason
 from environments.images import build_images
 from environments.service import register_environment
 from environments.spec import parse_spec
@@ -36,7 +37,7 @@ from trainer.errors import WeightSyncError
 from trainer.logprobs import sequence_logprobs
 from trainer.loop import Trainer
 from trainer.packing import collate
-from trainer.probe import probe_token_ids
+from trainer.probe import probe, probe_token_ids
 from trainer.rollouts import load_groups
 from trainer.serving import VllmServer
 from trainer.sync import PolicyServer, Publisher
@@ -64,15 +65,6 @@ def sandboxes() -> Iterator[DockerSandboxes]:
                                max_size=2)
     yield provider
     provider.close()
-
-
-@pytest.fixture
-def served_original(vllm_server: VllmServer, tiny_model_dir: Path) -> VllmServer:
-    """The module's server, put back on the tiny model's starting weights (a test before may have trained)."""
-    syncer = make_weight_syncer("reload", base_url=vllm_server.base_url, model_dir=vllm_server.model_dir)
-    syncer.push(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir), version=0)
-    syncer.close()
-    return vllm_server
 
 
 def _server(vllm_server: VllmServer) -> PolicyServer:
@@ -440,6 +432,7 @@ def test_sigkill_anywhere_in_a_step_loses_no_group_and_trains_none_twice(
 
     from trainer.checkpoint import CheckpointStore
     from trainer.faults import ENV as CRASH_AT
+    from trainer.faults import POINTS
 
     vllm_server = served_original
     reference = _resume_run(db_session, model=tiny_model_dir, vocab=len(tokenizer))
@@ -453,7 +446,11 @@ def test_sigkill_anywhere_in_a_step_loses_no_group_and_trains_none_twice(
                "--policy-dir", str(vllm_server.model_dir), "--checkpoint-dir", str(tmp_path / "crashed"),
                "--poll", "0.1"]
     repo = Path(__file__).resolve().parents[2]
-    for point in ("update:1", "pending:1", "commit:2", "promote:3", None):
+    # Every crash point of trainer.faults, each at a step of its own choosing; a new point fails here
+    # until it is given one.
+    steps = {"update": 1, "pending": 1, "commit": 2, "promote": 3}
+    assert tuple(steps) == POINTS, f"crash points {POINTS}, steps given for {tuple(steps)}"
+    for point in [f"{name}:{step}" for name, step in steps.items()] + [None]:
         # As many torch threads as the in-process reference used (another test may have changed this
         # process's count): a different count sums in a different order and the weights differ by ~1e-4.
         env = {**os.environ, CRASH_AT: point or "", "OMP_NUM_THREADS": str(torch.get_num_threads())}
@@ -503,7 +500,9 @@ def test_sync_mode_waits_for_a_full_batch_of_the_current_version(
     assert outcome is not None and outcome.groups == 2 and outcome.step == 2
     assert [status for _, status, _ in _consumed(db_session, run.id)] == ["consumed"] * 2 + ["dropped"] + \
         ["consumed"] * 2
-    assert first.id != stale.id != fresh.id
+    db_session.refresh(stale)  # the one dropped is the stale one, and it says why
+    assert (stale.group_index, stale.drop_reason, stale.dropped_step) == (2, DropReason.STALE_CAP, 1)
+    assert {first.group_index, fresh.group_index} == {0, 3}
 
     last = group(2)
     db_session.commit()
@@ -537,7 +536,11 @@ def test_lora_and_zero3_steps_sync_merged_or_gathered_weights(
     assert outcome is not None and outcome.version == 1
     db_session.expire_all()
     version = db_session.execute(select(PolicyVersion).where(PolicyVersion.run_id == run.id)).scalar_one()
-    assert abs(version.probe_kl) < 1e-5  # the served weights moved (lr 1e-2) and match the trainer's
+    assert abs(version.probe_kl) < 1e-5  # the served weights match the trainer's
+    start = AutoModelForCausalLM.from_pretrained(tiny_model_dir)  # and they moved (lr 1e-2) from the start
+    moved = probe(model=start, api_url=served_original.api_url, model_name=served_original.model_name,
+                  token_ids=probe_token_ids(tokenizer))
+    assert moved.mean_abs_diff > 1e-3, f"the served weights did not move: {moved}"
     trainer.close()
 
 

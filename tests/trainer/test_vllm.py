@@ -1,7 +1,7 @@
 """A real vLLM (CPU) server on a fresh tiny model: token ids and logprobs, the probe, weight sync.
 
-One server for the module (start-up costs 25-50 s). Tests that change the served weights put the
-original weights back before they end.
+The session's server (tests/conftest.py: one start for every vLLM test), put back on the tiny model's
+weights before each test here; tests that change the served weights also restore them before they end.
 """
 
 from __future__ import annotations
@@ -56,6 +56,12 @@ def _sampled_logprobs_match(model: PreTrainedModel, choice: dict) -> float:
     served = [entry["logprob"] for entry in choice["logprobs"]["content"]]
     recomputed = trainer_logprobs(model=model, token_ids=prompt + completion)[len(prompt) - 1:]
     return max(abs(a - b) for a, b in zip(served, recomputed, strict=True))
+
+
+@pytest.fixture(autouse=True)
+def _starting_weights(served_original: VllmServer) -> None:
+    """The session's server is shared (tests/conftest.py): each test here starts on the tiny model's
+    own weights, whatever a test before it trained and synced."""
 
 
 @pytest.fixture
@@ -183,8 +189,8 @@ def test_a_sync_in_the_middle_of_a_completion_is_labelled_at_the_token_it_took_e
     syncer.control.set_version(10)  # the weights served now are version 10, verified
     client = PolicyClient(base_url=vllm_server.api_url, model=vllm_server.model_name)
     prompt = list(tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, return_dict=False))
-    params = {**sampling_body(Sampling(temperature=1.0)), "max_tokens": 1024 - len(prompt) - 8, "ignore_eos": True,
-              "logprobs": 0, "skip_special_tokens": False}
+    params = {**sampling_body(Sampling(temperature=1.0)), "max_tokens": vllm_server.max_model_len - len(prompt) - 8,
+              "ignore_eos": True, "logprobs": 0, "skip_special_tokens": False}
     new = _perturbed(trainer_model, seed=5)
     result: dict[str, Any] = {}
 
@@ -192,13 +198,17 @@ def test_a_sync_in_the_middle_of_a_completion_is_labelled_at_the_token_it_took_e
         result["completion"] = client._generate(prompt, params, started=time.monotonic())
 
     worker = threading.Thread(target=sample)
+    generated = _generated_tokens(vllm_server)
     try:
         worker.start()
         deadline = time.monotonic() + 60
-        while _running_requests(vllm_server) < 1 and worker.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        time.sleep(0.3)  # some tokens sampled by version 10 first
-        syncer.push(model=new, version=11)  # pause (keep) → reload → tag "11-unverified" → resume → tag "11"
+        # Some tokens sampled by version 10 first, then the server held (pause, keep) before the
+        # completion can end: the sync lands inside it however fast this machine samples.
+        while _generated_tokens(vllm_server) < generated + 16 and worker.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        syncer.control.pause()
+        assert worker.is_alive(), "the completion ended before the server could be paused"
+        syncer.push(model=new, version=11)  # (paused) → reload → tag "11-unverified" → resume → tag "11"
         worker.join(300)
         completion = result["completion"]
         labels = [label for label, _, _ in completion.spans]
@@ -224,9 +234,8 @@ def test_a_sync_in_the_middle_of_a_completion_is_labelled_at_the_token_it_took_e
         syncer.push(model=trainer_model, version=12)
 
 
-def _running_requests(server: VllmServer) -> float:
-    """vLLM's `vllm:num_requests_running` gauge (Prometheus text at /metrics)."""
+def _generated_tokens(server: VllmServer) -> float:
+    """vLLM's `vllm:generation_tokens_total` counter: tokens sampled since the server started."""
     text = httpx.get(f"{server.base_url}/metrics", timeout=10).text
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.startswith("vllm:num_requests_running")]
-    return sum(values)
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:generation_tokens_total"))

@@ -24,7 +24,7 @@ from task_workers.episode.runner import run_episode
 from tests.support.miniwob_solver import SOLVERS, solver, wrong_click
 from tests.support.scripted_policy import tool_call
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.browser]
 
 SOLVED = sorted(SOLVERS)  # 14 MiniWoB++ tasks: the README names them
 

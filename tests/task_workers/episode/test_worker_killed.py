@@ -30,6 +30,9 @@ from task_workers.sandbox import labels as L
 from tests.support.scripted_policy import Reply
 from tests.task_workers.episode.conftest import FIX, env_spec
 
+# Sweeps, or runs a worker whose reaper sweeps, every crucible container on the machine: one xdist worker runs all of these.
+pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("docker-global")]
+
 ROOT = Path(__file__).resolve().parents[3]
 
 

@@ -52,7 +52,7 @@ def events() -> InMemoryEventSink:
     return InMemoryEventSink()
 
 
-CLI_ENV_LABEL = "cli-test"  # test_sandbox_cli.py creates its detached sandboxes with this env label
+CLI_ENV_LABEL = f"cli-test-{os.getpid()}"  # test_sandbox_cli.py's detached sandboxes (per process: xdist workers)
 
 
 def _made_by_this_session(info: ContainerInfo) -> bool:

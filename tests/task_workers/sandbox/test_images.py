@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import docker
 import pytest
 
 from environments.images import build_images, image_tag
@@ -28,6 +29,14 @@ def test_base_image_has_the_agent_user_and_tools(backend: SandboxBackend, sandbo
     config = api.inspect_image(sandbox_images["code-repo"])["Config"]
     assert "LANG=C.UTF-8" in config["Env"]
     assert api.inspect_image(sandbox_images["base"])["Id"] != api.inspect_image(sandbox_images["code-repo"])["Id"]
+    tools = ("python3", "git", "ps", "bash", "patch")
+    script = ("id -u agent; id -g agent; stat -c %U /workspace; test -d /home/agent && echo home; "
+              f"for tool in {' '.join(tools)}; do command -v $tool || echo missing:$tool; done")
+    for image in (sandbox_images["base"], sandbox_images["code-repo"]):
+        out = docker.from_env().containers.run(image, ["bash", "-c", script], network_mode="none",
+                                               remove=True).decode().split()
+        assert out[:4] == ["1000", "1000", "agent", "home"], (image, out)
+        assert [Path(found).name for found in out[4:]] == list(tools), (image, out)
 
 
 @pytest.fixture

@@ -13,7 +13,8 @@ from cli.sandbox import app
 
 from .conftest import CLI_ENV_LABEL
 
-pytestmark = pytest.mark.docker
+# Sweeps, or runs a worker whose reaper sweeps, every crucible container on the machine: one xdist worker runs all of these.
+pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("docker-global")]
 runner = CliRunner()
 
 

@@ -25,7 +25,8 @@ from task_workers.sandbox.reaper import Reaper
 
 from .conftest import CLI_ENV_LABEL, wait_for
 
-pytestmark = pytest.mark.docker
+# Sweeps, or runs a worker whose reaper sweeps, every crucible container on the machine: one xdist worker runs all of these.
+pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("docker-global")]
 runner = CliRunner()
 CRUCIBLE = str(Path(sys.executable).with_name("crucible"))
 

@@ -14,7 +14,8 @@ import pytest
 from task_workers.sandbox import InMemoryEventSink, Reaper, SandboxBackend, SandboxSpec, create_sandbox
 from task_workers.sandbox.labels import Owner
 
-pytestmark = pytest.mark.docker
+# Sweeps, or runs a worker whose reaper sweeps, every crucible container on the machine: one xdist worker runs all of these.
+pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("docker-global")]
 
 ROOT = Path(__file__).resolve().parents[3]
 

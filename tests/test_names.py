@@ -1,0 +1,123 @@
+"""The names other code and people read have one definition each, and every reader uses it:
+
+- metric names (`trainer.metrics`: constants and FAMILIES; `trainer.cost`): every metric-like string in
+  the code and the dashboard's scripts is a name the trainer writes, so a rename that misses a reader
+  (the demo, the run page, the seeded store) fails here instead of showing an empty column;
+- the step's timing stages (`trainer.metrics.STAGES`) and the cost stages (`trainer.cost.STAGES`, which
+  the run page's script repeats);
+- the trainer's crash points (`trainer.faults.POINTS`): each is passed in a step, none other is named.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trainer import cost, faults, metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+CODE = ("api", "cli", "controller", "core", "task_workers", "trainer", "scripts", "bench", "environments")
+AREAS = ("loss", "optim", "policy", "canary", "mismatch", "reward", "batch", "rollout", "throughput", "sync",
+         "timing_s", "reward_hacking", "cost", "score", "advantage")
+METRIC_LIKE = re.compile(rf"(?:{'|'.join(AREAS)})(?:/[A-Za-z0-9_.{{}}-]+)+/?")
+PLACEHOLDER = re.compile(r"\{[^}]*\}")
+
+
+def _python_strings(path: Path) -> Iterator[tuple[int, str]]:
+    """Every string constant, and every f-string with its replacement fields written `{}`."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    inside_fstrings = {id(part) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for part in node.values}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            yield node.lineno, "".join(p.value if isinstance(p, ast.Constant) else "{}" for p in node.values)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in inside_fstrings:
+            yield node.lineno, node.value
+            for quoted in re.findall(r"'([^'\s]+)'", node.value):  # names inside SQL: jsonb_build_object('…', …)
+                yield node.lineno, quoted
+
+
+def _script_strings(path: Path) -> Iterator[tuple[int, str]]:
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        for match in re.finditer(r"([\"'`])((?:(?!\1).)*)\1", line):
+            yield number, re.sub(r"\$\{[^}]*\}", "{}", match.group(2))
+
+
+def _metric_strings() -> Iterator[tuple[str, str]]:
+    for folder in CODE:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for line, value in _python_strings(path):
+                if METRIC_LIKE.fullmatch(value):
+                    yield f"{path.relative_to(ROOT)}:{line}", value
+    for path in sorted((ROOT / "api" / "dashboard" / "static").glob("*.js")):
+        for line, value in _script_strings(path):
+            if METRIC_LIKE.fullmatch(value):
+                yield f"{path.relative_to(ROOT)}:{line}", value
+
+
+def _fixed_names() -> set[str]:
+    return {value for module in (metrics, cost) for key, value in vars(module).items()
+            if key.isupper() and isinstance(value, str) and "/" in value and not value.endswith("/")}
+
+
+def _declared(value: str) -> bool:
+    """A name the trainer writes; a template (`{}` fields) that some written name fills; a prefix of one."""
+    shapes = [PLACEHOLDER.sub("{}", family) for family in metrics.FAMILIES] + sorted(_fixed_names())
+    value = PLACEHOLDER.sub("{}", value)  # "{env}", an f-string's field and a template literal's alike
+    if value.endswith("/"):
+        return any(PLACEHOLDER.sub("{}", shape).startswith(value) for shape in shapes)
+    if "{" not in value:
+        return metrics.is_metric_name(value)
+    pattern = re.compile("/".join("[^/]+" if part == "{}" else re.escape(part) for part in value.split("/")))
+    stages = [f"timing_s/{stage}" for stage in metrics.STAGES]
+    return any(pattern.fullmatch(shape) for shape in shapes + stages)
+
+
+def test_every_metric_name_in_the_code_is_one_the_trainer_writes() -> None:
+    found = list(_metric_strings())
+    assert len(found) > 40, "the scan found too few metric names to be looking in the right places"
+    unknown = [f"{where}: {value!r}" for where, value in found if not _declared(value)]
+    assert unknown == [], "not a metric the trainer writes (trainer.metrics, trainer.cost):\n" + "\n".join(unknown)
+
+
+@pytest.mark.parametrize(("name", "written"), [
+    ("reward/mean", True), ("cost/step/seconds", True), ("policy/token_lag/hist/3", True),
+    ("timing_s/update", True), ("timing_s/train", False), ("reward/mean/extra", False), ("batch/dropped/", False),
+    ("reward/success_fraction", False), ("score/{env}", False),
+])
+def test_what_counts_as_a_written_name(name: str, written: bool) -> None:
+    assert metrics.is_metric_name(name) is written
+
+
+def test_the_run_pages_cost_stages_are_the_trainers() -> None:
+    script = (ROOT / "api" / "dashboard" / "static" / "run.js").read_text()
+    match = re.search(r"const COST_STAGES = \[([^\]]*)\]", script)
+    assert match is not None, "run.js no longer names COST_STAGES"
+    assert tuple(re.findall(r"\"([a-z_]+)\"", match.group(1))) == cost.STAGES
+
+
+def _crash_points_passed() -> list[tuple[str, str]]:
+    passed = []
+    for path in sorted((ROOT / "trainer").rglob("*.py")) + sorted((ROOT / "cli").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "crash_point":
+                first = node.args[0] if node.args else None
+                name = first.value if isinstance(first, ast.Constant) else ast.unparse(first) if first else ""
+                passed.append((f"{path.relative_to(ROOT)}:{node.lineno}", name))
+    return passed
+
+
+def test_every_crash_point_is_passed_in_a_step_and_no_other_is_named() -> None:
+    passed = _crash_points_passed()
+    assert {name for _, name in passed} == set(faults.POINTS), passed
+    with pytest.raises(ValueError, match="expected one of update, pending, commit, promote, got 'pendng'"):
+        faults.crash_point("pendng", step=1)
+
+
+def test_an_unknown_timing_stage_is_refused_by_name() -> None:
+    assert [metrics.timing_key(stage) for stage in metrics.STAGES] == [f"timing_s/{s}" for s in metrics.STAGES]
+    with pytest.raises(ValueError, match="expected one of generate, score"):
+        metrics.timing_key("train")
