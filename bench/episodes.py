@@ -60,9 +60,7 @@ from trainer.rollouts import load_groups  # noqa: E402
 from trainer.selection import StalenessRule, apply_staleness_mask, may_step, past_cap  # noqa: E402
 from trainer.store import (  # noqa: E402
     claim_complete_groups,
-    complete_groups_besides,
-    inflight_groups,
-    more_groups_possible,
+    nothing_more_to_come,
     oldest_waiting_version,
 )
 
@@ -192,7 +190,6 @@ class StandInTrainer:
         self.task_order: list[int] = []
         self.busy_s = 0.0
         self.first_trained_at: float | None = None
-        self.steps: list[tuple[float, float]] = []  # (start, end) of each update, on the monotonic clock
         self.finished_at = 0.0
         self.done = threading.Event()
 
@@ -202,9 +199,7 @@ class StandInTrainer:
             if len(claimed) == self.batch_size:
                 return claimed
             # As the real trainer: fewer only when no more can come (a group was dropped, the budget is spent).
-            last = claimed and inflight_groups(session, run_id=self.run_id) == 0 and not more_groups_possible(
-                session, run_id=self.run_id) and complete_groups_besides(
-                session, run_id=self.run_id, claimed={g.id for g in claimed}) == 0
+            last = claimed and nothing_more_to_come(session, run_id=self.run_id, claimed={g.id for g in claimed})
             return claimed if last else None
         groups = session.execute(
             select(EpisodeGroup).where(EpisodeGroup.run_id == self.run_id, EpisodeGroup.group_index >= cursor,
@@ -260,7 +255,6 @@ class StandInTrainer:
                         group.status, group.consumed_step = GroupStatus.CONSUMED, version
                     session.execute(sql_update(Run).where(Run.id == self.run_id).values(policy_version=version))
                 self.busy_s += time.monotonic() - started  # the update, its commit and the version bump
-                self.steps.append((started, time.monotonic()))
         self.finished_at = time.monotonic()
         self.done.set()
 

@@ -58,14 +58,9 @@ def _metric_strings() -> Iterator[tuple[str, str]]:
                 yield f"{path.relative_to(ROOT)}:{line}", value
 
 
-def _fixed_names() -> set[str]:
-    return {value for module in (metrics, cost) for key, value in vars(module).items()
-            if key.isupper() and isinstance(value, str) and "/" in value and not value.endswith("/")}
-
-
 def _declared(value: str) -> bool:
     """A name the trainer writes; a template (`{}` fields) that some written name fills; a prefix of one."""
-    shapes = [PLACEHOLDER.sub("{}", family) for family in metrics.FAMILIES] + sorted(_fixed_names())
+    shapes = [PLACEHOLDER.sub("{}", family) for family in metrics.FAMILIES] + sorted(metrics.fixed_names())
     value = PLACEHOLDER.sub("{}", value)  # "{env}", an f-string's field and a template literal's alike
     if value.endswith("/"):
         return any(PLACEHOLDER.sub("{}", shape).startswith(value) for shape in shapes)

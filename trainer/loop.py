@@ -56,14 +56,12 @@ from trainer.step import UpdateResult, advantages, generate, score, update
 from trainer.store import (
     PassOutcome,
     TrainedValue,
-    complete_groups_besides,
     consumed_groups,
     get_run,
     hold_trainer_lock,
-    inflight_groups,
     last_step,
     mark_dropped,
-    more_groups_possible,
+    nothing_more_to_come,
     oldest_waiting_version,
     publish_version,
     record_step,
@@ -275,9 +273,7 @@ class Trainer:
             return self._paced(session, plan)
         if plan.dropped or not plan.groups:  # commit the drops first: the controller replaces them
             return False
-        return inflight_groups(session, run_id=self.run_id) == 0 and not more_groups_possible(
-            session, run_id=self.run_id) and complete_groups_besides(
-            session, run_id=self.run_id, claimed={group.id for group in plan.groups}) == 0
+        return nothing_more_to_come(session, run_id=self.run_id, claimed={group.id for group in plan.groups})
 
     def _paced(self, session: Session, plan: BatchPlan) -> bool:
         """Whether this step leaves no running group past the hard cap (trainer.selection.may_step); a

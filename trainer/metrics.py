@@ -16,6 +16,7 @@ The step's cost (cost/…: time and tokens per stage, FLOPs, FLOP/s, MFU) is nam
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections import Counter, defaultdict
@@ -83,14 +84,19 @@ FAMILIES = (
 """The templated names (the docstring's families); `timing_s/{stage}` takes only the STAGES."""
 
 
-def is_metric_name(name: str) -> bool:
-    """Whether the trainer writes (or may write) a metric of this name: a constant here or in
-    `trainer.cost`, or one of the FAMILIES with its placeholders filled."""
+@functools.cache
+def fixed_names() -> frozenset[str]:
+    """Every metric name that is a constant here or in `trainer.cost` (not a template)."""
     from trainer import cost
 
-    fixed = {value for module in (globals(), vars(cost)) for key, value in module.items()
-             if key.isupper() and isinstance(value, str) and "/" in value and not value.endswith("/")}
-    if name in fixed:
+    return frozenset(value for module in (globals(), vars(cost)) for key, value in module.items()
+                     if key.isupper() and isinstance(value, str) and "/" in value and not value.endswith("/"))
+
+
+def is_metric_name(name: str) -> bool:
+    """Whether the trainer writes (or may write) a metric of this name: one of `fixed_names()`, or one
+    of the FAMILIES with its placeholders filled."""
+    if name in fixed_names():
         return True
     if name.startswith("timing_s/"):
         return name.removeprefix("timing_s/") in STAGES

@@ -136,6 +136,13 @@ def complete_groups_besides(session: Session, *, run_id: int, claimed: set[int])
     return int(session.execute(query).scalar_one())
 
 
+def nothing_more_to_come(session: Session, *, run_id: int, claimed: set[int]) -> bool:
+    """Whether a batch of `claimed` (group ids) is the run's last: nothing runs, the controller may
+    dispatch no more, and no complete group is left outside it (not even one another transaction holds)."""
+    return inflight_groups(session, run_id=run_id) == 0 and not more_groups_possible(
+        session, run_id=run_id) and complete_groups_besides(session, run_id=run_id, claimed=claimed) == 0
+
+
 def oldest_waiting_version(session: Session, *, run_id: int, batch: set[int]) -> int | None:
     """The dispatch version of the oldest group a step on `batch` (group ids) would leave behind: still
     running, or complete but not in the batch (it completed after the claim). None: there is none."""
