@@ -197,17 +197,31 @@ def test_a_sync_in_the_middle_of_a_completion_is_labelled_at_the_token_it_took_e
     def sample() -> None:
         result["completion"] = client._generate(prompt, params, started=time.monotonic())
 
-    worker = threading.Thread(target=sample)
-    generated = _generated_tokens(vllm_server)
-    try:
+    # The tiny model samples the whole completion in about a second here, faster than vLLM's /metrics
+    # can be polled, so the pause comes after a delay found by trials: start the completion, wait
+    # `delay`, pause (keep). Paused with tokens already sampled by version 10 and the completion not
+    # ended (fewer tokens counted than it asks for): the sync lands inside it. Paused before the first token: resume, let it end, wait longer.
+    # Ended before the pause: wait less. Each trial is one completion; the test fails if none lands.
+    delay, trials = 0.0, []
+    for _ in range(12):
+        result.clear()
+        before = _generated_tokens(vllm_server)
+        worker = threading.Thread(target=sample)
         worker.start()
-        deadline = time.monotonic() + 60
-        # Some tokens sampled by version 10 first, then the server held (pause, keep) before the
-        # completion can end: the sync lands inside it however fast this machine samples.
-        while _generated_tokens(vllm_server) < generated + 16 and worker.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        time.sleep(delay)
         syncer.control.pause()
-        assert worker.is_alive(), "the completion ended before the server could be paused"
+        sampled = _generated_tokens(vllm_server) - before
+        trials.append((round(delay, 3), sampled, worker.is_alive()))
+        # (the counter may trail the engine by a step or two: a margin, so "not ended" is sure)
+        if worker.is_alive() and 0 < sampled < params["max_tokens"] - 64:
+            break
+        syncer.control.resume()
+        worker.join(300)
+        delay = delay / 2 if sampled > 0 else max(2 * delay, 0.01)
+    else:
+        syncer.control.resume()
+        pytest.fail(f"no trial paused the server inside a completion: (delay s, tokens, running) {trials}")
+    try:
         syncer.push(model=new, version=11)  # (paused) → reload → tag "11-unverified" → resume → tag "11"
         worker.join(300)
         completion = result["completion"]
