@@ -12,8 +12,7 @@ end. Bodies are bounded by `api.limits`.
 from __future__ import annotations
 
 import json
-import logging
-import re
+import socket
 from typing import Any
 
 import h11
@@ -21,22 +20,10 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from api.errors import error_body
+from core.errors import ServiceUnavailable
 from core.settings import get_settings
 
 KEEP_ALIVE_S = 5
-_SECRET_PARAM = re.compile(r"(?i)([?&](?:token|access_token|api_token)=)[^&\s\"]*")
-
-
-class RedactSecrets(logging.Filter):
-    """The access log never holds a token: a `?token=` an old link or a stranger sends is masked."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple):
-            record.args = tuple(_SECRET_PARAM.sub(r"\1***", arg) if isinstance(arg, str) else arg
-                                for arg in record.args)
-        return True
-
-
 class BoundedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol, answering a malformed or oversized request head with its real status."""
 
@@ -81,7 +68,22 @@ def uvicorn_config(*, host: str, port: int, app: Any = "api.main:app") -> uvicor
     )
 
 
+def listening_socket(*, host: str, port: int) -> socket.socket:
+    """The API's socket, bound before uvicorn starts: a port in use is one line naming it (ServiceUnavailable),
+    not uvicorn's six lines after "Application startup complete" and exit 3."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise ServiceUnavailable(f"--host/--port: expected an address this process can listen on, got {host}:{port} "
+                                 f"({error.strerror or error})") from None
+    return sock
+
+
 def serve(*, host: str, port: int) -> None:
-    config = uvicorn_config(host=host, port=port)  # configures uvicorn's loggers; filter after it
-    logging.getLogger("uvicorn.access").addFilter(RedactSecrets())
-    uvicorn.Server(config).run()
+    sock = listening_socket(host=host, port=port)
+    config = uvicorn_config(host=host, port=port)  # its access lines are masked by core.redact (?token=…)
+    uvicorn.Server(config).run(sockets=[sock])

@@ -19,6 +19,7 @@ from cli.model import serve
 from cli.rm import app as rm_app
 from cli.sandbox import app as sandbox_app
 from cli.trainer import trainer
+from core import redact
 from core.settings import get_settings
 
 app = typer.Typer(
@@ -55,6 +56,7 @@ def _configure(
     with readable_errors():
         settings = get_settings()  # fail fast on bad settings, before any command runs
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    redact.install(redact.settings_secrets())  # before any command logs: no credential in any line
 
 
 @app.command()

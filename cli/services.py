@@ -22,7 +22,8 @@ def api(
             check_ready_to_serve(session, get_settings())
     from api.server import serve
 
-    serve(host=host, port=port)
+    with readable_errors():
+        serve(host=host, port=port)
 
 
 def worker(
@@ -30,9 +31,15 @@ def worker(
     concurrency: int = typer.Option(0, min=0, help="Threads; 0 = CRUCIBLE_WORKER_CONCURRENCY."),
 ) -> None:
     """Start a Celery task worker (threads pool: episodes are I/O-bound)."""
+    from core.errors import ServiceUnavailable
+    from core.health import check_broker, check_database
     from task_workers.celery_app import connect_worker_signals, get_app
 
     with readable_errors():
+        database, database_url = check_database(get_settings())
+        broker = check_broker(get_settings(), database_url) if database.ok else database
+        if not broker.ok:  # one line, not Celery's banner and a hundred retries
+            raise ServiceUnavailable(f"{broker.name}: {broker.detail} ({broker.fix})")
         app = get_app()
     from environments.registry import kind_names
 

@@ -236,7 +236,9 @@ def _follow() -> None:
 if __name__ == "__main__":
     import logging
 
+    from core import redact
     from core.settings import get_settings
 
     logging.basicConfig(level=get_settings().log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    redact.install(redact.settings_secrets())
     typer.run(trainer)

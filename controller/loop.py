@@ -39,6 +39,8 @@ class StepReport:
     dispatched: dict[int, int] = field(default_factory=dict)
     """Groups dispatched per run."""
     resent: int = 0
+    orphaned: int = 0
+    """Running episodes whose worker process was gone (controller/reconcile.py), lost at once."""
     failed: int = 0
     finished: list[int] = field(default_factory=list)
     errors: dict[int, str] = field(default_factory=dict)
@@ -73,9 +75,9 @@ class Controller:
                     report.errors[run_id] = str(error)
                     logger.exception("run %s: pass failed", run_id)
         self._report_errors(report)
-        if report.dispatched or report.resent or report.failed or report.finished:
+        if report.dispatched or report.resent or report.orphaned or report.failed or report.finished:
             log_event("controller.step", controller=self.name, dispatched=report.dispatched,
-                      resent=report.resent, failed=report.failed, finished=report.finished)
+                      resent=report.resent, orphaned=report.orphaned, failed=report.failed, finished=report.finished)
         return report
 
     def _step_run(self, session: Session, *, run_id: int, report: StepReport) -> None:
@@ -83,6 +85,7 @@ class Controller:
             session.commit()  # release what the fold holds before reconcile and dispatch
         reconciled = reconcile_run(session, run_id=run_id, dispatcher=self.dispatcher, settings=self.settings)
         report.resent += len(reconciled.resent)
+        report.orphaned += len(reconciled.orphaned)
         report.failed += len(reconciled.failed)
         for episode_id in sorted(set(reconciled.slow) - self._reported_slow.get(run_id, set())):
             log_event("reconcile.slow", level=logging.WARNING, run_id=run_id, episode_id=episode_id)

@@ -2,6 +2,9 @@
 
 Per active run, each pass:
 - *unsent* episodes (pending with no deadline: a send failed) are sent again;
+- *orphaned* episodes are lost at once, whatever their deadline: running, leased by a worker process
+  (its incarnation, task_workers/heartbeat.py) that is gone — its name now beats under another
+  incarnation (restarted: compose keeps the hostname), it stopped, or its heartbeat went stale;
 - episodes past their deadline are judged:
     started, worker alive (fresh heartbeat)  → slow: left alone (the worker enforces the timeout);
     started, worker dead or unknown          → lost;
@@ -25,8 +28,9 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import exists, func, select, update
+from sqlalchemy import and_, exists, func, select, update
 from sqlalchemy.orm import Session
 
 from controller.config import ControllerConfig
@@ -46,6 +50,8 @@ SOURCE = "controller"
 class ReconcileResult:
     run_id: int
     resent: list[int] = field(default_factory=list)
+    orphaned: list[int] = field(default_factory=list)
+    """Running episodes whose worker process was gone: lost at once (requeued, or failed after max_attempts)."""
     failed: list[int] = field(default_factory=list)
     slow: list[int] = field(default_factory=list)
     queued: list[int] = field(default_factory=list)
@@ -57,6 +63,7 @@ class ReconcileResult:
 @dataclass(frozen=True)
 class _Liveness:
     alive_workers: set[str]
+    alive_incarnations: set[str]
     served_queues: set[str]
     busy_queues: set[str]
     """Queues with an episode running now."""
@@ -70,6 +77,7 @@ def reconcile_run(
     """One reconciliation pass over a run. Commits."""
     result = ReconcileResult(run_id=run_id)
     _send_unsent(session, run_id=run_id, dispatcher=dispatcher, settings=settings, result=result)
+    _requeue_orphans(session, run_id=run_id, dispatcher=dispatcher, settings=settings, result=result)
     _handle_overdue(session, run_id=run_id, dispatcher=dispatcher, settings=settings, result=result)
     result.groups_completed = complete_finished_groups(session, run_id=run_id)
     session.commit()
@@ -130,17 +138,29 @@ def _send_all(
         result.resent.extend(episode_ids[:sent])
 
 
+def _locked(session: Session, run_id: int, *conditions: Any) -> list[Any]:
+    """The run's episodes meeting `conditions`, with their environments, row-locked (skipping those
+    another controller pass holds), oldest first."""
+    return list(session.execute(
+        select(Episode, Environment)
+        .join(Environment, Environment.id == Episode.environment_id)
+        .where(Episode.run_id == run_id, *conditions)
+        .order_by(Episode.id)
+        .with_for_update(skip_locked=True, of=Episode)
+    ).all())
+
+
+def _fresh(settings: ControllerConfig) -> Any:
+    """A worker row that is alive: not stopped, and beating within heartbeat_timeout_s."""
+    return and_(Worker.stopped_at.is_(None),
+                Worker.last_heartbeat_at >= func.now() - timedelta(seconds=settings.heartbeat_timeout_s))
+
+
 def _send_unsent(
     session: Session, *, run_id: int, dispatcher: Dispatcher, settings: ControllerConfig, result: ReconcileResult
 ) -> None:
-    rows = session.execute(
-        select(Episode, Environment)
-        .join(Environment, Environment.id == Episode.environment_id)
-        .where(Episode.run_id == run_id, Episode.status == EpisodeStatus.PENDING,
-               Episode.started_at.is_(None), Episode.deadline_at.is_(None))
-        .order_by(Episode.id)
-        .with_for_update(skip_locked=True, of=Episode)
-    ).all()
+    rows = _locked(session, run_id, Episode.status == EpisodeStatus.PENDING, Episode.started_at.is_(None),
+                   Episode.deadline_at.is_(None))
     if not rows:
         return
     now = database_now(session)
@@ -153,16 +173,30 @@ def _send_unsent(
     _send_all(session, dispatcher, by_queue, result)
 
 
+def _requeue_orphans(
+    session: Session, *, run_id: int, dispatcher: Dispatcher, settings: ControllerConfig, result: ReconcileResult
+) -> None:
+    alive = select(Worker.incarnation).where(Worker.incarnation.is_not(None), _fresh(settings))
+    rows = _locked(session, run_id, Episode.status == EpisodeStatus.RUNNING, Episode.worker_incarnation.is_not(None),
+                   Episode.worker_incarnation.not_in(alive))
+    if not rows:
+        return
+    now = database_now(session)
+    by_queue: dict[str, list[int]] = defaultdict(list)
+    for episode, env in rows:
+        result.orphaned.append(episode.id)
+        if _requeue_or_fail(episode, now=now, horizon=episode_horizon(env, settings), settings=settings):
+            by_queue[env.kind].append(episode.id)
+        else:
+            result.failed.append(episode.id)
+    session.commit()
+    _send_all(session, dispatcher, by_queue, result)
+
+
 def _handle_overdue(
     session: Session, *, run_id: int, dispatcher: Dispatcher, settings: ControllerConfig, result: ReconcileResult
 ) -> None:
-    rows = session.execute(
-        select(Episode, Environment)
-        .join(Environment, Environment.id == Episode.environment_id)
-        .where(Episode.run_id == run_id, Episode.status.in_(OUTSTANDING), Episode.deadline_at < func.now())
-        .order_by(Episode.id)
-        .with_for_update(skip_locked=True, of=Episode)
-    ).all()
+    rows = _locked(session, run_id, Episode.status.in_(OUTSTANDING), Episode.deadline_at < func.now())
     if not rows:
         return
     now = database_now(session)
@@ -184,6 +218,8 @@ def _handle_overdue(
 
 def _judge(episode: Episode, env: Environment, liveness: _Liveness) -> str:
     if episode.started_at is not None:
+        if episode.worker_incarnation is not None:
+            return "slow" if episode.worker_incarnation in liveness.alive_incarnations else "lost"
         return "slow" if episode.worker in liveness.alive_workers else "lost"
     if env.kind not in liveness.served_queues:
         return "queued"
@@ -195,10 +231,7 @@ def _judge(episode: Episode, env: Environment, liveness: _Liveness) -> str:
 
 
 def _liveness(session: Session, *, settings: ControllerConfig) -> _Liveness:
-    fresh_since = func.now() - timedelta(seconds=settings.heartbeat_timeout_s)
-    workers = session.execute(
-        select(Worker.name, Worker.queues).where(Worker.stopped_at.is_(None), Worker.last_heartbeat_at >= fresh_since)
-    ).all()
+    workers = session.execute(select(Worker.name, Worker.queues, Worker.incarnation).where(_fresh(settings))).all()
     live_runs = select(Run.id).where(Run.status.in_((RunStatus.PENDING, RunStatus.RUNNING, RunStatus.STOPPED)))
     running = session.execute(
         select(Environment.id, Environment.kind, func.max(Episode.deadline_at))
@@ -207,8 +240,9 @@ def _liveness(session: Session, *, settings: ControllerConfig) -> _Liveness:
         .group_by(Environment.id, Environment.kind)
     ).all()
     return _Liveness(
-        alive_workers={name for name, _ in workers},
-        served_queues={str(queue) for _, queues in workers for queue in (queues or [])},
+        alive_workers={name for name, _, _ in workers},
+        alive_incarnations={incarnation for _, _, incarnation in workers if incarnation is not None},
+        served_queues={str(queue) for _, queues, _ in workers for queue in (queues or [])},
         busy_queues={kind for _, kind, _ in running},
         latest_running={env_id: latest for env_id, _, latest in running if latest is not None},
     )
@@ -219,7 +253,7 @@ def _requeue_or_fail(
 ) -> bool:
     """Record the loss; back to pending (True) or, after max_attempts losses, failed (False)."""
     record = {"reason": TerminationReason.WORKER_LOST.value, "worker": episode.worker, "at": now.isoformat(),
-              "status": episode.status, "source": SOURCE}
+              "status": episode.status, "source": SOURCE, "incarnation": episode.worker_incarnation}
     episode.failures = [*episode.failures, record]
     episode.attempts += 1
     losses = sum(1 for item in episode.failures if isinstance(item, dict) and item.get("source") == SOURCE)
@@ -232,6 +266,6 @@ def _requeue_or_fail(
         episode.finished_at = now
         return False
     episode.status = EpisodeStatus.PENDING
-    episode.worker, episode.started_at = None, None
+    episode.worker, episode.worker_incarnation, episode.started_at = None, None, None
     episode.deadline_at = now + horizon
     return True

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import httpx
 
 from core.errors import CrucibleError
+from core.redact import mask
 from core.settings import Settings, public_url
 
 MIN_FREE_DISK_GB = 5.0
@@ -54,7 +55,7 @@ def check_broker(settings: Settings, database_url: str | None) -> CheckResult:
     if settings.broker_url is None and database_url is None:
         return CheckResult("broker", False, True, "no database, so no SQLAlchemy broker", "fix the database first")
     url = broker_url_for(settings, database_url or "")
-    shown = "SQLAlchemy transport on the database" if settings.broker_url is None else url.split("@")[-1]
+    shown = "SQLAlchemy transport on the database" if settings.broker_url is None else mask(url)
     try:
         with Connection(url, connect_timeout=3) as connection:
             connection.ensure_connection(max_retries=1, timeout=3)

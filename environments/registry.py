@@ -22,6 +22,12 @@ def kind_names() -> list[str]:
     return sorted(KINDS)
 
 
+def kind_tools(name: str) -> list[str]:
+    """The tools kind `name` offers (its module's TOOL_SCHEMAS), in order: what a spec's `tools` picks from."""
+    module_name, _, _ = KINDS[name].partition(":")
+    return list(import_module(module_name).TOOL_SCHEMAS)
+
+
 def get_kind(name: str) -> type[EnvironmentKind]:
     try:
         module_name, _, attr = KINDS[name].partition(":")

@@ -236,6 +236,20 @@ class EnvironmentSpec(BaseModel):
             raise ValueError(f"kind: expected one of {', '.join(sorted(kind_names()))}, got {self.kind!r}")
         return self
 
+    @model_validator(mode="after")
+    def _tools_are_the_kinds(self) -> EnvironmentSpec:
+        """At registration, not at every episode: `tools: ["../../bin/sh"]` was stored and failed later."""
+        from environments.registry import kind_names, kind_tools
+
+        if self.tools is None or self.kind not in kind_names():
+            return self
+        offered = kind_tools(self.kind)
+        unknown = [name for name in self.tools if name not in offered]
+        if unknown or len(set(self.tools)) != len(self.tools) or not self.tools:
+            raise ValueError(f"tools: expected distinct names among {', '.join(offered)} (kind {self.kind}), got "
+                             f"{json.dumps(self.tools)[:300]}")
+        return self
+
     def content_hash(self) -> str:
         data = self.model_dump(mode="json")
         if data.get("browser") is None:  # specs from before the section existed keep their hash

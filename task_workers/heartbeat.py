@@ -1,7 +1,11 @@
 """A worker's presence in the `workers` table, refreshed every few seconds by a daemon thread.
 
 The controller reads `last_heartbeat_at` to tell a dead worker (stale: its episodes are
-`worker_lost` and redispatched) from a slow one.
+`worker_lost` and redispatched) from a slow one, and `incarnation` to tell this process from an
+earlier one under the same name: each worker process has its own (`incarnation()`), written on the
+worker's row when it starts and on every episode it leases. A worker that starts under a name whose
+previous incarnation did not stop cleanly (killed, its machine gone) takes the row over, and the
+controller requeues the previous incarnation's episodes on its next pass (controller/reconcile.py).
 """
 
 from __future__ import annotations
@@ -10,33 +14,78 @@ import logging
 import os
 import socket
 import threading
+import uuid
 from datetime import UTC, datetime
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
 
 from core.db import session_scope
 from core.models import Worker
 
 logger = logging.getLogger(__name__)
 
+_incarnations: dict[int, str] = {}
+_announced: set[int] = set()
 
-def beat(*, name: str, queues: list[str]) -> None:
-    now = datetime.now(UTC)
-    statement = insert(Worker).values(
-        name=name, hostname=socket.gethostname(), pid=os.getpid(), queues=queues, last_heartbeat_at=now,
-    )
-    statement = statement.on_conflict_do_update(
-        index_elements=[Worker.name],
-        set_={"last_heartbeat_at": now, "pid": os.getpid(), "queues": queues, "stopped_at": None},
-    )
+
+def incarnation() -> str:
+    """This process's incarnation id: new in every process (a fork gets its own), fixed for its life."""
+    pid = os.getpid()
+    if pid not in _incarnations:
+        _incarnations[pid] = uuid.uuid4().hex
+    return _incarnations[pid]
+
+
+def announced() -> str | None:
+    """This process's incarnation once it beats under a worker name (what an episode it leases
+    records), else None: an episode run outside a worker is judged by its deadline alone."""
+    return incarnation() if os.getpid() in _announced else None
+
+
+def take_over(*, name: str, queues: list[str]) -> str | None:
+    """Announce this incarnation under `name`; the previous incarnation if it had not stopped cleanly
+    (its leased episodes are then lost: the controller requeues them)."""
+    mine = incarnation()
     with session_scope() as session:
-        session.execute(statement)
+        previous = session.execute(
+            select(Worker.incarnation, Worker.stopped_at).where(Worker.name == name).with_for_update()
+        ).one_or_none()
+        _upsert(session, name=name, queues=queues, only_mine=False)
+    _announced.add(os.getpid())
+    if previous is None or previous.stopped_at is not None or previous.incarnation in (None, mine):
+        return None
+    logger.warning("worker %s: the previous process under this name (incarnation %s) did not stop cleanly; "
+                   "the controller requeues the episodes it held", name, previous.incarnation)
+    return str(previous.incarnation)
+
+
+def beat(*, name: str, queues: list[str]) -> bool:
+    """Refresh this incarnation's heartbeat; False (and nothing written) when another process has
+    taken the name over since: this one's episodes are being requeued, and it should be stopped."""
+    with session_scope() as session:
+        return _upsert(session, name=name, queues=queues, only_mine=True)
+
+
+def _upsert(session: Session, *, name: str, queues: list[str], only_mine: bool) -> bool:
+    now = datetime.now(UTC)
+    mine = incarnation()
+    values = {"last_heartbeat_at": now, "pid": os.getpid(), "hostname": socket.gethostname(), "queues": queues}
+    statement = (
+        insert(Worker).values(name=name, incarnation=mine, **values)
+        .on_conflict_do_update(index_elements=[Worker.name], set_={**values, "stopped_at": None, "incarnation": mine},
+                               where=(Worker.incarnation == mine) if only_mine else None)
+        .returning(Worker.id)
+    )
+    return session.execute(statement).first() is not None
 
 
 def mark_stopped(*, name: str) -> None:
+    """A clean stop: this incarnation's row is marked stopped (not a successor's)."""
     with session_scope() as session:
-        session.execute(update(Worker).where(Worker.name == name).values(stopped_at=datetime.now(UTC)))
+        session.execute(update(Worker).where(Worker.name == name, Worker.incarnation == incarnation())
+                        .values(stopped_at=datetime.now(UTC)))
 
 
 class Heartbeat:
@@ -44,9 +93,10 @@ class Heartbeat:
         self.name, self.queues, self.interval_s = name, queues, interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="crucible-heartbeat", daemon=True)
+        self._superseded = False
 
     def start(self) -> None:
-        beat(name=self.name, queues=self.queues)
+        take_over(name=self.name, queues=self.queues)
         self._thread.start()
 
     def stop(self) -> None:
@@ -57,6 +107,12 @@ class Heartbeat:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
-                beat(name=self.name, queues=self.queues)
+                kept = beat(name=self.name, queues=self.queues)
             except Exception:  # a missed beat is logged, never fatal: the next one may get through
                 logger.exception("heartbeat failed")
+                continue
+            if not kept and not self._superseded:
+                self._superseded = True
+                logger.error("worker %s: another process has started under this name; the controller requeues "
+                             "this one's episodes. Give every worker process its own CRUCIBLE_WORKER_NAME, "
+                             "and stop this one.", self.name)

@@ -13,6 +13,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from core.db import session_scope
 from core.settings import get_settings
 from core.termination import TerminationReason
+from task_workers import heartbeat
 from task_workers.episode.errors import InfrastructureFault
 from task_workers.episode.group_judge import judge_after_failure
 from task_workers.episode.persist import record_fault
@@ -43,7 +44,8 @@ def run_episode_task(self: Any, episode_id: int) -> dict[str, Any]:
     worker = get_settings().worker_name
     context = worker_context()
     try:
-        outcome = run_episode(episode_id, policy=context.policy, sandboxes=context.sandboxes, worker=worker)
+        outcome = run_episode(episode_id, policy=context.policy, sandboxes=context.sandboxes, worker=worker,
+                              incarnation=heartbeat.announced())
     except (InfrastructureFault, SoftTimeLimitExceeded) as fault:
         reason = getattr(fault, "reason", TerminationReason.WORKER_LOST)
         final = self.request.retries >= MAX_RETRIES

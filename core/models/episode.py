@@ -108,6 +108,9 @@ class Episode(Base):
     """What the hack monitors saw (core.flags.EpisodeFlag values), e.g. ["forged_exit"]."""
     sandbox_id: Mapped[str | None] = mapped_column(String(64))
     worker: Mapped[str | None] = mapped_column(String(128))
+    worker_incarnation: Mapped[str | None] = mapped_column(String(64))
+    """The worker process that leased it (task_workers.heartbeat.incarnation()): when that process is
+    gone (its name now beats under another incarnation, or its heartbeat stopped) the episode is requeued."""
     deadline_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -1,5 +1,9 @@
 """Task workers announce themselves and beat a heartbeat, so the controller can tell a dead worker
-(stale heartbeat: its episodes are `worker_lost` and redispatched) from a slow one."""
+(stale heartbeat: its episodes are `worker_lost` and redispatched) from a slow one.
+
+A row per worker name; `incarnation` is the process beating under it now. A worker restarted under the
+same name (compose's `restart: unless-stopped` keeps the hostname) gets a new incarnation, and the
+episodes the previous one leased are lost at once, whatever their deadlines."""
 
 from datetime import datetime
 from typing import Any
@@ -17,6 +21,7 @@ class Worker(Base):
     name: Mapped[str] = mapped_column(String(128), unique=True)
     hostname: Mapped[str] = mapped_column(String(128))
     pid: Mapped[int] = mapped_column(Integer)
+    incarnation: Mapped[str | None] = mapped_column(String(64))
     queues: Mapped[list[Any]] = mapped_column(default=list)
     started_at: Mapped[datetime] = created_at_column()
     last_heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

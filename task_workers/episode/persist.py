@@ -21,13 +21,15 @@ from task_workers.episode.trajectory import Trajectory
 ENDED = (EpisodeStatus.COMPLETED, EpisodeStatus.FAILED, EpisodeStatus.CANCELLED)
 
 
-def claim_episode(session: Session, *, episode_id: int, worker: str) -> Episode | None:
-    """Mark the episode running under this worker; None if it has already ended (a redelivery)."""
+def claim_episode(session: Session, *, episode_id: int, worker: str, incarnation: str | None = None
+                  ) -> Episode | None:
+    """Mark the episode running under this worker (and the process's incarnation, when it beats a
+    heartbeat: task_workers.heartbeat); None if it has already ended (a redelivery)."""
     episode = session.execute(select(Episode).where(Episode.id == episode_id).with_for_update()).scalar_one_or_none()
     if episode is None or episode.status in ENDED:
         return None
     episode.status = EpisodeStatus.RUNNING
-    episode.worker = worker
+    episode.worker, episode.worker_incarnation = worker, incarnation
     episode.started_at = datetime.now(UTC)
     episode.attempts += 1
     return episode

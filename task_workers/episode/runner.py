@@ -79,9 +79,9 @@ class _Loaded:
     """The task is a hack canary (core/canaries.py): any reward on its verification layer is a hack."""
 
 
-def _load(episode_id: int, *, worker: str) -> _Loaded | None:
+def _load(episode_id: int, *, worker: str, incarnation: str | None) -> _Loaded | None:
     with session_scope() as session:
-        episode = claim_episode(session, episode_id=episode_id, worker=worker)
+        episode = claim_episode(session, episode_id=episode_id, worker=worker, incarnation=incarnation)
         if episode is None:
             return None
         env_row = session.get(Environment, episode.environment_id)
@@ -107,11 +107,14 @@ def _run_sampling(session: Any, episode: Episode) -> tuple[Sampling, bool]:
 
 
 def run_episode(
-    episode_id: int, *, policy: PolicyClient | PolicyPool, sandboxes: SandboxProvider, worker: str
+    episode_id: int, *, policy: PolicyClient | PolicyPool, sandboxes: SandboxProvider, worker: str,
+    incarnation: str | None = None,
 ) -> EpisodeOutcome:
-    """`policy`: one server, or a pool whose replica the episode leases for all its turns."""
+    """`policy`: one server, or a pool whose replica the episode leases for all its turns. `incarnation`:
+    the worker process's (task_workers.heartbeat), recorded on the episode so that the controller
+    requeues it at once if that process dies; None outside a worker (no heartbeat to judge it by)."""
     started = time.monotonic()
-    loaded = _load(episode_id, worker=worker)
+    loaded = _load(episode_id, worker=worker, incarnation=incarnation)
     if loaded is None:
         group_id = group_of(episode_id)
         grouped = group_id is not None and judge_finished_group(group_id, worker=worker)  # a retry after an outage

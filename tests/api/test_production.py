@@ -100,3 +100,19 @@ def test_no_token_in_the_access_log_after_a_dashboard_login(db_session: Session,
     assert '"POST /login HTTP/1.1" 303' in log and '"GET /episodes HTTP/1.1" 200' in log  # the log was written
     assert "GET /episodes?token=***&page=2" in log
     assert token not in log and token[4:] not in log
+
+
+def test_a_port_in_use_is_one_line_naming_it(db_session: Session) -> None:
+    """(issue 24) uvicorn printed six lines, "Application startup complete" among them, and exited 3."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        result = subprocess.run(crucible_command("api", "--port", str(port)), cwd=ROOT, env=crucible_env(),
+                                capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert result.stderr.strip().splitlines() == [
+        f"error: --host/--port: expected an address this process can listen on, got 127.0.0.1:{port} "
+        "(Address already in use)"], result.stderr

@@ -43,9 +43,9 @@ def launch(session: Session, envs: list[Environment] | Environment, **config: An
 
 
 def worker(session: Session, name: str, *, queues: tuple[str, ...] = (QUEUE,), age_s: float = 0.0,
-           stopped: bool = False) -> Worker:
+           stopped: bool = False, incarnation: str | None = None) -> Worker:
     """A worker row whose last heartbeat was `age_s` seconds ago (database clock)."""
-    row = Worker(name=name, hostname="test-host", pid=1, queues=list(queues),
+    row = Worker(name=name, hostname="test-host", pid=1, queues=list(queues), incarnation=incarnation,
                  last_heartbeat_at=func.now() - timedelta(seconds=age_s), stopped_at=func.now() if stopped else None)
     session.add(row)
     session.commit()
@@ -63,9 +63,10 @@ def groups(session: Session, run_id: int) -> list[EpisodeGroup]:
     return list(session.execute(query).scalars())
 
 
-def start(session: Session, episode_ids: list[int], *, worker: str, overdue: bool = False) -> None:
+def start(session: Session, episode_ids: list[int], *, worker: str, overdue: bool = False,
+          incarnation: str | None = None) -> None:
     """What a worker's claim writes; `overdue` also moves the deadline into the past."""
-    values: dict[str, Any] = dict(status="running", worker=worker, started_at=func.now())
+    values: dict[str, Any] = dict(status="running", worker=worker, worker_incarnation=incarnation, started_at=func.now())
     if overdue:
         values["deadline_at"] = func.now() - timedelta(seconds=1)
     session.execute(update(Episode).where(Episode.id.in_(episode_ids)).values(**values))

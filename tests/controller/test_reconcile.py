@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
@@ -91,6 +92,54 @@ def test_a_stopped_worker_is_dead_even_with_a_fresh_heartbeat(
     f.worker(db_session, "w-stopped", stopped=True)
     f.start(db_session, ids, worker="w-stopped", overdue=True)
     assert sorted(reconcile_run(db_session, run_id=run.id, dispatcher=recorder, settings=settings).resent) == ids
+
+
+def test_a_worker_restarted_under_its_name_loses_its_predecessors_episodes_at_once(
+    db_session: Session, recorder: RecordingDispatcher, settings: ControllerConfig
+) -> None:
+    """(issue 24) compose restarts a killed worker with the same hostname, so the same name beats again at
+    once: the episodes its previous incarnation leased are requeued on the next pass, long before their
+    deadline, and the new incarnation's own are left alone."""
+    run = _run(db_session)
+    theirs, mine = _dispatch_one(db_session, run, settings)
+    f.worker(db_session, "w", incarnation="second", age_s=1)  # the restart took the row over
+    f.start(db_session, [theirs], worker="w", incarnation="first")
+    f.start(db_session, [mine], worker="w", incarnation="second")
+    result = reconcile_run(db_session, run_id=run.id, dispatcher=recorder, settings=settings)
+    assert (result.orphaned, result.resent, recorder.episode_ids) == ([theirs], [theirs], [theirs])
+    lost, kept = f.episodes(db_session, run.id)
+    assert (lost.status, lost.worker, lost.worker_incarnation, lost.attempts) == ("pending", None, None, 1)
+    assert [(item["reason"], item["worker"], item["incarnation"]) for item in lost.failures] == [
+        ("worker_lost", "w", "first")]
+    assert (kept.status, kept.worker_incarnation, kept.failures) == ("running", "second", [])
+    # The next pass finds nothing more to do: the requeued one is pending, the running one is alive.
+    again = reconcile_run(db_session, run_id=run.id, dispatcher=recorder, settings=settings)
+    assert (again.orphaned, again.resent) == ([], [])
+
+
+@pytest.mark.parametrize("gone", ["stale", "stopped"])
+def test_an_incarnation_whose_heartbeat_stopped_loses_its_episodes_before_their_deadline(
+    db_session: Session, recorder: RecordingDispatcher, settings: ControllerConfig, gone: str
+) -> None:
+    run = _run(db_session)
+    ids = _dispatch_one(db_session, run, settings)
+    f.worker(db_session, "w", incarnation="only", age_s=120 if gone == "stale" else 1, stopped=gone == "stopped")
+    f.start(db_session, ids, worker="w", incarnation="only")
+    result = reconcile_run(db_session, run_id=run.id, dispatcher=recorder, settings=settings)
+    assert sorted(result.orphaned) == sorted(result.resent) == ids
+
+
+def test_an_overdue_episode_of_a_live_incarnation_is_slow_and_one_without_an_incarnation_waits_for_its_deadline(
+    db_session: Session, recorder: RecordingDispatcher, settings: ControllerConfig
+) -> None:
+    run = _run(db_session)
+    slow, legacy = _dispatch_one(db_session, run, settings)
+    f.worker(db_session, "w", incarnation="now", age_s=1)
+    f.start(db_session, [slow], worker="w", incarnation="now", overdue=True)
+    # Leased outside a worker (no heartbeat, no incarnation) under a name that beats: the name decides.
+    f.start(db_session, [legacy], worker="w")
+    result = reconcile_run(db_session, run_id=run.id, dispatcher=recorder, settings=settings)
+    assert (result.slow, result.orphaned, result.resent) == ([slow], [], [])
 
 
 def test_episodes_never_sent_are_sent_once_overdue(

@@ -35,6 +35,26 @@ def test_bad_specs_say_what_was_expected(tmp_path: Path) -> None:
         load_spec_file(tmp_path / "missing.yaml")
 
 
+@pytest.mark.parametrize("kind", ["code_repo", "browser", "chat", "read_number"])
+@pytest.mark.parametrize("tools", [["../../bin/sh"], ["bash", "bash"], [], ["BASH"], ["bash\u0000"], ["submit "]])
+def test_tools_outside_the_kinds_are_refused_at_registration(kind: str, tools: list[str]) -> None:
+    """(issue 24) A spec's `tools` picks from its kind's own: anything else (a path, a twin, an empty
+    list that would offer nothing, a near-spelling) is refused when registered, not at the first episode."""
+    spec = {**SPEC, "kind": kind, **({"verifier": {"judge": {"url": "http://127.0.0.1:9/v1", "model": "j", "rubric": "Is it kind?"}}}
+                                     if kind == "chat" else {})}
+    with pytest.raises(ConfigError, match=rf"tools: expected distinct names among .* \(kind {kind}\), got "):
+        parse_spec({**spec, "tools": tools})
+
+
+def test_a_subset_of_the_kinds_tools_is_registered_and_offered_in_its_order() -> None:
+    from environments.registry import get_kind, kind_tools
+
+    assert kind_tools("code_repo")[:1] == ["bash"]
+    spec = parse_spec({**SPEC, "tools": ["submit", "bash"]})
+    offered = [schema["function"]["name"] for schema in get_kind("code_repo")(spec).tools()]
+    assert offered == ["submit", "bash"]
+
+
 def test_registration_is_versioned_and_idempotent(db_session: Session) -> None:
     first, created = register_environment(db_session, spec=parse_spec(SPEC))
     again, created_again = register_environment(db_session, spec=parse_spec(SPEC))

@@ -147,7 +147,7 @@ class SiteServer:
         except Exception:  # an app's bug is a 500 page, never a dead server
             status, headers, body = 500, {"Content-Type": "text/plain"}, b"internal error"
         request.send_response(status)
-        for key, value in headers.items():
+        for key, value in _with_charset(headers).items():
             request.send_header(key, value)
         request.send_header("Content-Length", str(len(body)))
         if "Cache-Control" not in headers:
@@ -197,6 +197,19 @@ class SiteServer:
         if "Content-Security-Policy" not in headers:  # apps here are server-rendered: no script of theirs runs
             headers = {**headers, "Content-Security-Policy": APP_CSP}
         return status, headers, body
+
+
+# Text without a declared charset is decoded by Chromium as windows-1252: MiniWoB++'s unicode-test asks
+# to click "ãƒ˜ãƒ«ãƒ—" for ヘルプ, and no typed non-ASCII text ever matches. Every file MiniWoB++ ships is
+# UTF-8 (tests/environments/browser/test_driver.py checks), as is everything this server writes.
+TEXT_TYPES = ("text/", "application/json", "application/javascript", "image/svg+xml")
+
+
+def _with_charset(headers: dict[str, str]) -> dict[str, str]:
+    kind = headers.get("Content-Type", "")
+    if kind.startswith(TEXT_TYPES) and "charset=" not in kind.lower():
+        return {**headers, "Content-Type": f"{kind}; charset=utf-8"}
+    return headers
 
 
 # The page a prepared tab waits on: it puts MiniWoB++'s shared files in the new context's HTTP cache

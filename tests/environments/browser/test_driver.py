@@ -215,3 +215,30 @@ def test_text_a_page_echoes_as_html_cannot_run_script(driver: Driver) -> None:
     assert not (state["done"] and state["raw_reward"] > 0), (state, after["tree"][-600:])
     echoed = driver.call("eval", expression="document.querySelector('.terminal-line img') !== null")["value"]
     assert echoed  # the markup did reach the page: only its handler was kept from running
+
+
+def test_a_non_ascii_goal_reaches_the_agent_as_written_and_its_button_can_be_clicked(driver: Driver) -> None:
+    """(issue 24) MiniWoB++'s pages declare no charset; served as bare text/html, Chromium read them as
+    windows-1252 and the agent was asked to click "ãƒ˜ãƒ«ãƒ—" for ヘルプ. Each of unicode-test's labels
+    is non-ASCII; the goal names one, the tree shows it, clicking it ends the task with the reward."""
+    labels = ["ÖK", "Cancél", "♥♥♥", "确定", "取消", "ヘルプ"]
+    page = driver.call("open", task=miniwob("unicode-test", 5))
+    assert page["ok"], page
+    found = re.fullmatch(r'Click on the "(.+)" button\.', page["goal"])
+    assert found and found.group(1).lower() in [label.lower() for label in labels], page["goal"]
+    wanted = found.group(1)
+    button = re.search(rf"\[(\d+)\] button '{re.escape(wanted)}'", page["tree"])
+    assert button, page["tree"]
+    driver.act("click", bid=button.group(1))
+    state = driver.call("state")
+    assert state["done"] and state["raw_reward"] > 0, state
+
+
+def test_every_text_file_miniwob_ships_is_utf8_as_the_driver_declares() -> None:
+    from environments.browser.sandbox.browserd import CONTENT_TYPES, TEXT_TYPES
+
+    texts = [path for path in Path(_miniwob_dir()).rglob("*")
+             if path.is_file() and CONTENT_TYPES.get(path.suffix, "").startswith(TEXT_TYPES)]
+    assert len(texts) > 100
+    for path in texts:
+        path.read_bytes().decode("utf-8")  # raises, naming the file's bytes, if one is not

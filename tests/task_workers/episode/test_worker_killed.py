@@ -20,13 +20,14 @@ from sqlalchemy.orm import Session
 from controller.config import ControllerConfig
 from controller.loop import Controller
 from controller.runs import create_run
-from core.models import Episode, Task, Turn, Worker
+from core.models import Episode, Run, Task, Turn, Worker
 from core.schemas import RunConfig
 from core.settings import load_settings
 from environments.service import register_environment
 from environments.spec import parse_spec
 from task_workers.celery_app import create_app
 from task_workers.sandbox import labels as L
+from tests.support.processes import stop_group
 from tests.support.scripted_policy import Reply
 from tests.task_workers.episode.conftest import FIX, env_spec
 
@@ -61,12 +62,7 @@ def start_worker(database_url: str, scripted, tmp_path: Path) -> Iterator:
 
     yield start
     for process in started:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+        stop_group(process)
 
 
 def _heartbeat(session: Session, name: str) -> bool:
@@ -130,3 +126,69 @@ def test_a_worker_killed_mid_episode_is_redispatched_and_stored_once(
     assert sorted(turns) == [0, 1, 2, 3]  # one copy
     # Worker 2's reaper swept worker 1's orphaned sandbox (its owner process is dead).
     _wait(lambda: not any(backend.get(cid) for cid in victim_containers), timeout=90, what="the orphan to be reaped")
+
+
+def test_a_worker_killed_and_restarted_under_its_name_has_its_episode_requeued_on_the_next_pass(
+    db_session: Session, scripted, start_worker, engine, backend, code_repo_image, calc_task_payload
+) -> None:
+    """(issue 24) What compose does to a killed worker: the same name starts again at once, so its row
+    beats fresh throughout. The controller's next pass requeues the episode the dead process leased —
+    default settings, no deadline moved — and the run completes with one stored copy and no container."""
+    policy, _ = scripted
+    in_flight, release = threading.Event(), threading.Event()
+
+    def stall_first_time(_: str) -> Reply:
+        if not in_flight.is_set():
+            in_flight.set()
+            release.wait(120)
+        return Reply(FIX[0])
+
+    policy.scripts["restarted"] = [stall_first_time, *FIX[1:]]
+    register_environment(db_session, spec=parse_spec(env_spec(code_repo_image)))
+    db_session.add(Task(environment_name="calc", external_id="calc-restarted", payload=calc_task_payload,
+                        instruction="Fix add(). [script:restarted]"))
+    db_session.commit()
+    run = create_run(db_session, config=RunConfig(name="restarted", model="scripted", purpose="eval", group_size=1,
+                                                  batch_size=1, max_groups=1, environments=[{"name": "calc"}]))
+    db_session.commit()
+    controller = Controller(engine=engine, dispatcher=create_app(load_settings()), settings=ControllerConfig())
+    name = f"restarted-{os.getpid()}"
+
+    def incarnation() -> str | None:
+        db_session.expire_all()
+        return db_session.execute(select(Worker.incarnation).where(Worker.name == name)).scalar_one_or_none()
+
+    first = start_worker(name)
+    _wait(lambda: incarnation() is not None, timeout=120, what="the worker to beat")
+    before = incarnation()
+    assert controller.step().dispatched == {run.id: 1}
+    _wait(in_flight.is_set, timeout=120, what="the worker to be mid-episode")
+    episode_id = db_session.execute(select(Episode.id).where(Episode.run_id == run.id)).scalar_one()
+    assert db_session.get(Episode, episode_id).worker_incarnation == before
+    victim_containers = [info.id for info in backend.list(labels={L.WORKER: name})]
+    assert victim_containers
+
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait(30)
+    release.set()
+    second = start_worker(name)
+    _wait(lambda: incarnation() not in (None, before), timeout=120, what="the restarted worker to beat")
+    report = controller.step()
+    assert (report.resent, report.orphaned) == (1, 1), report
+
+    def ended() -> bool:
+        db_session.expire_all()
+        controller.step()
+        return db_session.get(Run, run.id).status == "completed"
+
+    _wait(ended, timeout=240, what="the run to complete")
+    controller.close()
+    episode = db_session.get(Episode, episode_id)
+    assert (episode.status, episode.termination_reason, episode.worker_incarnation) == (
+        "completed", "submitted", incarnation())
+    assert [(f["reason"], f["incarnation"]) for f in episode.failures] == [("worker_lost", before)]
+    turns = db_session.execute(select(Turn.index).where(Turn.episode_id == episode_id)).scalars().all()
+    assert sorted(turns) == [0, 1, 2, 3]  # one copy
+    _wait(lambda: not any(backend.get(cid) for cid in victim_containers), timeout=90, what="the orphan to be reaped")
+    stop_group(second)
+    assert backend.list(labels={L.WORKER: name}) == []
