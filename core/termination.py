@@ -16,6 +16,9 @@ class TerminationReason(StrEnum):
     TOOL_ERROR_LIMIT = "tool_error_limit"
     POLICY_ERROR = "policy_error"
     SANDBOX_ERROR = "sandbox_error"
+    JUDGE_ERROR = "judge_error"
+    """A learned layer's server (judge, reward model) never answered: the episode was played and is
+    kept, unscored (not re-run: a new sample would not bring the judge back)."""
     WORKER_LOST = "worker_lost"
     CANCELLED = "cancelled"
 
@@ -30,7 +33,8 @@ class TerminationReason(StrEnum):
 
 
 INFRASTRUCTURE_FAULTS = frozenset(
-    {TerminationReason.SANDBOX_ERROR, TerminationReason.WORKER_LOST, TerminationReason.POLICY_ERROR}
+    {TerminationReason.SANDBOX_ERROR, TerminationReason.WORKER_LOST, TerminationReason.POLICY_ERROR,
+     TerminationReason.JUDGE_ERROR}
 )
 
 

@@ -1,12 +1,14 @@
-"""worker incarnations: the process beating under a worker name, and the one that leased an episode
-(issue 24)
+"""worker incarnations: the process beating under a worker name, and the one that leased an episode;
+the judge_error termination reason (issue 24)
 
 Revision ID: 0012
 Revises: 0011
 Create Date: 2026-12-02 15:00:00
 
 Nullable columns only. A worker row or an episode from before this migration has no incarnation: the
-controller judges it by the worker's name and the episode's deadline, as before.
+controller judges it by the worker's name and the episode's deadline, as before. The reasons' check
+constraint gains judge_error (a played episode a judge never scored); a downgrade refuses while an
+episode holds it.
 """
 
 from collections.abc import Sequence
@@ -20,11 +22,25 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
+BEFORE = ('submitted', 'max_turns', 'context_exhausted', 'episode_timeout', 'format_error', 'tool_error_limit',
+          'policy_error', 'sandbox_error', 'worker_lost', 'cancelled')
+AFTER = (*BEFORE[:8], 'judge_error', *BEFORE[8:])  # core.termination.TerminationReason's order
+
+
+def _reasons(reasons: tuple[str, ...]) -> None:
+    op.drop_constraint(op.f('ck_episodes_reason_known'), 'episodes', type_='check')
+    listed = ", ".join(f"'{reason}'" for reason in reasons)
+    op.create_check_constraint(op.f('ck_episodes_reason_known'), 'episodes',
+                               f"termination_reason IS NULL OR termination_reason IN ({listed})")
+
+
 def upgrade() -> None:
     op.add_column('workers', sa.Column('incarnation', sa.String(length=64), nullable=True))
     op.add_column('episodes', sa.Column('worker_incarnation', sa.String(length=64), nullable=True))
+    _reasons(AFTER)
 
 
 def downgrade() -> None:
+    _reasons(BEFORE)
     op.drop_column('episodes', 'worker_incarnation')
     op.drop_column('workers', 'incarnation')

@@ -3,7 +3,7 @@
     InfrastructureFault
     ├── SandboxFault   the sandbox died, could not be created, or the task could not be set up
     ├── PolicyFault    the policy server failed after its retries
-    └── JudgeFault     the judge layer's server failed after its retries
+    └── JudgeFault     a judge's or reward model's server failed after its retries (judge_error)
 """
 
 from core.termination import TerminationReason
@@ -22,6 +22,8 @@ class PolicyFault(InfrastructureFault):
 
 
 class JudgeFault(InfrastructureFault):
-    """A grading fault of the machine's, as a verifier's (GraderFault → SandboxFault): same reason."""
+    """A learned layer's server (judge, reward model) did not answer after its client's retries. Pointwise,
+    the runner keeps the episode, failed and unscored (judge_error); pairwise, the group's judging is
+    retried by the task (its episodes have ended: nothing is sampled again)."""
 
-    reason = TerminationReason.SANDBOX_ERROR
+    reason = TerminationReason.JUDGE_ERROR

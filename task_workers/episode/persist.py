@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -48,12 +48,23 @@ def _mark_group_if_complete(session: Session, group_id: int) -> None:
     )
 
 
+@dataclass(frozen=True)
+class Unscored:
+    """Why a played episode has no reward: it is stored failed with this reason, its turns kept."""
+
+    reason: TerminationReason
+    message: str
+    worker: str
+
+
 def store_episode(
     session: Session, *, episode_id: int, trajectory: Trajectory, verdict: Verdict | None,
-    sandbox_id: str | None, timings: dict[str, float],
+    sandbox_id: str | None, timings: dict[str, float], unscored: Unscored | None = None,
 ) -> bool:
     """Write the episode's outcome, every turn and its artifacts (screened: see artifacts.py). False (and
-    nothing written) if a copy is stored."""
+    nothing written) if a copy is stored. `unscored`: the episode was played but could not be scored (a
+    judge that never answered): status failed with that reason and no reward, the turns and the layers
+    that did run kept for inspection; never trained on."""
     episode = session.execute(select(Episode).where(Episode.id == episode_id).with_for_update()).scalar_one()
     if episode.status in ENDED:
         return False
@@ -68,6 +79,10 @@ def store_episode(
     episode.termination_reason = reason
     episode.reward = verdict.reward if verdict else 0.0
     episode.reward_components = verdict.components if verdict else {}
+    if unscored is not None:
+        episode.status, episode.termination_reason, episode.reward = EpisodeStatus.FAILED, unscored.reason, None
+        episode.reward_components = {}
+        episode.failures = [*episode.failures, _failure(unscored.reason, unscored.message, unscored.worker)]
     episode.timings = timings
     episode.verifier_layers = _layers(verdict)
     episode.final_diff = verdict.diff if verdict else None
@@ -107,9 +122,7 @@ def record_fault(session: Session, *, episode_id: int, reason: TerminationReason
     episode = session.execute(select(Episode).where(Episode.id == episode_id).with_for_update()).scalar_one()
     if episode.status in ENDED:
         return
-    at = datetime.now(UTC).isoformat()
-    episode.failures = [*episode.failures, {"reason": reason.value, "message": message[-1000:], "worker": worker,
-                                            "at": at}]
+    episode.failures = [*episode.failures, _failure(reason, message, worker)]
     if final:
         episode.status = EpisodeStatus.FAILED
         episode.termination_reason = reason
@@ -118,3 +131,8 @@ def record_fault(session: Session, *, episode_id: int, reason: TerminationReason
         _mark_group_if_complete(session, episode.group_id)
     else:
         episode.status = EpisodeStatus.PENDING
+
+
+def _failure(reason: TerminationReason, message: str, worker: str) -> dict[str, Any]:
+    """One entry of `episodes.failures`."""
+    return {"reason": reason.value, "message": message[-1000:], "worker": worker, "at": datetime.now(UTC).isoformat()}

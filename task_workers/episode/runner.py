@@ -40,7 +40,7 @@ from environments.spec import EnvironmentSpec, JudgeConfig
 from task_workers.episode.errors import JudgeFault, SandboxFault
 from task_workers.episode.group_judge import group_of, judge_finished_group
 from task_workers.episode.loop import LoopContext, initial_prompt, run_agent_loop
-from task_workers.episode.persist import claim_episode, learned_weight, store_episode
+from task_workers.episode.persist import Unscored, claim_episode, learned_weight, store_episode
 from task_workers.episode.trajectory import ArtifactRecord, Trajectory
 from task_workers.policy.client import PolicyClient
 from task_workers.policy.pool import PolicyPool
@@ -156,14 +156,22 @@ def run_episode(
         verdict = replace(verdict, flags=sorted({*verdict.flags, EpisodeFlag.CANARY_REWARDED.value}))
     if loaded.spec.verifier.judge is not None:  # what a judge of either mode will read: no answer-like lines
         verdict = flag_injection(verdict, transcript=transcript_of(trajectory.turns), verifier=loaded.spec.verifier)
+    unscored = None
     if _pointwise_judge(loaded.spec) or loaded.spec.verifier.reward_model:  # after the sandbox went back: text only
         judged = time.monotonic()
-        verdict = _learned(loaded, trajectory, verdict)
+        try:
+            verdict = _learned(loaded, trajectory, verdict)
+        except JudgeFault as fault:  # asked again by its client, with back-off; playing again would not help
+            unscored = Unscored(reason=fault.reason, message=str(fault), worker=worker)
         timings["judge"] = time.monotonic() - judged
         timings["total"] = time.monotonic() - started
     with session_scope() as session:
         stored = store_episode(session, episode_id=episode_id, trajectory=trajectory, verdict=verdict,
-                               sandbox_id=sandbox_id, timings={k: round(v, 4) for k, v in timings.items()})
+                               sandbox_id=sandbox_id, timings={k: round(v, 4) for k, v in timings.items()},
+                               unscored=unscored)
+    if unscored is not None:
+        logger.warning("episode %s played but not scored (%s): %s", episode_id, unscored.reason, unscored.message)
+        return EpisodeOutcome(episode_id, stored, unscored.reason, None)
     logger.info("episode %s ended: %s reward=%s stored=%s", episode_id, trajectory.termination,
                 verdict.reward, stored)
     if _is_pairwise(loaded.spec):  # if it was the group's last: compare them all before the trainer may claim it
@@ -175,7 +183,8 @@ def _learned(loaded: _Loaded, trajectory: Trajectory, verdict: Verdict) -> Verdi
     """The verdict with the learned layers the spec names added — the judge's, the reward model's — each
     score counted with persist.learned_weight (`verifier.weights.<layer>`, else the kind's default). An
     episode a hack monitor zeroed is sent to neither (nothing they say could count). A server that does
-    not answer is an infrastructure fault (JudgeFault: retried), never a zero reward."""
+    not answer (after its client's retries, with back-off) is JudgeFault, never a zero reward: the caller
+    keeps the episode unscored (judge_error)."""
     verifier = loaded.spec.verifier
     judge_config = _pointwise_judge(loaded.spec)  # a pairwise judge scores the group once it has ended
     names = [name for name, config in ((JUDGE_LAYER, judge_config), (RM_LAYER, verifier.reward_model)) if config]

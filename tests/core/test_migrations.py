@@ -59,3 +59,16 @@ def test_models_and_migrations_agree(database_url: str) -> None:
     finally:
         engine.dispose()
     assert diff == []
+
+
+def test_the_databases_termination_reasons_are_the_vocabularys(database_url: str) -> None:
+    """The check constraint a migration wrote lists exactly core.termination.TerminationReason (autogenerate
+    does not compare check constraints: a reason added to one and not the other is caught here)."""
+    import re
+
+    from core.termination import TerminationReason
+
+    with psycopg.connect(make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)) as conn:
+        definition = conn.execute("SELECT pg_get_constraintdef(oid) FROM pg_constraint "
+                                  "WHERE conname = 'ck_episodes_reason_known'").fetchone()[0]
+    assert re.findall(r"'([a-z_]+)'::", definition) == [reason.value for reason in TerminationReason], definition

@@ -63,8 +63,13 @@ def test_a_record_is_masked_in_its_arguments_its_traceback_and_its_stack(masked:
     assert "http://***@127.0.0.1:9/v1" in text and "ConnectionError: cannot reach http://***@" in text
 
 
-def test_httpx_request_lines_carry_no_credentials(masked: io.StringIO) -> None:
+def test_httpx_request_lines_carry_no_credentials(masked: io.StringIO, monkeypatch: pytest.MonkeyPatch) -> None:
     """httpx logs `HTTP Request: GET http://user:password@…` at INFO: the line every policy call wrote."""
+    httpx_log = logging.getLogger("httpx")
+    monkeypatch.setattr(httpx_log, "level", logging.INFO)  # whatever an earlier test set it to
+    monkeypatch.setattr(httpx_log, "propagate", True)
+    monkeypatch.setattr(httpx_log, "disabled", False)
+    httpx_log.manager._clear_cache()
     transport = httpx.MockTransport(lambda request: httpx.Response(200, json={}))
     with httpx.Client(transport=transport) as client:
         client.get(f"http://user:{PASSWORD}@policy.invalid:8000/v1/models")

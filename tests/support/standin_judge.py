@@ -55,6 +55,8 @@ def swayed(marker: str) -> Decide:
 class StandInJudge:
     url: str
     prompts: list[str] = field(default_factory=list)
+    asked: int = 0
+    """Requests received, answered or not (an outage's included)."""
     down: bool = False
     """Answer 503 to everything (an outage)."""
     max_prompt_chars: int | None = None
@@ -69,6 +71,8 @@ def serve_judge(decide: Decide) -> Iterator[StandInJudge]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with lock:
+                state.asked += 1
             if state.down:
                 self._answer(503, {"error": "the judge is down (StandInJudge.down)"})
                 return

@@ -5,7 +5,7 @@ const Charts = (() => {
   const PALETTE = ["#2f5bd3", "#d92d20", "#12b76a", "#f79009", "#7a5af8", "#06aed4", "#ee46bc", "#667085", "#84cc16", "#a15c07"];
   const REASON_COLORS = { submitted: "#12b76a", max_turns: "#f79009", context_exhausted: "#fdb022", episode_timeout: "#b54708",
     format_error: "#ee46bc", tool_error_limit: "#9e165f", policy_error: "#7a5af8", sandbox_error: "#d92d20",
-    worker_lost: "#912018", cancelled: "#98a2b3" };
+    judge_error: "#c4320a", worker_lost: "#912018", cancelled: "#98a2b3" };
   const M = { top: 10, right: 26, bottom: 26, left: 46 };
 
   function node(tag, attrs, parent) {

@@ -14,9 +14,9 @@ import pytest
 from sqlalchemy import select
 
 from core.models import Episode
+from core.termination import TerminationReason
 from environments.judge import Judge, JudgeUnavailable, parse_score
 from environments.spec import JudgeConfig
-from task_workers.episode.errors import InfrastructureFault, JudgeFault
 from task_workers.episode.runner import run_episode
 from tests.support.scripted_policy import _free_port, tool_call
 from tests.task_workers.episode.conftest import FIX, make_episode
@@ -154,24 +154,45 @@ def test_the_judge_layer_is_stored_and_the_agents_own_score_counts_for_nothing(
     assert episode.timings["judge"] > 0
 
 
-def test_a_judge_outage_is_an_infrastructure_fault_not_a_zero_reward(
+def test_a_judge_outage_asks_the_judge_again_and_keeps_the_episode_played_once_unscored(
         db_session, scripted, sandboxes, code_repo_image, calc_task_payload) -> None:
+    """(issue 24) The judge down for good: it is asked again with back-off (its client's retries), the
+    episode is not re-sampled, re-sandboxed or re-graded, and it ends failed with `judge_error` — its
+    turns and tests-only layers kept, no reward, never trained on — not `sandbox_error` after 4 attempts."""
+    from tests.support.standin_judge import prefers, serve_judge
+
     policy, url = scripted
     policy.scripts["outage"] = FIX
-    judge = {"url": f"http://127.0.0.1:{_free_port()}/v1", "model": "m", "rubric": RUBRIC, "retries": 0}
-    episode_id = _judged_episode(db_session, image=code_repo_image, payload=calc_task_payload, script="outage",
-                                 judge=judge)
-    from task_workers.policy.client import PolicyClient
+    with serve_judge(prefers("GOOD")) as stand_in:
+        stand_in.down = True
+        judge = {"url": stand_in.url, "model": "m", "rubric": RUBRIC, "retries": 2}
+        episode_id = _judged_episode(db_session, image=code_repo_image, payload=calc_task_payload, script="outage",
+                                     judge=judge)
+        from task_workers.policy.client import PolicyClient
 
-    client = PolicyClient(base_url=url, retries=1, backoff_s=0.05)
-    with pytest.raises(JudgeFault) as raised:
-        run_episode(episode_id, policy=client, sandboxes=sandboxes, worker="test")
-    client.close()
-    assert isinstance(raised.value, InfrastructureFault) and "did not answer" in str(raised.value)
+        client = PolicyClient(base_url=url, retries=1, backoff_s=0.05)
+        requests_before = policy.requests
+        try:
+            outcome = run_episode(episode_id, policy=client, sandboxes=sandboxes, worker="test")
+        finally:
+            client.close()
+        asked = stand_in.asked
+    assert asked == 3  # the first ask and its two retries
+    assert policy.requests - requests_before == len(FIX)  # sampled once: one completion per scripted step
+    assert (outcome.stored, outcome.termination, outcome.reward) == (True, "judge_error", None)
     db_session.expire_all()
     episode = db_session.execute(select(Episode).where(Episode.id == episode_id)).scalar_one()
-    assert episode.status != "completed" and episode.reward is None  # nothing stored: the task retries it
-
+    assert (episode.status, episode.termination_reason, episode.reward, episode.attempts) == (
+        "failed", "judge_error", None, 1)
+    assert [failure["reason"] for failure in episode.failures] == ["judge_error"]
+    assert "did not answer after 3 tries: HTTP 503" in episode.failures[0]["message"]
+    assert episode.num_turns == len(FIX) and "judge" not in episode.reward_components
+    assert [layer["name"] for layer in episode.verifier_layers] == ["rules", "public_tests", "hidden_tests"]
+    assert not TerminationReason(episode.termination_reason).is_trainable
+    # A redelivery of its task finds it ended: nothing is sampled or stored again.
+    sampled = policy.requests
+    assert run_episode(episode_id, policy=None, sandboxes=None, worker="test").stored is False  # type: ignore[arg-type]
+    assert policy.requests == sampled
 
 
 # -- the chat kind: dialogue scored only by the judge ----------------------------------------------------
