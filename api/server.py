@@ -11,9 +11,12 @@ end. Bodies are bounded by `api.limits`.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import socket
-from typing import Any
+from collections import Counter
+from typing import Any, ClassVar
 
 import h11
 import uvicorn
@@ -24,22 +27,74 @@ from core.errors import ServiceUnavailable
 from core.settings import get_settings
 
 KEEP_ALIVE_S = 5
+logger = logging.getLogger(__name__)
 class BoundedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol, answering a malformed or oversized request head with its real status."""
+    """uvicorn's h11 protocol, answering a malformed or oversized request head with its real status, and
+    bounding what a client can hold: a deadline for each request's head (from the connection's first byte,
+    or its opening) and for its body (from its head), and at most CRUCIBLE_API_MAX_CLIENT_CONNECTIONS
+    connections per client address. A slow client is closed at its deadline; the others are served."""
+
+    _open: ClassVar[Counter[str]] = Counter()
+    """Connections open per client address (one event loop: no lock)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._refusal_status = 400
+        self._address = ""
+        self._deadline: asyncio.TimerHandle | None = None
         next_event = self.conn.next_event
 
         def remembering_next_event() -> Any:
             try:
-                return next_event()
+                event = next_event()
             except h11.RemoteProtocolError as error:
                 self._refusal_status = error.error_status_hint  # 431 for a head over the limit
                 raise
+            if isinstance(event, h11.Request):
+                self._arm("body", get_settings().api_body_timeout_s)
+            elif isinstance(event, h11.EndOfMessage):
+                self._disarm()
+            return event
 
         self.conn.next_event = remembering_next_event  # type: ignore[method-assign]
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._address = self.client[0] if self.client else ""
+        self._open[self._address] += 1
+        if self._open[self._address] > get_settings().api_max_client_connections:
+            logger.warning("closed a connection from %s: it holds %d already (CRUCIBLE_API_MAX_CLIENT_CONNECTIONS)",
+                           self._address, self._open[self._address] - 1)
+            transport.close()
+            return
+        self._arm("head", get_settings().api_head_timeout_s)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        self._open[self._address] -= 1
+        if self._open[self._address] <= 0:
+            del self._open[self._address]
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._deadline is None and self.conn.their_state is h11.IDLE:  # a new request's first bytes
+            self._arm("head", get_settings().api_head_timeout_s)
+        super().data_received(data)
+
+    def _arm(self, part: str, seconds: float) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(seconds, self._expire, part, seconds)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expire(self, part: str, seconds: float) -> None:
+        self._deadline = None
+        if not self.transport.is_closing():
+            logger.warning("closed a connection from %s: its request %s took over %g s", self._address, part, seconds)
+            self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
         status = self._refusal_status

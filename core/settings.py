@@ -87,6 +87,13 @@ class Settings(BaseSettings):
     """A task upload (streamed to disk as it arrives); a larger one is answered 413."""
     api_max_connections: Annotated[int, Field(ge=1, le=65536)] = 256
     """Connections `crucible api` serves at once; beyond it a request is answered 503 at once."""
+    api_max_client_connections: Annotated[int, Field(ge=1, le=65536)] = 32
+    """Connections one client address may hold open at once; beyond it a new one is closed at once, so one
+    client cannot take every connection (300 half-open sockets made every client get 503)."""
+    api_head_timeout_s: Annotated[float, Field(gt=0, le=600)] = 10.0
+    """Time a connection has to send a request's line and headers once it starts one (or opens)."""
+    api_body_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 120.0
+    """Time a request has to send its whole body once its head is in."""
     task_repos_root: Path | None = None
     """The one server directory under which `POST …/tasks?format=swebench&repos_dir=` may name
     repositories. Unset: the API reads no server path at all (upload archives instead)."""

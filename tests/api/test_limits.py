@@ -186,3 +186,65 @@ def test_the_server_runs_on_the_bounded_protocol(tmp_path: Path) -> None:
     config = uvicorn_config(host="127.0.0.1", port=1)
     assert config.http is BoundedH11Protocol and config.h11_max_incomplete_event_size == 64 * 1024
     assert config.limit_concurrency == 256
+
+
+def _open_from(address: str, port: int) -> socket.socket:
+    """A connection to the API from another loopback address (127.0.0.0/8 is all this machine's)."""
+    sock = socket.socket()
+    sock.bind((address, 0))
+    sock.connect(("127.0.0.1", port))
+    sock.setblocking(False)
+    return sock
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def test_slowloris_from_one_address_starves_nobody_and_its_sockets_are_closed(
+    tmp_path: Path, db_session: Session
+) -> None:
+    """(issue 24) 300 half-open connections from one address, trickling a header byte every 0.5 s, and
+    silent ones beside them. The address holds at most its share of connections (the rest are closed at
+    once); an authenticated client elsewhere gets every answer meanwhile; every attacking socket is
+    closed by its head deadline, the silent ones included."""
+    import time
+
+    from api.services.tokens import create_token
+
+    _, token = create_token(db_session, name="slowloris")
+    db_session.commit()
+    with live_api(tmp_path, api_head_timeout_s="2", api_max_client_connections="16") as api:
+        attackers = [_open_from("127.0.0.2", api.port) for _ in range(300)]
+        silent = [_open_from("127.0.0.3", api.port) for _ in range(3)]
+        for sock in attackers:
+            try:
+                sock.send(b"GET /v1/runs HTTP/1.1\r\nHost: x\r\nX-a: ")
+            except OSError:
+                pass  # closed at once: over the address's share
+        statuses = []
+        started = time.monotonic()
+        with httpx.Client(base_url=api.url, headers={"Authorization": f"Bearer {token}"}, timeout=10) as client:
+            while time.monotonic() - started < 4:  # the attack's window: counted answers, not timed ones
+                for sock in attackers:
+                    try:
+                        sock.send(b"a")
+                    except OSError:
+                        pass
+                statuses.append(client.get("/v1/runs").status_code)
+                time.sleep(0.5)
+        assert statuses and set(statuses) == {200}, statuses
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not all(_closed_by_server(s) for s in attackers + silent):
+            time.sleep(0.2)
+        still_open = sum(not _closed_by_server(sock) for sock in attackers + silent)
+        for sock in attackers + silent:
+            sock.close()
+        assert still_open == 0
+        log = api.log_text()
+    assert "CRUCIBLE_API_MAX_CLIENT_CONNECTIONS" in log and "its request head took over 2 s" in log
