@@ -138,7 +138,8 @@ def listening_socket(*, host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(*, host: str, port: int) -> None:
+def serve(*, host: str, port: int, app: Any = "api.main:app") -> None:
+    """Serve `app` (the API; `crucible rm serve` passes its own) on the bounded protocol."""
     sock = listening_socket(host=host, port=port)
-    config = uvicorn_config(host=host, port=port)  # its access lines are masked by core.redact (?token=…)
+    config = uvicorn_config(host=host, port=port, app=app)  # access lines masked by core.redact (?token=…)
     uvicorn.Server(config).run(sockets=[sock])

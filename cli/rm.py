@@ -96,12 +96,13 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="Address to bind."),
 ) -> None:
     """Serve a reward model: POST /v1/score scores (prompt, response) items for the reward_model layer."""
-    import uvicorn
-
+    from api.server import listening_socket, serve
     from trainer.reward_model_server import create_app
 
     with readable_errors():
+        listening_socket(host=host, port=port).close()  # a port in use: one line before the model loads
         app = create_app(reward_model)
-    console.print(f"[green]serving[/] reward model {safe(str(reward_model))} at http://{host}:{port}/v1/score; "
-                  "Ctrl-C stops it")
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    console.print(f"[green]serving[/] reward model {safe(str(reward_model))} at http://{host}:{port}/v1/score "
+                  "(bearer tokens of this store: `crucible token create NAME`); Ctrl-C stops it")
+    with readable_errors():
+        serve(host=host, port=port, app=app)

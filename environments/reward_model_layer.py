@@ -17,7 +17,7 @@ import time
 
 import httpx
 
-from core.settings import public_url
+from core.settings import get_settings, public_url
 from environments.base import LayerResult
 from environments.judge import LearnedRewardUnavailable
 from environments.spec import RewardModelConfig
@@ -32,7 +32,9 @@ class RewardModelUnavailable(LearnedRewardUnavailable):
 def score_episode(config: RewardModelConfig, *, prompt: str, response: str,
                   client: httpx.Client | None = None) -> LayerResult:
     own = client is None
-    http = client or httpx.Client(timeout=config.timeout_s)
+    token = get_settings().api_token  # `crucible rm serve` asks for the API's bearer tokens
+    http = client or httpx.Client(timeout=config.timeout_s,
+                                  headers={"Authorization": f"Bearer {token}"} if token else None)
     url = f"{config.url.rstrip('/')}/score"
     failure = ""
     started = time.monotonic()
@@ -54,6 +56,11 @@ def score_episode(config: RewardModelConfig, *, prompt: str, response: str,
                         failure = f"a non-finite score {raw}"
                 elif answer.status_code >= 500 or answer.status_code == 429:
                     failure = f"HTTP {answer.status_code}: {answer.text[:300]}"
+                elif answer.status_code in (401, 403):  # the worker's configuration: a fault, never a zero
+                    raise RewardModelUnavailable(
+                        f"reward model {public_url(config.url)} refused this worker's token (HTTP {answer.status_code}): "
+                        "CRUCIBLE_API_TOKEN: expected a live API token of the reward model's store, got "
+                        f"{'none' if not token else 'one it refuses'}")
                 else:  # the request's own fault (too long for the server): a layer result, not a retry
                     why = f"the reward model refused the episode: HTTP {answer.status_code}: {answer.text[:300]}"
                     return LayerResult(LAYER, 0.0, False, why, time.monotonic() - started,

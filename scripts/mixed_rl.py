@@ -267,6 +267,23 @@ def per_environment(run_id: int) -> list[dict[str, Any]]:
                               for env in (CODE_ENV, CHAT_ENV)}} for step, metrics in rows]
 
 
+def _worker_token() -> None:
+    """`crucible rm serve` takes the API's bearer tokens: the worker sends CRUCIBLE_API_TOKEN (inherited by
+    every process started here), made now in this run's store unless one is set."""
+    import os
+
+    from api.services.tokens import create_token
+    from core.db import session_scope
+    from core.settings import get_settings
+
+    if os.environ.get("CRUCIBLE_API_TOKEN"):
+        return
+    with session_scope() as session:
+        _, token = create_token(session, name="rl-mixed worker")
+    os.environ["CRUCIBLE_API_TOKEN"] = token
+    get_settings.cache_clear()
+
+
 def run_mixed_rl(settings: MixedRLSettings, *, console: Console) -> dict[str, Any]:
     """Every stage with these settings; returns what it writes to result.json."""
     import shutil
@@ -286,6 +303,7 @@ def run_mixed_rl(settings: MixedRLSettings, *, console: Console) -> dict[str, An
     served = path / "served"
     shutil.copytree(warm, served, dirs_exist_ok=True)
     (path / "logs").mkdir(exist_ok=True)
+    _worker_token()
     with Processes(workdir=path, served_dir=served, console=console, startup_timeout_s=settings.vllm_startup_s,
                    max_model_len=LIMITS["max_context_tokens"], queues="celery,code_repo,chat") as procs:
         procs.spawn("reward-model", [sys.executable, "-m", "cli.main", "rm", "serve", str(rm_dir), "--port", str(port)])
