@@ -51,6 +51,12 @@ class BoundedH11Protocol(H11Protocol):
                 self._refusal_status = error.error_status_hint  # 431 for a head over the limit
                 raise
             if isinstance(event, h11.Request):
+                # h11 bounds only what it buffers before a head completes: a 100 KB header that arrives
+                # whole, with its blank line, parsed unchecked. The head's own size is checked here.
+                size = len(event.method) + len(event.target) + sum(len(k) + len(v) + 4 for k, v in event.headers)
+                if size > get_settings().api_max_header_bytes:
+                    self._refusal_status = 431
+                    raise h11.RemoteProtocolError("request head over the limit", error_status_hint=431)
                 self._arm("body", get_settings().api_body_timeout_s)
             elif isinstance(event, h11.EndOfMessage):
                 self._disarm()

@@ -245,3 +245,17 @@ def test_slowloris_from_one_address_starves_nobody_and_its_sockets_are_closed(
         assert still_open == 0
         log = api.log_text()
     assert "CRUCIBLE_API_MAX_CLIENT_CONNECTIONS" in log and "its request head took over 2 s" in log
+
+
+@pytest.mark.parametrize("size", [100_000, 65_600])
+def test_one_large_header_sent_whole_is_431(server: LiveApi, size: int) -> None:
+    """(issue 24) h11 bounds only what it buffers before a head completes: a 100 KB header that arrived in
+    one piece, its blank line with it, went through. The head's own size is checked once it is parsed."""
+    head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * size + b"\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(head)
+        answer = b""
+        while b"\r\n\r\n" not in answer and (chunk := sock.recv(65536)):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    assert httpx.get(f"{server.url}/healthz").status_code == 200
