@@ -5,8 +5,10 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 import httpx
+from sqlalchemy import Engine
 
 from core.errors import CrucibleError
 from core.redact import mask
@@ -83,16 +85,17 @@ def check_docker() -> CheckResult:
     return CheckResult("docker engine", True, True, f"Docker {version.get('Version', '?')}")
 
 
-def check_policy_server(settings: Settings) -> CheckResult:
+def check_policy_server(settings: Settings, held: dict[str, list[HeldOut]] | None = None) -> CheckResult:
     """One server (CRUCIBLE_POLICY_URL): the check "policy server"."""
-    return _check_policy_replica(settings.policy_url, "policy server", "CRUCIBLE_POLICY_URL")
+    return _check_policy_replica(settings.policy_url, "policy server", "CRUCIBLE_POLICY_URL", held or {})
 
 
-def check_policy_pool(settings: Settings) -> list[CheckResult]:
-    """Each replica of CRUCIBLE_POLICY_URLS, as "policy replica N"; one server: "policy server"."""
+def check_policy_pool(settings: Settings, held: dict[str, list[HeldOut]] | None = None) -> list[CheckResult]:
+    """Each replica of CRUCIBLE_POLICY_URLS, as "policy replica N"; one server: "policy server". `held`:
+    the workers' own view (held_out): a replica a live worker keeps out of rotation is a failed row."""
     if not settings.policy_urls:
-        return [check_policy_server(settings)]
-    return [_check_policy_replica(url, f"policy replica {index}", "CRUCIBLE_POLICY_URLS")
+        return [check_policy_server(settings, held)]
+    return [_check_policy_replica(url, f"policy replica {index}", "CRUCIBLE_POLICY_URLS", held or {})
             for index, url in enumerate(settings.policy_urls, start=1)]
 
 
@@ -111,6 +114,44 @@ class ReplicaStatus:
     weight_version: str | None
     """The version tag it serves (`/weight_info`; "default" after a restart until re-synced)."""
     error: str | None
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """A live worker that sends a replica no new episode (its pool took it out of rotation)."""
+
+    worker: str
+    until: datetime
+    """When that worker re-probes it (sooner if every replica it has is down)."""
+    error: str | None
+
+
+LIVE_WORKER_S = 30.0
+"""A worker row beating within this long is live (the controller's default heartbeat_timeout_s)."""
+
+
+def held_out(engine: Engine | None = None) -> dict[str, list[HeldOut]]:
+    """Replica name → the live workers holding it out of rotation, from their last heartbeats."""
+    from sqlalchemy import func, select
+
+    from core.db import session_scope
+    from core.models import Worker
+
+    with session_scope(engine) as session:
+        rows = session.execute(
+            select(Worker.name, Worker.replicas_out).where(
+                Worker.stopped_at.is_(None), Worker.replicas_out.is_not(None),
+                Worker.last_heartbeat_at >= func.now() - timedelta(seconds=LIVE_WORKER_S))
+        ).all()
+    found: dict[str, list[HeldOut]] = {}
+    for worker, replicas in rows:
+        for name, state in (replicas or {}).items():
+            try:
+                until = datetime.fromtimestamp(float(state["until"]), UTC)
+            except (KeyError, TypeError, ValueError, OverflowError, OSError):
+                continue  # written by our heartbeat only; a row it did not write is not news
+            found.setdefault(str(name), []).append(HeldOut(str(worker), until, state.get("error")))
+    return found
 
 
 def policy_replica_status(base_url: str, *, timeout_s: float = 3.0) -> ReplicaStatus:
@@ -138,8 +179,13 @@ def _dev_route(url: str, key: str, timeout_s: float) -> object:
         return None
 
 
-def _check_policy_replica(base_url: str, name: str, setting: str) -> CheckResult:
+def _check_policy_replica(base_url: str, name: str, setting: str, held: dict[str, list[HeldOut]]) -> CheckResult:
     status = policy_replica_status(base_url)
+    if held.get(status.name):
+        workers = "; ".join(f"{h.worker} until {h.until:%H:%M:%S} UTC ({(h.error or '')[:120]})"
+                            for h in held[status.name])
+        return CheckResult(name, False, False, f"{status.name}: out of rotation on {workers}",
+                           "a worker re-probes it at that time and sends it episodes again once it answers")
     if status.error is not None:
         return CheckResult(name, False, False, f"{status.name}: {status.error}",
                            f"start one with `crucible serve MODEL_DIR` or correct {setting}")
@@ -165,7 +211,9 @@ def check_disk(settings: Settings) -> CheckResult:
 
 def run_checks(settings: Settings) -> list[CheckResult]:
     database, url = check_database(settings)
-    return [check_docker(), database, check_broker(settings, url), *check_policy_pool(settings), check_disk(settings)]
+    held = held_out() if database.ok else {}
+    return [check_docker(), database, check_broker(settings, url), *check_policy_pool(settings, held),
+            check_disk(settings)]
 
 
 def wait_healthy(url: str, *, alive: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.2) -> None:

@@ -85,8 +85,9 @@ def _on_worker_ready(sender: object = None, **_: object) -> None:
     from task_workers import heartbeat
     from task_workers.context import worker_context
 
-    worker_context()  # the reaper sweeps what a crashed predecessor left, before any episode runs
-    beat = heartbeat.Heartbeat(name=get_settings().worker_name, queues=list(_state.get("queues", [])))  # type: ignore[call-overload]
+    context = worker_context()  # the reaper sweeps what a crashed predecessor left, before any episode runs
+    beat = heartbeat.Heartbeat(name=get_settings().worker_name, queues=list(_state.get("queues", [])),  # type: ignore[call-overload]
+                               published=context.policy.out_of_rotation)
     beat.start()
     _state["heartbeat"] = beat
 

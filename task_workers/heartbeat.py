@@ -15,7 +15,9 @@ import os
 import socket
 import threading
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert
@@ -44,6 +46,10 @@ def announced() -> str | None:
     return incarnation() if os.getpid() in _announced else None
 
 
+Published = Callable[[], dict[str, Any]]
+"""What a worker publishes with each beat: the policy replicas it holds out of rotation."""
+
+
 def take_over(*, name: str, queues: list[str]) -> str | None:
     """Announce this incarnation under `name`; the previous incarnation if it had not stopped cleanly
     (its leased episodes are then lost: the controller requeues them)."""
@@ -61,17 +67,20 @@ def take_over(*, name: str, queues: list[str]) -> str | None:
     return str(previous.incarnation)
 
 
-def beat(*, name: str, queues: list[str]) -> bool:
-    """Refresh this incarnation's heartbeat; False (and nothing written) when another process has
-    taken the name over since: this one's episodes are being requeued, and it should be stopped."""
+def beat(*, name: str, queues: list[str], replicas_out: dict[str, Any] | None = None) -> bool:
+    """Refresh this incarnation's heartbeat (and what it publishes); False (and nothing written) when
+    another process has taken the name over since: this one's episodes are being requeued, and it
+    should be stopped."""
     with session_scope() as session:
-        return _upsert(session, name=name, queues=queues, only_mine=True)
+        return _upsert(session, name=name, queues=queues, only_mine=True, replicas_out=replicas_out)
 
 
-def _upsert(session: Session, *, name: str, queues: list[str], only_mine: bool) -> bool:
+def _upsert(session: Session, *, name: str, queues: list[str], only_mine: bool,
+            replicas_out: dict[str, Any] | None = None) -> bool:
     now = datetime.now(UTC)
     mine = incarnation()
-    values = {"last_heartbeat_at": now, "pid": os.getpid(), "hostname": socket.gethostname(), "queues": queues}
+    values = {"last_heartbeat_at": now, "pid": os.getpid(), "hostname": socket.gethostname(), "queues": queues,
+              "replicas_out": replicas_out or {}}
     statement = (
         insert(Worker).values(name=name, incarnation=mine, **values)
         .on_conflict_do_update(index_elements=[Worker.name], set_={**values, "stopped_at": None, "incarnation": mine},
@@ -89,8 +98,9 @@ def mark_stopped(*, name: str) -> None:
 
 
 class Heartbeat:
-    def __init__(self, *, name: str, queues: list[str], interval_s: float = 5.0) -> None:
-        self.name, self.queues, self.interval_s = name, queues, interval_s
+    def __init__(self, *, name: str, queues: list[str], interval_s: float = 5.0, published: Published | None = None
+                 ) -> None:
+        self.name, self.queues, self.interval_s, self.published = name, queues, interval_s, published
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="crucible-heartbeat", daemon=True)
         self._superseded = False
@@ -107,7 +117,8 @@ class Heartbeat:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
-                kept = beat(name=self.name, queues=self.queues)
+                kept = beat(name=self.name, queues=self.queues,
+                            replicas_out=self.published() if self.published else None)
             except Exception:  # a missed beat is logged, never fatal: the next one may get through
                 logger.exception("heartbeat failed")
                 continue

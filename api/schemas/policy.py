@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from pydantic import BaseModel
+
+
+class HeldOutPublic(BaseModel):
+    worker: str
+    until: datetime
+    error: str | None
 
 
 class ReplicaPublic(BaseModel):
@@ -17,6 +25,9 @@ class ReplicaPublic(BaseModel):
     """The weight version tag it serves ("default" after a restart until the trainer re-syncs it)."""
     error: str | None
     """Why it did not answer."""
+    out_of_rotation: list[HeldOutPublic] = []
+    """Live workers that send it no new episode now (their pool took it out after a failure), until when
+    each re-probes it: the workers' own view, from their heartbeats. Empty: every worker uses it."""
 
 
 class ReplicasPublic(BaseModel):

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import DateTime, Integer, String, func
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
 from core.models.base import Base, created_at_column
@@ -22,6 +23,8 @@ class Worker(Base):
     hostname: Mapped[str] = mapped_column(String(128))
     pid: Mapped[int] = mapped_column(Integer)
     incarnation: Mapped[str | None] = mapped_column(String(64))
+    replicas_out: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    """Policy replicas this worker holds out of rotation, as of its last beat: name → {until (epoch s), error}."""
     queues: Mapped[list[Any]] = mapped_column(default=list)
     started_at: Mapped[datetime] = created_at_column()
     last_heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

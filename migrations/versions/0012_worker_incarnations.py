@@ -1,5 +1,5 @@
 """worker incarnations: the process beating under a worker name, and the one that leased an episode;
-the judge_error termination reason (issue 24)
+the policy replicas a worker holds out of rotation; the judge_error termination reason (issue 24)
 
 Revision ID: 0012
 Revises: 0011
@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.dialects import postgresql
 
 revision: str = '0012'
 down_revision: str | None = '0011'
@@ -37,10 +38,12 @@ def _reasons(reasons: tuple[str, ...]) -> None:
 def upgrade() -> None:
     op.add_column('workers', sa.Column('incarnation', sa.String(length=64), nullable=True))
     op.add_column('episodes', sa.Column('worker_incarnation', sa.String(length=64), nullable=True))
+    op.add_column('workers', sa.Column('replicas_out', postgresql.JSONB(astext_type=sa.Text()), nullable=True))
     _reasons(AFTER)
 
 
 def downgrade() -> None:
     _reasons(BEFORE)
+    op.drop_column('workers', 'replicas_out')
     op.drop_column('episodes', 'worker_incarnation')
     op.drop_column('workers', 'incarnation')

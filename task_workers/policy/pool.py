@@ -100,6 +100,15 @@ class PolicyPool:
         finally:
             policy.release()
 
+    def out_of_rotation(self) -> dict[str, dict[str, Any]]:
+        """The replicas this worker sends no new episode to, as its heartbeat publishes them (the API and
+        `crucible doctor` show it): name → when it is re-probed (epoch seconds; earlier if every replica
+        is down) and why it went out."""
+        offset = time.time() - time.monotonic()
+        with self._lock:
+            return {r.name: {"until": round(r.retry_at + offset, 3), "error": r.last_error}
+                    for r in self._replicas if not r.healthy}
+
     def health(self, *, probe: bool = False) -> list[ReplicaHealth]:
         """Each replica's state; `probe`: ask each one now (GET /v1/models) and record the answer."""
         if probe:

@@ -55,3 +55,45 @@ def test_one_server_is_a_pool_of_one(client: TestClient, replicas, monkeypatch) 
         monkeypatch.delenv("CRUCIBLE_POLICY_URL")
         get_settings.cache_clear()
     assert [(r["name"], r["serving"]) for r in rows] == [(live, True)]
+
+
+def test_a_replica_a_worker_holds_out_is_shown_as_that_worker_sees_it(
+    client: TestClient, replicas, monkeypatch, db_session
+) -> None:
+    """(issue 24) A replica that came back answers the API and doctor ("serving") while a worker keeps it
+    out of rotation for its cool-down: both now say so, from the worker's heartbeat, until when and why."""
+    import time
+
+    from core.health import check_policy_pool, held_out
+    from task_workers import heartbeat
+    from task_workers.policy.pool import PolicyPool
+
+    (_, live), (_, other) = replicas
+    refused = f"http://127.0.0.1:{_free_port()}/v1"
+    pool = PolicyPool([other, refused], cooldown_s=60.0)
+    pool.health(probe=True)  # the refused one goes out of rotation for 60 s
+    out = pool.out_of_rotation()
+    assert list(out) == [refused] and 50 < out[refused]["until"] - time.time() <= 60 and "ConnectError" in out[refused]["error"]
+    pool.close()
+    # What a worker's beat publishes, for a replica that answers again now:
+    until = time.time() + 42
+    heartbeat.take_over(name="w-rotation", queues=["code_repo"])
+    assert heartbeat.beat(name="w-rotation", queues=["code_repo"],
+                          replicas_out={live: {"until": until, "error": "ConnectError: refused"}})
+    _with_pool(monkeypatch, f"{live},{other}")
+    try:
+        rows = client.get("/v1/policy/replicas").json()["data"]
+        checks = check_policy_pool(get_settings(), held_out())
+    finally:
+        monkeypatch.delenv("CRUCIBLE_POLICY_URLS")
+        get_settings.cache_clear()
+    assert rows[0]["serving"] is True and [(h["worker"], h["error"]) for h in rows[0]["out_of_rotation"]] == [
+        ("w-rotation", "ConnectError: refused")]
+    from datetime import datetime
+
+    assert abs(datetime.fromisoformat(rows[0]["out_of_rotation"][0]["until"]).timestamp() - until) < 0.01
+    assert rows[1]["out_of_rotation"] == []
+    assert not checks[0].ok and checks[0].detail.startswith(f"{live}: out of rotation on w-rotation until ")
+    assert checks[1].ok
+    heartbeat.mark_stopped(name="w-rotation")  # a stopped worker's view is no one's
+    assert held_out() == {}
