@@ -13,7 +13,9 @@ from cli.console import OutputFormat, OutputOption, console, print_json, readabl
 app = typer.Typer(help="Episodes: list with filters and search, show one with its turns.", no_args_is_help=True)
 
 
-def _reward(value: float | None) -> str:
+def _reward(value: float | None, *, awaiting: bool = False) -> str:
+    if awaiting:  # its group's pairwise judge has not scored it yet (the API gives no reward meanwhile)
+        return "judging"
     return "–" if value is None else f"{value:.3f}"
 
 
@@ -46,7 +48,7 @@ def ls(
     for e in page["data"]:
         table.add_row(str(e["id"]), str(e["run_id"]), f"{e['group_id']}·{e['sample_index']}", safe(e["environment"]),
                       safe(e["status"]), safe(" ".join([e["termination_reason"] or "–", *e.get("flags", [])])),
-                      _reward(e["reward"]),
+                      _reward(e["reward"], awaiting=e.get("awaiting_judging", False)),
                       "–" if e["policy_version"] is None else str(e["policy_version"]), str(e["num_turns"]),
                       str(e["num_tokens"]))
     console.print(table)
@@ -87,7 +89,8 @@ def show(
                   f"sample {episode['sample_index']} · {safe(episode['environment'])} · "
                   f"task {safe(episode['task_external_id'])}", highlight=False)
     console.print(safe_text(f"{episode['status']} · {episode['termination_reason'] or '–'} · "
-                            f"reward {_reward(episode['reward'])} {episode['reward_components']}"))
+                            f"reward {_reward(episode['reward'], awaiting=episode.get('awaiting_judging', False))} "
+                            f"{episode['reward_components']}"))
     for layer in episode["verifier_layers"]:
         if isinstance(layer, dict):
             console.print(safe_text(f"  verifier {layer.get('name')}: {layer.get('score')} passed={layer.get('passed')}"))

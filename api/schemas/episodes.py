@@ -31,6 +31,9 @@ class EpisodeSummary(BaseModel):
     sandbox_id: str | None
     flags: list[str] = []
     """What the hack monitors saw (core.flags.EpisodeFlag values)."""
+    awaiting_judging: bool = False
+    """Ended, in a group its pairwise judge has not scored yet: `reward` and `reward_components` are
+    null and empty until it has (what is stored meanwhile is the tests' part alone, not the reward)."""
     created_at: datetime
     finished_at: datetime | None
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import exists, func, select, text
+from sqlalchemy import and_, exists, func, select, text
 from sqlalchemy.orm import Session
 
 from api.pagination import decode_cursor, page
@@ -14,7 +14,9 @@ from api.services import json_shapes
 from api.services.tokenizer import decode_pieces
 from core import archive
 from core.errors import NotFound
-from core.models import Environment, Episode, EpisodeArtifact, Run, Task, Turn
+from core.models import Environment, Episode, EpisodeArtifact, EpisodeGroup, Run, Task, Turn
+from core.termination import EpisodeStatus, GroupStatus
+from environments.pairwise import pairwise_environments
 
 SUMMARY_COLUMNS = (
     Episode.id, Episode.run_id, Episode.group_id, Episode.sample_index, Episode.task_id, Episode.environment_id,
@@ -48,8 +50,16 @@ class EpisodeFilters:
 
 
 def _summaries() -> Any:
-    return select(*SUMMARY_COLUMNS, Environment.name.label("environment")).join(
+    return select(*SUMMARY_COLUMNS, Environment.name.label("environment"), _awaiting_judging()).join(
         Environment, Environment.id == Episode.environment_id)
+
+
+def _awaiting_judging() -> Any:
+    """Ended, in a group a pairwise judge has not scored yet: its stored reward is the tests' alone and
+    changes once the judge's comes (the group stays running until then)."""
+    group_running = exists().where(EpisodeGroup.id == Episode.group_id, EpisodeGroup.status == GroupStatus.RUNNING)
+    return and_(Episode.status == EpisodeStatus.COMPLETED, group_running,
+                Episode.environment_id.in_(pairwise_environments())).label("awaiting_judging")
 
 
 def _filtered(session: Session, query: Any, filters: EpisodeFilters) -> Any:

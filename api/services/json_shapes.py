@@ -48,6 +48,8 @@ def episode(row: dict[str, Any]) -> dict[str, Any]:
     for key in ("reward_components", "timings"):
         if key in shaped:
             shaped[key] = mapping(shaped[key])
+    if shaped.get("awaiting_judging"):  # the tests' reward alone until the pairwise judge's comes: not final
+        shaped["reward"], shaped["reward_components"] = None, {}
     if "verifier_layers" in shaped:
         shaped["verifier_layers"] = records(shaped["verifier_layers"], keys=LAYER_KEYS)
     if "failures" in shaped:
