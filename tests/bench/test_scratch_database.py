@@ -15,7 +15,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
-import sys, time, psycopg
+import signal, sys, time, psycopg
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal (a background job's shell ignores it)
 from sqlalchemy.engine import make_url
 from bench.store import scratch_database
 with scratch_database("leftover") as url:
