@@ -52,7 +52,7 @@ def events() -> InMemoryEventSink:
     return InMemoryEventSink()
 
 
-CLI_ENV_LABEL = f"cli-test-{os.getpid()}"  # test_sandbox_cli.py's detached sandboxes (per process: xdist workers)
+CLI_ENV_LABEL = f"cli{os.getpid()}"  # test_sandbox_cli.py's detached sandboxes (per process: xdist workers; short: `ls` shows it in a table column)
 
 
 def _made_by_this_session(info: ContainerInfo) -> bool:
