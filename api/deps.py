@@ -5,7 +5,9 @@
     PageToken     the same for dashboard pages: a 401 login form instead of JSON
 
 A token comes from `Authorization: Bearer <token>`, or, for GET and HEAD only, from the dashboard's
-cookie (mutating requests need the header, so a cookie alone cannot be used for cross-site writes).
+cookie (mutating requests need the header, so a cookie alone cannot be used for cross-site writes). The
+cookie holds a dashboard session's own secret, never the token: /logout revokes the session, so a
+copied cookie stops working, and the token itself is never in a browser's cookie store.
 Never from the URL: a token in a query string lands in access logs, browser history and Referer
 headers, and `/?token=X` would log a victim into X's account (login CSRF).
 """
@@ -21,7 +23,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from api.errors import ApiError
-from api.services.tokens import Unauthorized, authenticate
+from api.services.tokens import Unauthorized, authenticate, session_token
 from core.db import session_scope
 from core.models import ApiToken
 
@@ -48,17 +50,18 @@ class LoginRequired(Exception):
         self.reason = reason
 
 
-def presented_token(request: Request, credentials: HTTPAuthorizationCredentials | None) -> str | None:
+def caller(request: Request, session: Session, credentials: HTTPAuthorizationCredentials | None) -> ApiToken:
+    """The live token of the request: its bearer header, else (reads only) its dashboard session's."""
     header = request.headers.get("authorization")
     if header and credentials is None:
         scheme = header.split(" ", 1)[0]
         raise ApiError(401, "unauthorized", f"expected `Authorization: Bearer <token>`, got a {scheme[:20]!r} header",
                        headers={"WWW-Authenticate": "Bearer"})
     if credentials is not None:
-        return credentials.credentials
-    if request.method in SAFE_METHODS:
-        return request.cookies.get(COOKIE_NAME)
-    return None
+        return authenticate(session, token=credentials.credentials)
+    if request.method in SAFE_METHODS and request.cookies.get(COOKIE_NAME):
+        return session_token(session, secret=request.cookies[COOKIE_NAME])
+    return authenticate(session, token=None)  # Unauthorized: says how to get one
 
 
 def current_token(
@@ -66,7 +69,7 @@ def current_token(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
 ) -> ApiToken:
     try:
-        return authenticate(session, token=presented_token(request, credentials))
+        return caller(request, session, credentials)
     except Unauthorized as error:
         raise ApiError(401, "unauthorized", str(error), headers={"WWW-Authenticate": "Bearer"}) from None
 
@@ -84,7 +87,7 @@ def page_token(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
 ) -> ApiToken:
     try:
-        return authenticate(session, token=presented_token(request, credentials))
+        return caller(request, session, credentials)
     except (Unauthorized, ApiError) as error:
         raise LoginRequired(next_url=_path_with_query(request, without="token"), reason=str(error)) from None
 

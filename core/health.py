@@ -133,16 +133,20 @@ LIVE_WORKER_S = 30.0
 def held_out(engine: Engine | None = None) -> dict[str, list[HeldOut]]:
     """Replica name → the live workers holding it out of rotation, from their last heartbeats."""
     from sqlalchemy import func, select
+    from sqlalchemy.exc import SQLAlchemyError
 
     from core.db import session_scope
     from core.models import Worker
 
-    with session_scope(engine) as session:
-        rows = session.execute(
-            select(Worker.name, Worker.replicas_out).where(
-                Worker.stopped_at.is_(None), Worker.replicas_out.is_not(None),
-                Worker.last_heartbeat_at >= func.now() - timedelta(seconds=LIVE_WORKER_S))
-        ).all()
+    try:
+        with session_scope(engine) as session:
+            rows = session.execute(
+                select(Worker.name, Worker.replicas_out).where(
+                    Worker.stopped_at.is_(None), Worker.replicas_out.is_not(None),
+                    Worker.last_heartbeat_at >= func.now() - timedelta(seconds=LIVE_WORKER_S))
+            ).all()
+    except SQLAlchemyError:  # a database not migrated yet (`crucible doctor` on a new one): no worker has beaten
+        return {}
     found: dict[str, list[HeldOut]] = {}
     for worker, replicas in rows:
         for name, state in (replicas or {}).items():

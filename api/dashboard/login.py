@@ -1,5 +1,6 @@
 """`/login` (a 401 page holding the token form: nothing but /healthz answers without a token),
-`POST /login` (checks the token, sets the cookie) and `/logout`.
+`POST /login` (checks the token, opens a dashboard session and sets its cookie: the session's own
+secret, never the token) and `/logout` (revokes the session).
 
 Login CSRF: a cross-site page could POST its own token to /login and so sign a victim in as the
 attacker. Every rendering of the form sets a random nonce in a SameSite=Strict cookie and in a hidden
@@ -17,7 +18,7 @@ from fastapi.responses import RedirectResponse, Response
 
 from api.dashboard.rendering import COOKIE_MAX_AGE, render
 from api.deps import COOKIE_NAME, PageToken, SessionDep
-from api.services.tokens import Unauthorized, authenticate
+from api.services.tokens import Unauthorized, authenticate, close_session, open_session
 from core.settings import get_settings
 
 router = APIRouter(include_in_schema=False)
@@ -37,8 +38,8 @@ def _secure(request: Request) -> bool:
     return get_settings().environment == "production" or request.url.scheme == "https"
 
 
-def set_token_cookie(response: Response, *, token: str, secure: bool) -> None:
-    response.set_cookie(COOKIE_NAME, token, max_age=COOKIE_MAX_AGE, httponly=True, samesite="strict", secure=secure,
+def set_session_cookie(response: Response, *, secret: str, secure: bool) -> None:
+    response.set_cookie(COOKIE_NAME, secret, max_age=COOKIE_MAX_AGE, httponly=True, samesite="strict", secure=secure,
                         path="/")
 
 
@@ -68,17 +69,20 @@ def login(
         return login_page(request, next_url=next, reason="expected the sign-in form of this server, got a form "
                           "without its nonce (sign in from this page)")
     try:
-        authenticate(session, token=token.strip())
+        row = authenticate(session, token=token.strip())
     except Unauthorized as error:
         return login_page(request, next_url=next, reason=str(error))
     response = RedirectResponse(safe_next(next), status_code=303)
-    set_token_cookie(response, token=token.strip(), secure=_secure(request))
+    set_session_cookie(response, secret=open_session(session, token=row, max_age_s=COOKIE_MAX_AGE),
+                       secure=_secure(request))
     response.delete_cookie(NONCE_COOKIE, path="/login")  # one nonce, one sign-in
     return response
 
 
 @router.get("/logout")
-def logout(_: PageToken) -> Response:
+def logout(request: Request, session: SessionDep, _: PageToken) -> Response:
+    """Sign out: the session is revoked server-side (a copy of the cookie signs no one in), the cookie cleared."""
+    close_session(session, secret=request.cookies.get(COOKIE_NAME))
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(COOKIE_NAME, path="/")
     return response

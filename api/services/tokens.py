@@ -10,7 +10,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from core.errors import ConfigError, CrucibleError, NotFound
-from core.models import ApiToken
+from core.models import ApiToken, DashboardSession
 
 TOKEN_PREFIX = "cru_"
 SHOWN_PREFIX_LENGTH = 10
@@ -82,3 +82,43 @@ def authenticate(session: Session, *, token: str | None) -> ApiToken:
         session.execute(update(ApiToken).where(ApiToken.id == row.id).values(last_used_at=now))
         row.last_used_at = now
     return row
+
+
+SESSION_PREFIX = "ses_"
+
+
+def open_session(session: Session, *, token: ApiToken, max_age_s: int) -> str:
+    """A dashboard session for `token`: the secret the cookie holds (its hash is stored, as a token's)."""
+    secret = SESSION_PREFIX + secrets.token_urlsafe(32)
+    session.add(DashboardSession(token_id=token.id, secret_hash=hash_token(secret),
+                                 expires_at=datetime.now(UTC) + timedelta(seconds=max_age_s)))
+    session.flush()
+    return secret
+
+
+def session_token(session: Session, *, secret: str | None) -> ApiToken:
+    """The live token behind a dashboard cookie; Unauthorized with the reason otherwise (signed out,
+    expired, its token revoked, or not a session this server made)."""
+    if not secret:
+        raise Unauthorized("expected to be signed in (the dashboard's cookie) or an `Authorization: Bearer <token>` "
+                           "header, got neither; create a token with `crucible token create NAME`")
+    row = session.execute(select(DashboardSession).where(DashboardSession.secret_hash == hash_token(secret))
+                          ).scalar_one_or_none()
+    if row is None:
+        raise Unauthorized("expected a dashboard session of this server, got an unknown one: sign in again")
+    if row.revoked_at is not None:
+        raise Unauthorized("this dashboard session was signed out: sign in again")
+    if row.expires_at <= datetime.now(UTC):
+        raise Unauthorized("this dashboard session expired: sign in again")
+    token = session.get(ApiToken, row.token_id)
+    if token is None or token.revoked_at is not None:
+        raise Unauthorized("the token this dashboard session signed in with was revoked: sign in with a live one")
+    return token
+
+
+def close_session(session: Session, *, secret: str | None) -> None:
+    """/logout: the session behind this cookie is revoked (a copy of the cookie signs no one in)."""
+    if secret:
+        session.execute(update(DashboardSession).where(DashboardSession.secret_hash == hash_token(secret),
+                                                       DashboardSession.revoked_at.is_(None))
+                        .values(revoked_at=datetime.now(UTC)))

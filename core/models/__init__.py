@@ -1,7 +1,7 @@
 """SQLAlchemy 2.0 models of the trajectory store (see ARCHITECTURE.md, "The data that flows")."""
 
 from core.models.artifact import EpisodeArtifact
-from core.models.auth import ApiToken
+from core.models.auth import ApiToken, DashboardSession
 from core.models.base import Base
 from core.models.counts import RunEpisodeCounts, RunFlagCounts, RunGroupCounts
 from core.models.environment import Environment, Task
@@ -14,6 +14,7 @@ from core.models.worker import Worker
 __all__ = [
     "ApiToken",
     "Base",
+    "DashboardSession",
     "Environment",
     "Episode",
     "EpisodeArtifact",

@@ -1,5 +1,6 @@
 """worker incarnations: the process beating under a worker name, and the one that leased an episode;
-the policy replicas a worker holds out of rotation; the judge_error termination reason (issue 24)
+the policy replicas a worker holds out of rotation; the judge_error termination reason; dashboard
+sessions (issue 24)
 
 Revision ID: 0012
 Revises: 0011
@@ -40,9 +41,24 @@ def upgrade() -> None:
     op.add_column('episodes', sa.Column('worker_incarnation', sa.String(length=64), nullable=True))
     op.add_column('workers', sa.Column('replicas_out', postgresql.JSONB(astext_type=sa.Text()), nullable=True))
     _reasons(AFTER)
+    op.create_table('dashboard_sessions',
+    sa.Column('id', sa.BigInteger(), nullable=False),
+    sa.Column('token_id', sa.BigInteger(), nullable=False),
+    sa.Column('secret_hash', sa.String(length=64), nullable=False),
+    sa.Column('created_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
+    sa.Column('expires_at', sa.DateTime(timezone=True), nullable=False),
+    sa.Column('revoked_at', sa.DateTime(timezone=True), nullable=True),
+    sa.ForeignKeyConstraint(['token_id'], ['api_tokens.id'], name=op.f('fk_dashboard_sessions_token_id_api_tokens'),
+                            ondelete='CASCADE'),
+    sa.PrimaryKeyConstraint('id', name=op.f('pk_dashboard_sessions')),
+    sa.UniqueConstraint('secret_hash', name=op.f('uq_dashboard_sessions_secret_hash'))
+    )
+    op.create_index(op.f('ix_dashboard_sessions_token_id'), 'dashboard_sessions', ['token_id'], unique=False)
 
 
 def downgrade() -> None:
+    op.drop_index(op.f('ix_dashboard_sessions_token_id'), table_name='dashboard_sessions')
+    op.drop_table('dashboard_sessions')
     _reasons(BEFORE)
     op.drop_column('workers', 'replicas_out')
     op.drop_column('episodes', 'worker_incarnation')

@@ -140,7 +140,10 @@ def test_no_live_token_no_artifacts(anonymous: TestClient, client: TestClient, e
 def test_the_dashboard_cookie_reads_artifacts(app, token: str, client: TestClient, episode_id: int) -> None:  # type: ignore[no-untyped-def]
     """The episode page's <img> carries the login cookie, not a header: GET with it works."""
     artifact_id = _artifacts(client, episode_id)[1]["id"]
-    with TestClient(app, cookies={"crucible_token": token}) as browser:
+    from tests.api.test_auth import sign_in
+
+    with TestClient(app) as browser:
+        sign_in(browser, token)
         response = browser.get(f"/v1/episodes/{episode_id}/artifacts/{artifact_id}")
     assert response.status_code == 200 and response.content.startswith(b"\x89PNG")
 

@@ -57,12 +57,16 @@ def test_every_route_refuses_a_revoked_token_by_header_and_by_cookie(
     app: FastAPI, db_session: Session, seeded: SeededRun
 ) -> None:
     row, token = create_token(db_session, name="soon revoked")
-    revoke_token(db_session, ref=str(row.id))
     db_session.commit()
+    with TestClient(app) as by_cookie:
+        assert sign_in(by_cookie, token).status_code == 303  # type: ignore[attr-defined]
+        revoke_token(db_session, ref=str(row.id))  # the token revoked: its dashboard sessions end with it
+        db_session.commit()
+        _assert_all_refused(by_cookie, app)
     with TestClient(app, headers={"Authorization": f"Bearer {token}"}) as by_header:
         _assert_all_refused(by_header, app)
-    with TestClient(app, cookies={COOKIE_NAME: token}) as by_cookie:
-        _assert_all_refused(by_cookie, app)
+    with TestClient(app, cookies={COOKIE_NAME: token}) as raw_token_cookie:  # the token itself is no session
+        _assert_all_refused(raw_token_cookie, app)
     with TestClient(app) as with_query:
         response = with_query.get(f"/runs/{seeded.run_id}?token={token}", follow_redirects=False)
         assert response.status_code == 401
@@ -96,7 +100,8 @@ def test_a_malformed_authorization_header_says_what_was_expected(anonymous: Test
 
 
 def test_the_cookie_authorizes_reads_but_not_writes(app: FastAPI, token: str, seeded: SeededRun) -> None:
-    with TestClient(app, cookies={COOKIE_NAME: token}) as browser:
+    with TestClient(app) as browser:
+        sign_in(browser, token)
         assert browser.get(f"/v1/runs/{seeded.run_id}").status_code == 200
         assert browser.post(f"/v1/runs/{seeded.run_id}/stop").status_code == 401  # no cross-site writes
 
@@ -121,7 +126,8 @@ def test_login_sets_an_http_only_strict_cookie_and_redirects_to_next(anonymous: 
                               follow_redirects=False)
     assert response.status_code == 303 and response.headers["location"] == "/episodes"
     cookie = response.headers["set-cookie"]
-    assert f"{COOKIE_NAME}={token}" in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie
+    assert f"{COOKIE_NAME}=ses_" in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie
+    assert token not in cookie and token[4:] not in cookie  # a session's own secret, never the token
     assert anonymous.get("/episodes").status_code == 200  # the client kept the cookie
 
 
@@ -158,8 +164,26 @@ def test_a_cross_site_login_post_without_the_forms_nonce_is_refused(app: FastAPI
         assert victim.get("/episodes").status_code == 401
 
 
-def test_logout_clears_the_cookie(app: FastAPI, token: str) -> None:
-    with TestClient(app, cookies={COOKIE_NAME: token}) as browser:
+def test_logout_clears_the_cookie_and_revokes_its_session(app: FastAPI, token: str) -> None:
+    """(issue 24) The cookie used to be the raw API token, and /logout only asked the browser to forget it:
+    a copy kept working for 30 days. Now it is a session's secret, revoked server-side at /logout."""
+    with TestClient(app) as browser:
+        sign_in(browser, token)
+        copied = browser.cookies.get(COOKIE_NAME)
+        assert copied and copied.startswith("ses_") and browser.get("/episodes").status_code == 200
         response = browser.get("/logout", follow_redirects=False)
         assert response.status_code == 303 and response.headers["location"] == "/login"
         assert f'{COOKIE_NAME}=""' in response.headers["set-cookie"]
+    with TestClient(app, cookies={COOKIE_NAME: copied}) as replay:  # the copy, after the sign-out
+        page = replay.get("/episodes")
+        assert page.status_code == 401 and "signed out" in page.text
+        assert replay.get("/v1/runs").json()["error"]["message"] == "this dashboard session was signed out: sign in again"
+    with TestClient(app, headers={"Authorization": f"Bearer {token}"}) as by_header:
+        assert by_header.get("/v1/runs").status_code == 200  # the token itself lives on
+
+
+@pytest.mark.parametrize("forged", ["ses_made_up", "", "ses_" + "x" * 4000, "cru_a_token_lookalike"])
+def test_a_forged_session_cookie_signs_nobody_in(app: FastAPI, db_session: Session, forged: str) -> None:
+    with TestClient(app, cookies={COOKIE_NAME: forged} if forged else {}) as browser:
+        response = browser.get("/v1/runs")
+        assert response.status_code == 401 and response.json()["error"]["code"] == "unauthorized"

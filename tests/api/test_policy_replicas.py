@@ -73,7 +73,7 @@ def test_a_replica_a_worker_holds_out_is_shown_as_that_worker_sees_it(
     pool = PolicyPool([other, refused], cooldown_s=60.0)
     pool.health(probe=True)  # the refused one goes out of rotation for 60 s
     out = pool.out_of_rotation()
-    assert list(out) == [refused] and 50 < out[refused]["until"] - time.time() <= 60 and "ConnectError" in out[refused]["error"]
+    assert list(out) == [refused] and abs(out[refused]["until"] - time.time() - 60) < 10 and "ConnectError" in out[refused]["error"]
     pool.close()
     # What a worker's beat publishes, for a replica that answers again now:
     until = time.time() + 42

@@ -66,9 +66,11 @@ def test_a_record_is_masked_in_its_arguments_its_traceback_and_its_stack(masked:
 def test_httpx_request_lines_carry_no_credentials(masked: io.StringIO, monkeypatch: pytest.MonkeyPatch) -> None:
     """httpx logs `HTTP Request: GET http://user:password@…` at INFO: the line every policy call wrote."""
     httpx_log = logging.getLogger("httpx")
-    monkeypatch.setattr(httpx_log, "level", logging.INFO)  # whatever an earlier test set it to
+    # Whatever an earlier test or library set: a level, a disabled logger, logging.disable(…).
+    monkeypatch.setattr(httpx_log, "level", logging.INFO)
     monkeypatch.setattr(httpx_log, "propagate", True)
     monkeypatch.setattr(httpx_log, "disabled", False)
+    monkeypatch.setattr(logging.root.manager, "disable", logging.NOTSET)
     httpx_log.manager._clear_cache()
     transport = httpx.MockTransport(lambda request: httpx.Response(200, json={}))
     with httpx.Client(transport=transport) as client:
