@@ -470,6 +470,8 @@ def run_demo(settings: DemoSettings, *, console: Console) -> dict[str, Any]:
     """Every stage of the demo with these settings; returns what it writes to result.json."""
     import shutil
 
+    from core.settings import get_settings
+
     settings = settled(settings, name="demo")
     began = time.monotonic()
     path = prepare(settings, console=console)
@@ -495,4 +497,8 @@ def run_demo(settings: DemoSettings, *, console: Console) -> dict[str, Any]:
     console.print(f"\n[bold]held-out success: {before:.0%} → {after:.0%} ({result['delta_points']:+.1f} points)[/] "
                   f"in {result['minutes']} min. Run {run_id} stays in the store (`crucible run show {run_id}`); "
                   f"curve and numbers in {path / 'result.json'}")
+    if get_settings().uses_embedded_database:  # the one server this command leaves running, on purpose
+        console.print("  The embedded Postgres keeps running so that `crucible api` and the dashboard can show "
+                      "the runs; `crucible db stop` stops it (vLLM, the worker, the controller and the trainer "
+                      "have stopped).")
     return result
