@@ -179,18 +179,8 @@ def _requeue_orphans(
     alive = select(Worker.incarnation).where(Worker.incarnation.is_not(None), _fresh(settings))
     rows = _locked(session, run_id, Episode.status == EpisodeStatus.RUNNING, Episode.worker_incarnation.is_not(None),
                    Episode.worker_incarnation.not_in(alive))
-    if not rows:
-        return
-    now = database_now(session)
-    by_queue: dict[str, list[int]] = defaultdict(list)
-    for episode, env in rows:
-        result.orphaned.append(episode.id)
-        if _requeue_or_fail(episode, now=now, horizon=episode_horizon(env, settings), settings=settings):
-            by_queue[env.kind].append(episode.id)
-        else:
-            result.failed.append(episode.id)
-    session.commit()
-    _send_all(session, dispatcher, by_queue, result)
+    result.orphaned.extend(episode.id for episode, _ in rows)
+    _lose(session, rows, dispatcher=dispatcher, settings=settings, result=result)
 
 
 def _handle_overdue(
@@ -199,16 +189,31 @@ def _handle_overdue(
     rows = _locked(session, run_id, Episode.status.in_(OUTSTANDING), Episode.deadline_at < func.now())
     if not rows:
         return
-    now = database_now(session)
     liveness = _liveness(session, settings=settings)
-    by_queue: dict[str, list[int]] = defaultdict(list)
+    lost = []
     for episode, env in rows:
         verdict = _judge(episode, env, liveness)
         if verdict == "slow":
             result.slow.append(episode.id)
         elif verdict == "queued":
             result.queued.append(episode.id)
-        elif _requeue_or_fail(episode, now=now, horizon=episode_horizon(env, settings), settings=settings):
+        else:
+            lost.append((episode, env))
+    _lose(session, lost, dispatcher=dispatcher, settings=settings, result=result)
+
+
+def _lose(
+    session: Session, rows: list[Any], *, dispatcher: Dispatcher, settings: ControllerConfig, result: ReconcileResult
+) -> None:
+    """Each (episode, environment) lost: requeued and sent again, or failed after max_attempts. Commits
+    (the locks taken with the rows are held until then)."""
+    if not rows:
+        session.commit()
+        return
+    now = database_now(session)
+    by_queue: dict[str, list[int]] = defaultdict(list)
+    for episode, env in rows:
+        if _requeue_or_fail(episode, now=now, horizon=episode_horizon(env, settings), settings=settings):
             by_queue[env.kind].append(episode.id)
         else:
             result.failed.append(episode.id)

@@ -20,8 +20,8 @@ from api.services.tokens import create_token
 from core.models import Episode, Run, Task, Turn
 from environments.service import register_environment
 from environments.spec import parse_spec
-from tests.api.live_server import ROOT, crucible_command, crucible_env, live_api
-from tests.support.processes import stop_group
+from tests.api.live_server import crucible_env, live_api
+from tests.support.processes import launch_calc_eval, spawn_crucible, stop_group
 from tests.support.scripted_policy import Reply
 from tests.task_workers.episode.conftest import FIX, env_spec
 
@@ -59,9 +59,7 @@ def test_every_process_weathers_its_database_connections_cut_mid_run(
     processes: list[subprocess.Popen[bytes]] = []
 
     def spawn(name: str, *args: str) -> None:
-        with (tmp_path / f"{name}.log").open("wb") as sink:
-            processes.append(subprocess.Popen(crucible_command(*args), cwd=ROOT, env=crucible_env(**settings),
-                                              stdout=sink, stderr=subprocess.STDOUT, start_new_session=True))
+        processes.append(spawn_crucible(tmp_path / f"{name}.log", *args, env=crucible_env(**settings)))
 
     def logs() -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2500:]}" for p in tmp_path.glob("*.log"))
@@ -71,11 +69,7 @@ def test_every_process_weathers_its_database_connections_cut_mid_run(
             headers = {"Authorization": f"Bearer {token}"}
             spawn("worker", "worker", "-Q", "code_repo")
             spawn("controller", "controller", "--poll", "0.5")
-            launched = httpx.post(f"{api.url}/v1/runs", headers=headers, timeout=30, json={
-                "name": "cut", "model": "scripted", "purpose": "eval", "group_size": 1, "batch_size": 1,
-                "max_groups": 1, "environments": [{"name": "calc"}]})
-            assert launched.status_code == 201, launched.text
-            run_id = launched.json()["id"]
+            run_id = launch_calc_eval(api.url, headers=headers, name="cut")
             assert in_flight.wait(180), logs()
             assert _terminate_everyone_else(db_session) > 0  # the worker's, the controller's, the broker's, the API's
             release.set()

@@ -20,7 +20,7 @@ from core.models import Task
 from environments.service import register_environment
 from environments.spec import parse_spec
 from tests.api.live_server import ROOT, crucible_command, crucible_env, live_api
-from tests.support.processes import stop_group
+from tests.support.processes import launch_calc_eval, spawn_crucible, stop_group
 from tests.task_workers.episode.conftest import FIX, env_spec
 
 # The worker's reaper sweeps every crucible container on the machine: with the other tests that do.
@@ -48,20 +48,14 @@ def test_no_log_of_a_real_run_holds_the_policy_password_or_the_api_token(
 
     def spawn(name: str, *args: str) -> None:
         logs[name] = tmp_path / f"{name}.log"
-        with logs[name].open("wb") as sink:
-            processes.append(subprocess.Popen(crucible_command(*args), cwd=ROOT, env=crucible_env(**settings),
-                                              stdout=sink, stderr=subprocess.STDOUT, start_new_session=True))
+        processes.append(spawn_crucible(logs[name], *args, env=crucible_env(**settings)))
 
     try:
         with live_api(tmp_path, **settings) as api:
             logs["api"] = api.log
             spawn("worker", "worker", "-Q", "code_repo")
             spawn("controller", "controller", "--poll", "0.5")
-            launched = httpx.post(f"{api.url}/v1/runs", headers=headers, timeout=30, json={
-                "name": "secret", "model": "scripted", "purpose": "eval", "group_size": 1, "batch_size": 1,
-                "max_groups": 1, "environments": [{"name": "calc"}]})
-            assert launched.status_code == 201, launched.text
-            run_id = launched.json()["id"]
+            run_id = launch_calc_eval(api.url, headers=headers, name="secret")
             status = ""
             for _ in range(1200):  # polls until the run ends; the test's timeout bounds it
                 status = httpx.get(f"{api.url}/v1/runs/{run_id}", headers=headers, timeout=30).json()["status"]
