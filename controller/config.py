@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from core.config_files import load_model_file, parse_model
 from core.models import Run
+from core.models.worker import HEARTBEAT_TIMEOUT_S
 from core.schemas import RunConfig
 
 JOB_KEY = "job"
@@ -24,7 +25,7 @@ class ControllerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    heartbeat_timeout_s: float = Field(default=30.0, gt=0)
+    heartbeat_timeout_s: float = Field(default=HEARTBEAT_TIMEOUT_S, gt=0)
     """A worker whose last heartbeat is older than this is dead: its overdue episodes are `worker_lost`."""
     max_attempts: int = Field(default=3, ge=1)
     """Times an episode may be lost before it is marked failed (`worker_lost`)."""

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, exists, func, select, update
+from sqlalchemy import exists, func, select, update
 from sqlalchemy.orm import Session
 
 from controller.config import ControllerConfig
@@ -39,6 +39,7 @@ from controller.dispatcher import Dispatcher
 from controller.logs import log_event
 from controller.progress import GroupStatus
 from core.models import Environment, Episode, EpisodeGroup, Run, Worker
+from core.models.worker import alive
 from core.termination import EpisodeStatus, RunStatus, TerminationReason
 from environments.pairwise import pairwise_environments
 
@@ -152,8 +153,7 @@ def _locked(session: Session, run_id: int, *conditions: Any) -> list[Any]:
 
 def _fresh(settings: ControllerConfig) -> Any:
     """A worker row that is alive: not stopped, and beating within heartbeat_timeout_s."""
-    return and_(Worker.stopped_at.is_(None),
-                Worker.last_heartbeat_at >= func.now() - timedelta(seconds=settings.heartbeat_timeout_s))
+    return alive(settings.heartbeat_timeout_s)
 
 
 def _send_unsent(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import httpx
 from sqlalchemy import Engine
@@ -126,24 +126,19 @@ class HeldOut:
     error: str | None
 
 
-LIVE_WORKER_S = 30.0
-"""A worker row beating within this long is live (the controller's default heartbeat_timeout_s)."""
-
-
 def held_out(engine: Engine | None = None) -> dict[str, list[HeldOut]]:
     """Replica name → the live workers holding it out of rotation, from their last heartbeats."""
-    from sqlalchemy import func, select
+    from sqlalchemy import select
     from sqlalchemy.exc import SQLAlchemyError
 
     from core.db import session_scope
     from core.models import Worker
+    from core.models.worker import alive
 
     try:
         with session_scope(engine) as session:
             rows = session.execute(
-                select(Worker.name, Worker.replicas_out).where(
-                    Worker.stopped_at.is_(None), Worker.replicas_out.is_not(None),
-                    Worker.last_heartbeat_at >= func.now() - timedelta(seconds=LIVE_WORKER_S))
+                select(Worker.name, Worker.replicas_out).where(Worker.replicas_out.is_not(None), alive())
             ).all()
     except SQLAlchemyError:  # a database not migrated yet (`crucible doctor` on a new one): no worker has beaten
         return {}

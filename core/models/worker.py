@@ -5,10 +5,10 @@ A row per worker name; `incarnation` is the process beating under it now. A work
 same name (compose's `restart: unless-stopped` keeps the hostname) gets a new incarnation, and the
 episodes the previous one leased are lost at once, whatever their deadlines."""
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import DateTime, Integer, String, func
+from sqlalchemy import ColumnElement, DateTime, Integer, String, and_, func
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -29,3 +29,12 @@ class Worker(Base):
     started_at: Mapped[datetime] = created_at_column()
     last_heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     stopped_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+HEARTBEAT_TIMEOUT_S = 30.0
+"""A worker whose last beat is older than this is dead (the controller's default heartbeat_timeout_s)."""
+
+
+def alive(timeout_s: float = HEARTBEAT_TIMEOUT_S) -> ColumnElement[bool]:
+    """The condition on a worker row that it is alive: not stopped, and beating within `timeout_s`."""
+    return and_(Worker.stopped_at.is_(None), Worker.last_heartbeat_at >= func.now() - timedelta(seconds=timeout_s))
