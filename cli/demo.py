@@ -8,16 +8,18 @@ trainer) → `watch_training` (the live view) → `evaluate` again.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any, TypeVar
 
 import typer
@@ -272,8 +274,20 @@ class Processes:
     max_model_len: int = 1024
     queues: str = "celery,read_number"
     """The worker's Celery queues: an environment's episodes go to the queue named after its kind."""
+    _sigterm: Any = None
 
     def __enter__(self) -> Processes:
+        # SIGTERM is Ctrl-C here: Python's default would end this process at once, and vLLM (in its own
+        # process group, for stop() to reach its engine processes) would outlive it.
+        if threading.current_thread() is threading.main_thread():
+            self._sigterm = signal.signal(signal.SIGTERM, _interrupted)
+        try:
+            return self._start()
+        except BaseException:  # Ctrl-C while starting: stop what started (__exit__ does not run then)
+            self.__exit__(None, None, None)
+            raise
+
+    def _start(self) -> Processes:
         from trainer.serving import VllmServer
 
         started = _stage(self.console, "vLLM on CPU serving the warmed-up model")
@@ -315,10 +329,41 @@ class Processes:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        for name in ("trainer", "controller", "worker", *self.children):  # then any other (a reward model)
-            self.stop(name)
-        if self.server is not None:
-            self.server.stop()
+        try:
+            for name in ("trainer", "controller", "worker", *self.children):  # then any other (a reward model)
+                self.stop(name)
+        finally:
+            if self.server is not None:
+                self.server.stop()
+            if self._sigterm is not None:
+                signal.signal(signal.SIGTERM, self._sigterm)
+                self._sigterm = None
+
+
+def _interrupted(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+Recipe = TypeVar("Recipe", bound=Callable[..., dict[str, Any]])
+
+
+def says_what_stays_running(recipe: Recipe) -> Recipe:
+    """A recipe (the demo, rl-browser, rl-mixed: `recipe(settings, console=…)`) that says, when it ends
+    or is interrupted, what it leaves running on purpose: only the embedded Postgres, for the dashboard."""
+
+    @functools.wraps(recipe)
+    def run(*args: Any, console: Console, **kwargs: Any) -> dict[str, Any]:
+        from core.settings import get_settings
+
+        try:
+            return recipe(*args, console=console, **kwargs)
+        finally:
+            if get_settings().uses_embedded_database:
+                console.print("  The embedded Postgres keeps running so that `crucible api` and the dashboard can "
+                              "show the runs; `crucible db stop` stops it (vLLM, the worker, the controller and "
+                              "the trainer have stopped).")
+
+    return run  # type: ignore[return-value]
 
 
 def _wait_run(run_id: int, *, procs: Processes, timeout_s: float) -> None:
@@ -466,11 +511,11 @@ def demo(
     run_demo(settings, console=default_console)
 
 
+@says_what_stays_running
 def run_demo(settings: DemoSettings, *, console: Console) -> dict[str, Any]:
     """Every stage of the demo with these settings; returns what it writes to result.json."""
     import shutil
 
-    from core.settings import get_settings
 
     settings = settled(settings, name="demo")
     began = time.monotonic()
@@ -497,8 +542,4 @@ def run_demo(settings: DemoSettings, *, console: Console) -> dict[str, Any]:
     console.print(f"\n[bold]held-out success: {before:.0%} → {after:.0%} ({result['delta_points']:+.1f} points)[/] "
                   f"in {result['minutes']} min. Run {run_id} stays in the store (`crucible run show {run_id}`); "
                   f"curve and numbers in {path / 'result.json'}")
-    if get_settings().uses_embedded_database:  # the one server this command leaves running, on purpose
-        console.print("  The embedded Postgres keeps running so that `crucible api` and the dashboard can show "
-                      "the runs; `crucible db stop` stops it (vLLM, the worker, the controller and the trainer "
-                      "have stopped).")
     return result

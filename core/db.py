@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.embedded import ensure_embedded_postgres
@@ -73,6 +73,25 @@ def check_database(engine: Engine) -> str:
             f"CRUCIBLE_DATABASE_URL: cannot connect to {where} ({reason}); "
             "expected a reachable PostgreSQL server"
         ) from None
+
+
+_LOST_STATES = ("57P01", "57P02", "57P03")
+"""admin_shutdown, crash_shutdown, cannot_connect_now: the server was stopped, crashed or is starting."""
+
+
+def lost_connection(error: BaseException) -> bool:
+    """Whether `error` says the database connection was lost or could not be made — a terminated
+    backend, a restart, a server not answering yet — rather than that the database refused the request.
+    The work of a lost connection is to be retried on a new one; a refused request (a constraint, a
+    value too large) never is."""
+    if isinstance(error, DBAPIError) and error.connection_invalidated:
+        return True  # SQLAlchemy's dialect recognised a disconnect and invalidated the connection
+    if isinstance(error, InterfaceError):
+        return True  # psycopg: the connection is closed
+    if not isinstance(error, OperationalError):
+        return False
+    state = getattr(error.orig, "sqlstate", None)
+    return state is None or state.startswith("08") or state in _LOST_STATES  # None: no server reply at all
 
 
 _sessionmakers: dict[int, sessionmaker[Session]] = {}

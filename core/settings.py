@@ -116,6 +116,8 @@ class Settings(BaseSettings):
     """SQLAlchemy connection pool size per process."""
     db_connect_timeout_s: Annotated[int, Field(ge=1, le=600)] = 5
     """Seconds to wait for the database before failing."""
+    db_outage_s: Annotated[int, Field(ge=1, le=86400)] = 300
+    """Seconds the trainer waits out a lost database (retrying on new connections) before it gives up."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Logging level for every Crucible process."""
 

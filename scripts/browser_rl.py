@@ -39,6 +39,7 @@ from cli.demo import (
     launch_training,
     prepare,
     render_episode,
+    says_what_stays_running,
     settled,
     sft_in_two_stages,
     watch_training,
@@ -333,6 +334,7 @@ def rendering_check(run_ids: list[int], *, tokenizer_dir: Path, limit: int = 200
     return {"compared": compared, "matched": matched, "canonical": canonical}
 
 
+@says_what_stays_running
 def run_browser_rl(settings: BrowserRLSettings, *, console: Console) -> dict[str, Any]:
     """Every stage with these settings; returns what it writes to result.json."""
     import shutil

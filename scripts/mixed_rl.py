@@ -47,6 +47,7 @@ from cli.demo import (
     launch_training,
     prepare,
     render_episode,
+    says_what_stays_running,
     settled,
     sft_in_two_stages,
     watch_training,
@@ -284,6 +285,7 @@ def _worker_token() -> None:
     get_settings.cache_clear()
 
 
+@says_what_stays_running
 def run_mixed_rl(settings: MixedRLSettings, *, console: Console) -> dict[str, Any]:
     """Every stage with these settings; returns what it writes to result.json."""
     import shutil

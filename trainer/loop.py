@@ -34,16 +34,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
 from core.config_files import parse_model
-from core.db import get_engine, session_factory
+from core.db import get_engine, lost_connection, session_factory
 from core.errors import ConfigError, CrucibleError
 from core.models import Run, RunEnvironment, TrainingStep
 from core.schemas.run import Curriculum, RunConfig, Sampling
+from core.settings import get_settings
 from core.termination import DropReason, RunStatus
 from trainer import cost, faults, metrics
 from trainer.checkpoint import CheckpointStore, TrainerState
@@ -72,6 +74,9 @@ from trainer.sync import Publisher, SyncReport
 
 log = logging.getLogger(__name__)
 FINISHED = (RunStatus.COMPLETED, RunStatus.FAILED)
+T = TypeVar("T")
+_STOPPED = object()
+"""What `Trainer._weathered` returns when it was stopped while waiting for the database."""
 
 
 class CheckpointMismatch(CrucibleError):
@@ -184,6 +189,11 @@ class Trainer:
     # ---- resume -------------------------------------------------------------------------------
     def resume(self) -> None:
         """Match the checkpoints to the database, load the newest, and make vLLM serve it."""
+        self._resume(fresh=True)
+
+    def _resume(self, *, fresh: bool) -> None:
+        """`resume`; not `fresh`: the engine may have moved past the newest checkpoint (a step whose
+        transaction was lost), so with no checkpoint yet it is rebuilt from the run's starting weights."""
         with self._sessions() as session:
             recorded = last_step(session, run_id=self.run_id)
             self.checkpoints.reconcile(recorded_step=recorded)
@@ -196,6 +206,9 @@ class Trainer:
             if latest is not None:
                 self.engine.load(latest[0])
                 self.step, self.consumed = latest[1].step, latest[1].consumed_groups
+            elif not fresh:
+                self._restore_engine()
+                self.step = self.consumed = 0
             in_db = consumed_groups(session, run_id=self.run_id, through_step=self.step)
             if in_db != self.consumed:
                 raise CheckpointMismatch(f"run {self.run_id}: checkpoint step {self.step} consumed "
@@ -263,8 +276,9 @@ class Trainer:
         earlier.examined += len(plan.dropped)
 
     def _metrics_view(self, plan: BatchPlan) -> BatchPlan:
-        """The step's plan plus the groups dropped while it waited (for metrics only)."""
-        earlier, self._dropped_while_waiting = self._dropped_while_waiting, BatchPlan()
+        """The step's plan plus the groups dropped while it waited (for metrics only; forgotten once the
+        step is committed)."""
+        earlier = self._dropped_while_waiting
         return dataclasses.replace(plan, dropped={**earlier.dropped, **plan.dropped},
                                    scored=earlier.scored + plan.scored, examined=earlier.examined + plan.examined)
 
@@ -322,7 +336,7 @@ class Trainer:
         faults.crash_point("pending", step=step)
         view = self._metrics_view(plan)
         values = metrics.step_metrics(plan=view, result=result, timings=timings)
-        values[metrics.SKIPPED_STEPS], self._skipped_steps = float(self._skipped_steps), 0
+        values[metrics.SKIPPED_STEPS] = float(self._skipped_steps)
         values.update(self.cost.record(session, samples=plan.samples, update_seconds=result.seconds,
                                        update_tokens=result.tokens_processed, timings=timings))
         started = time.perf_counter()
@@ -334,6 +348,7 @@ class Trainer:
         session.commit()
         values[metrics.timing_key("commit")] = round(time.perf_counter() - started, 6)
         self.step, self.consumed = step, state.consumed_groups
+        self._dropped_while_waiting, self._skipped_steps = BatchPlan(), 0  # reported with this step
         log.info("run %d: step %d trained on %d groups (%d dropped), loss %s, reward %s", self.run_id, step,
                  len(group_ids), len(plan.dropped), values.get(metrics.LOSS), values.get(metrics.REWARD_MEAN))
         return StepOutcome(step=step, version=step, groups=len(group_ids), dropped=len(plan.dropped),
@@ -389,19 +404,55 @@ class Trainer:
             return get_run(session, run_id=self.run_id).status in FINISHED
 
     def run(self, *, max_steps: int | None = None, stop: threading.Event | None = None) -> int:
-        """Resume, then train until the run finishes, `max_steps` more steps are done or `stop` is set."""
+        """Resume, then train until the run finishes, `max_steps` more steps are done or `stop` is set.
+        A lost database connection is weathered (`_weathered`): the step in hand is trained again or,
+        if its commit reached the database, kept; never both."""
         stop = stop or threading.Event()
-        self.resume()
-        done = 0
-        while not stop.is_set() and (max_steps is None or done < max_steps):
-            self.resync_if_needed()
-            if self.train_one_step() is not None:
-                done += 1
-            elif self.finished():
+        if self._weathered(lambda: self._resume(fresh=True), stop) is _STOPPED:
+            return 0
+        start = self.step  # steps are counted by what was committed: a retried pass may have committed one
+        while not stop.is_set() and (max_steps is None or self.step - start < max_steps):
+            outcome = self._weathered(self._one_pass, stop)
+            if outcome is _STOPPED:
                 break
-            else:
-                stop.wait(self.poll_s)
-        return done
+            if outcome is not None:
+                continue
+            finished = self._weathered(self.finished, stop)
+            if finished is _STOPPED or finished:
+                break
+            stop.wait(self.poll_s)
+        return self.step - start
+
+    def _one_pass(self) -> StepOutcome | None:
+        if self._lock.ensure():
+            log.warning("run %d: the trainer lock's connection was lost; taken again", self.run_id)
+        self.resync_if_needed()
+        return self.train_one_step()
+
+    def _weathered(self, work: Callable[[], T], stop: threading.Event) -> T | object:
+        """`work()`, retried while the database connection is lost (core.db.lost_connection). Each retry
+        first takes the trainer lock again and matches the engine and the checkpoints to what the
+        database recorded (`_resume`): a step whose transaction was lost is trained again from the last
+        checkpoint, one whose commit got through is kept. Raises after `db_outage_s` of failures in a
+        row; `_STOPPED` if `stop` was set while it waited."""
+        give_up = time.monotonic() + get_settings().db_outage_s
+        wait, recover = 0.5, False
+        while True:
+            try:
+                if recover:
+                    self._lock.ensure()
+                    self._resume(fresh=False)
+                    recover = False
+                return work()
+            except Exception as error:
+                if not lost_connection(error) or time.monotonic() + wait > give_up:
+                    raise
+                log.warning("run %d: the database connection was lost (%s); retrying in %.1f s", self.run_id,
+                            str(error).splitlines()[0], wait)
+                recover = True
+            if stop.wait(wait):
+                return _STOPPED
+            wait = min(wait * 2, 10.0)
 
     def close(self) -> None:
         if self.ranks:

@@ -59,10 +59,30 @@ class TrainedValue:
 class TrainerLock:
     """The run's trainer lock: a session-level Postgres advisory lock on a connection of its own. A
     killed trainer's connection drops and Postgres releases the lock; `release` gives it up (and
-    never returns a connection still holding it to the pool)."""
+    never returns a connection still holding it to the pool). A connection cut under a live trainer
+    (a database restart, a terminated backend) releases it too: `ensure` takes it again on a new
+    connection, or raises TrainerAlreadyRunning if another trainer took it meanwhile."""
 
-    def __init__(self, connection: Connection, *, run_id: int) -> None:
-        self.connection, self.run_id = connection, run_id
+    def __init__(self, engine: Engine, connection: Connection, *, run_id: int) -> None:
+        self.engine, self.connection, self.run_id = engine, connection, run_id
+
+    def ensure(self) -> bool:
+        """Hold the lock, taking it again if its connection was lost; True if it had to. Raises what
+        the database raises while it cannot be reached (the caller retries)."""
+        from core.db import lost_connection
+
+        if not self.connection.closed:  # closed: an earlier try to take it again failed
+            try:
+                self.connection.execute(text("SELECT 1"))
+                self.connection.commit()
+                return False
+            except Exception as error:
+                if not lost_connection(error):
+                    raise
+            self.connection.invalidate()
+            self.connection.close()
+        self.connection = _take(self.engine, run_id=self.run_id)
+        return True
 
     def release(self) -> None:
         if self.connection.closed:
@@ -78,23 +98,26 @@ class TrainerLock:
 
 def hold_trainer_lock(engine: Engine, *, run_id: int) -> TrainerLock:
     """Take the run's trainer lock; TrainerAlreadyRunning if another trainer holds it."""
+    return TrainerLock(engine, _take(engine, run_id=run_id), run_id=run_id)
+
+
+def _take(engine: Engine, *, run_id: int) -> Connection:
     connection = engine.connect()
     try:
         taken = connection.execute(text("SELECT pg_try_advisory_lock(:namespace, :run)"),
                                    {"namespace": LOCK_NAMESPACE, "run": run_id}).scalar_one()
         connection.commit()
+        if not taken:
+            holder = connection.execute(text(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = :namespace AND objid = :run "
+                "AND granted"), {"namespace": LOCK_NAMESPACE, "run": run_id}).scalar()
+            raise TrainerAlreadyRunning(
+                f"run {run_id}: another trainer is already training it (database backend pid {holder}); expected "
+                "one trainer per run — stop the other one first")
     except BaseException:
         connection.close()
         raise
-    if not taken:
-        holder = connection.execute(text(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = :namespace AND objid = :run "
-            "AND granted"), {"namespace": LOCK_NAMESPACE, "run": run_id}).scalar()
-        connection.close()
-        raise TrainerAlreadyRunning(
-            f"run {run_id}: another trainer is already training it (database backend pid {holder}); expected "
-            "one trainer per run — stop the other one first")
-    return TrainerLock(connection, run_id=run_id)
+    return connection
 
 
 def get_run(session: Session, *, run_id: int) -> Run:

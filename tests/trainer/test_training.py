@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
@@ -421,6 +421,26 @@ def _consumed(session: Session, run_id: int) -> list[tuple[int, str, int | None]
     return [(g.group_index, g.status, g.consumed_step) for g in session.execute(query).scalars()]
 
 
+def _trained_and_twin(session: Session, server: VllmServer, model: Path, tokenizer: PreTrainedTokenizerBase,
+                      root: Path) -> tuple[Run, Run]:
+    """Two runs of the same eight groups (`_resume_run`): the first trained here, uninterrupted, to step 4
+    (checkpoints under root/reference); the second untouched, for a trainer under test."""
+    reference = _resume_run(session, model=model, vocab=len(tokenizer))
+    twin = _resume_run(session, model=model, vocab=len(tokenizer))
+    uninterrupted = Trainer(run_id=reference.id, publisher=_publisher(server, tokenizer),
+                            checkpoint_root=root / "reference")
+    assert uninterrupted.run() == 4
+    uninterrupted.close()
+    return reference, twin
+
+
+def _trainer_command(run: Run, server: VllmServer, checkpoints: Path) -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "cli.trainer", "--run", str(run.id), "--policy-url", server.api_url,
+            "--policy-dir", str(server.model_dir), "--checkpoint-dir", str(checkpoints), "--poll", "0.1"]
+
+
 def test_sigkill_anywhere_in_a_step_loses_no_group_and_trains_none_twice(
     db_session: Session, served_original: VllmServer, tiny_model_dir: Path, tokenizer: PreTrainedTokenizerBase,
     tmp_path: Path,
@@ -428,23 +448,12 @@ def test_sigkill_anywhere_in_a_step_loses_no_group_and_trains_none_twice(
     """The trainer runs as its own process (`python -m cli.trainer`) and SIGKILLs itself at each crash
     point in turn; restarted each time, it ends exactly where an uninterrupted trainer ends."""
     import subprocess
-    import sys
 
-    from trainer.checkpoint import CheckpointStore
     from trainer.faults import ENV as CRASH_AT
     from trainer.faults import POINTS
 
-    vllm_server = served_original
-    reference = _resume_run(db_session, model=tiny_model_dir, vocab=len(tokenizer))
-    crashed = _resume_run(db_session, model=tiny_model_dir, vocab=len(tokenizer))
-    uninterrupted = Trainer(run_id=reference.id, publisher=_publisher(vllm_server, tokenizer),
-                            checkpoint_root=tmp_path / "reference")
-    assert uninterrupted.run() == 4
-    uninterrupted.close()
-
-    command = [sys.executable, "-m", "cli.trainer", "--run", str(crashed.id), "--policy-url", vllm_server.api_url,
-               "--policy-dir", str(vllm_server.model_dir), "--checkpoint-dir", str(tmp_path / "crashed"),
-               "--poll", "0.1"]
+    reference, crashed = _trained_and_twin(db_session, served_original, tiny_model_dir, tokenizer, tmp_path)
+    command = _trainer_command(crashed, served_original, tmp_path / "crashed")
     repo = Path(__file__).resolve().parents[2]
     # Every crash point of trainer.faults, each at a step of its own choosing; a new point fails here
     # until it is given one.
@@ -458,13 +467,90 @@ def test_sigkill_anywhere_in_a_step_loses_no_group_and_trains_none_twice(
         assert done.returncode == (-9 if point else 0), (point, done.stdout[-2000:], done.stderr[-3000:])
 
     _assert_four_steps_as(db_session, crashed, reference)
-    latest = CheckpointStore(tmp_path / "crashed").latest()
+    _assert_step_four_weights_as(tmp_path / "crashed", tmp_path / "reference")
+
+
+def _assert_step_four_weights_as(root: Path, reference: Path) -> None:
+    """The checkpoints under `root` end at step 4 (8 groups, nothing pending) with the weights of the
+    reference's step 4."""
+    from trainer.checkpoint import CheckpointStore
+
+    latest = CheckpointStore(root).latest()
     assert latest is not None and latest[1].step == 4 and latest[1].consumed_groups == 8
-    assert list((tmp_path / "crashed").glob("*.pending")) == []
+    assert list(root.glob("*.pending")) == []
     ours = torch.load(latest[0] / "engine.pt", weights_only=True)["model"]
-    theirs = torch.load(tmp_path / "reference" / "step-000004" / "engine.pt", weights_only=True)["model"]
+    theirs = torch.load(reference / "step-000004" / "engine.pt", weights_only=True)["model"]
     for name, tensor in theirs.items():
         torch.testing.assert_close(ours[name], tensor, rtol=1e-5, atol=1e-6)
+
+
+def _cut_mid_step(session: Session, *, run_id: int) -> int | None:
+    """If the trainer's step transaction is open (it holds the row locks of the groups it claimed, FOR
+    UPDATE, while the update runs), terminate every other connection to this database — the step's,
+    the trainer lock's, the pool's, as a database restart would — and return the pid that held the
+    run's trainer lock; None if no step was open."""
+    from sqlalchemy import text
+
+    from trainer.store import LOCK_NAMESPACE
+
+    others = "a.datname = current_database() AND a.pid <> pg_backend_pid()"
+    in_step = session.execute(text(
+        f"SELECT count(*) FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid WHERE {others} AND "
+        "a.state = 'idle in transaction' AND l.relation = 'episode_groups'::regclass AND l.mode = 'RowShareLock'"
+    )).scalar_one()
+    if not in_step:
+        session.rollback()
+        return None
+    holder = session.execute(text("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = :namespace "
+                                  "AND objid = :run AND granted"), {"namespace": LOCK_NAMESPACE, "run": run_id}).scalar()
+    session.execute(text(f"SELECT count(pg_terminate_backend(a.pid)) FROM pg_stat_activity a WHERE {others}"))
+    session.commit()
+    return holder
+
+
+def test_a_trainer_weathers_its_database_connections_cut_mid_step(
+    db_session: Session, served_original: VllmServer, tiny_model_dir: Path, tokenizer: PreTrainedTokenizerBase,
+    tmp_path: Path,
+) -> None:
+    """(issue 24) A live trainer process has every database connection terminated (pg_terminate_backend)
+    while its step transaction is open, in steps 1, 2 and 3 — its lock's connection each time. It keeps
+    running, takes its lock again, trains each lost step again from its checkpoint and ends exactly
+    where an uninterrupted trainer ends: each group consumed once, steps 1–4 recorded once, each
+    version published once, the same weights."""
+    import subprocess
+
+    reference, cut = _trained_and_twin(db_session, served_original, tiny_model_dir, tokenizer, tmp_path)
+    log = tmp_path / "trainer.log"
+    command = _trainer_command(cut, served_original, tmp_path / "cut")
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "CRUCIBLE_LOG_LEVEL": "INFO"}
+    with log.open("wb") as out:
+        trainer = subprocess.Popen(command, env=env, cwd=Path(__file__).resolve().parents[2], stdout=out,
+                                   stderr=subprocess.STDOUT)
+    holders: dict[int, int | None] = {}  # the step cut (0-based: steps recorded before it) → the lock's holder
+
+    def recorded() -> int:
+        db_session.rollback()
+        return int(db_session.execute(select(func.count()).where(TrainingStep.run_id == cut.id)).scalar_one())
+
+    try:
+        while trainer.poll() is None and len(holders) < 3:
+            if recorded() not in holders:  # one cut per step: the retried step then commits
+                landed = _cut_mid_step(db_session, run_id=cut.id)
+                if landed is not None:
+                    holders[recorded()] = landed
+            time.sleep(0.01)
+        assert trainer.wait(timeout=300) == 0, log.read_text(errors="replace")[-4000:]
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()
+    output = log.read_text(errors="replace")
+    assert sorted(holders) == [0, 1, 2], (holders, output[-4000:])  # steps 1, 2 and 3 each lost its transaction
+    assert None not in holders.values() and len(set(holders.values())) == 3, holders  # held, then taken again
+    assert output.count("the database connection was lost") >= 3, output[-4000:]
+
+    _assert_four_steps_as(db_session, cut, reference)
+    _assert_step_four_weights_as(tmp_path / "cut", tmp_path / "reference")
 
 
 def test_sync_mode_waits_for_a_full_batch_of_the_current_version(
