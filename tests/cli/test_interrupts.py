@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import ast
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -76,8 +78,9 @@ def _interrupt_and_check(command: list[str], *, tmp_path: Path, ready: Callable[
                          what: str, sig: signal.Signals = signal.SIGINT) -> str:
     """Run `command` (marked, its own session and temporary directory), wait until `ready(output,
     marked processes)`, send `sig` to its process group, and check it ended leaving nothing behind."""
-    mark, tmp = uuid.uuid4().hex, tmp_path / "tmp"
-    tmp.mkdir()
+    # A short TMPDIR of its own: vLLM puts ZeroMQ IPC sockets in it, whose paths must fit in 107 bytes
+    # (pytest's tmp_path does not).
+    mark, tmp = uuid.uuid4().hex, Path(tempfile.mkdtemp(prefix="ci-", dir="/tmp"))
     log = tmp_path / "command.log"
     env = {**crucible_env(data_dir=str(tmp_path / "data")), MARK: mark, "TMPDIR": str(tmp)}
     with log.open("wb") as sink:
@@ -99,6 +102,7 @@ def _interrupt_and_check(command: list[str], *, tmp_path: Path, ready: Callable[
             process.wait()
         for pid, _ in _marked(mark):  # never leave them to the next test
             os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _vllm_starting(_: str, marked: list[tuple[int, str]]) -> bool:
