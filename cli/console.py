@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
+from types import FrameType
 from typing import Any
 
 import typer
@@ -137,3 +138,9 @@ class CrucibleGroup(TyperGroup):
                 raise
             print_error(f"{describe_failure(error)} (`crucible --debug …` shows the traceback)")
             raise typer.Exit(1) from None
+
+
+def interrupt(signum: int, frame: FrameType | None) -> None:
+    """A signal handler that makes SIGTERM what Ctrl-C is (KeyboardInterrupt): a command that started
+    servers in their own process groups stops them on the way out instead of dying past them."""
+    raise KeyboardInterrupt

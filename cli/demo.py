@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import Any, TypeVar
 
 import typer
@@ -27,6 +27,7 @@ from rich.console import Console
 from sqlalchemy import func, select
 
 from cli.console import console as default_console
+from cli.console import interrupt
 
 ENV_NAME = "read-number"
 ENV_SPEC: dict[str, Any] = {
@@ -280,7 +281,7 @@ class Processes:
         # SIGTERM is Ctrl-C here: Python's default would end this process at once, and vLLM (in its own
         # process group, for stop() to reach its engine processes) would outlive it.
         if threading.current_thread() is threading.main_thread():
-            self._sigterm = signal.signal(signal.SIGTERM, _interrupted)
+            self._sigterm = signal.signal(signal.SIGTERM, interrupt)
         try:
             return self._start()
         except BaseException:  # Ctrl-C while starting: stop what started (__exit__ does not run then)
@@ -338,10 +339,6 @@ class Processes:
             if self._sigterm is not None:
                 signal.signal(signal.SIGTERM, self._sigterm)
                 self._sigterm = None
-
-
-def _interrupted(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
 
 
 Recipe = TypeVar("Recipe", bound=Callable[..., dict[str, Any]])
@@ -515,7 +512,6 @@ def demo(
 def run_demo(settings: DemoSettings, *, console: Console) -> dict[str, Any]:
     """Every stage of the demo with these settings; returns what it writes to result.json."""
     import shutil
-
 
     settings = settled(settings, name="demo")
     began = time.monotonic()

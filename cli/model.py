@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import typer
 
-from cli.console import console, print_error, readable_errors, safe
+from cli.console import console, interrupt, print_error, readable_errors, safe
 
 if TYPE_CHECKING:
     from trainer.serving import VllmServer
@@ -90,7 +89,7 @@ def serve(
     console.print(f"[green]serving[/] {server.model_name!r} at {server.api_url}; Ctrl-C stops it")
     # vLLM runs in its own process group, so a SIGTERM to this process would orphan it: turn it
     # into the same clean stop as Ctrl-C.
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         code = server.wait()
     except KeyboardInterrupt:
@@ -122,7 +121,7 @@ def _serve_pool(
         for plan in plans:
             copy_model_dir(model_dir.resolve(), plan.model_dir)
     console.print(f"starting {len(servers)} vLLM replicas of {plans[0].model_name} ...", markup=False, highlight=False)
-    signal.signal(signal.SIGTERM, _interrupt)  # from here on, SIGTERM stops every replica, started or not
+    signal.signal(signal.SIGTERM, interrupt)  # from here on, SIGTERM stops every replica, started or not
     try:
         with readable_errors():
             start_all(servers)
@@ -160,7 +159,3 @@ def _watch_pool(servers: list[VllmServer]) -> None:
 def _replica_log(log_file: Path | None, index: int) -> Path | None:
     """`--log-file server.log` → server-replica-0.log, …; None: each server's default (named by its port)."""
     return None if log_file is None else log_file.with_name(f"{log_file.stem}-replica-{index}{log_file.suffix}")
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt

@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, func, select, text, update
 from sqlalchemy.orm import Session
 
+from core.db import lost_connection
 from core.models import Episode, EpisodeGroup, PolicyVersion, Run, Task, TrainingStep
 from core.schemas.run import SuccessRule
 from core.step_points import empty_point, step_point
@@ -69,8 +70,6 @@ class TrainerLock:
     def ensure(self) -> bool:
         """Hold the lock, taking it again if its connection was lost; True if it had to. Raises what
         the database raises while it cannot be reached (the caller retries)."""
-        from core.db import lost_connection
-
         if not self.connection.closed:  # closed: an earlier try to take it again failed
             try:
                 self.connection.execute(text("SELECT 1"))
