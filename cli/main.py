@@ -56,6 +56,9 @@ def _configure(
     with readable_errors():
         settings = get_settings()  # fail fast on bad settings, before any command runs
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Alembic ≥ 1.16 logs an INFO line per built-in plugin as it is imported (by the migrating commands):
+    # noise ahead of their answer or one-line error.
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     redact.install(redact.settings_secrets())  # before any command logs: no credential in any line
 
 

@@ -27,6 +27,7 @@ from trainer.weight_sync import ReloadWeightSyncer, make_weight_syncer
 AGREE = 1e-4
 # A perturbation of std 0.02 on every weight moves probe logprobs by ~0.3 nats on average.
 DISAGREE = 0.05
+MIN_SPAN = 64  # tokens of each version in the mid-completion sync test
 MESSAGES = [{"role": "user", "content": "Run the tests and tell me what fails."}]
 
 
@@ -198,12 +199,15 @@ def test_a_sync_in_the_middle_of_a_completion_is_labelled_at_the_token_it_took_e
         result["completion"] = client._generate(prompt, params, started=time.monotonic())
 
     # The tiny model samples the whole completion in about a second here, faster than vLLM's /metrics
-    # can be polled, so the pause comes after a delay found by trials: start the completion, wait
-    # `delay`, pause (keep). Paused with tokens already sampled by version 10 and the completion not
-    # ended (fewer tokens counted than it asks for): the sync lands inside it. Paused before the first token: resume, let it end, wait longer.
-    # Ended before the pause: wait less. Each trial is one completion; the test fails if none lands.
-    delay, trials = 0.0, []
+    # can be polled, so the pause comes after a delay found by bisection: start the completion, wait
+    # `delay`, pause (keep). Paused with at least MIN_SPAN tokens sampled by version 10 and the completion
+    # not ended (fewer tokens counted than it asks for): the sync lands inside it, and each version's span
+    # is long enough for its logprobs to tell the two weights apart (one token of each once read 0.046, under
+    # DISAGREE, by chance). Paused too early: resume, let it end, wait longer; ended before the pause: wait
+    # less. Each trial is one completion; the test fails if none lands.
+    early, late, trials = 0.0, None, []
     for _ in range(12):
+        delay = (early + late) / 2 if late is not None else max(2 * early, 0.01) if trials else 0.0
         result.clear()
         before = _generated_tokens(vllm_server)
         worker = threading.Thread(target=sample)
@@ -211,13 +215,18 @@ def test_a_sync_in_the_middle_of_a_completion_is_labelled_at_the_token_it_took_e
         time.sleep(delay)
         syncer.control.pause()
         sampled = _generated_tokens(vllm_server) - before
-        trials.append((round(delay, 3), sampled, worker.is_alive()))
+        running = worker.is_alive()
+        trials.append((round(delay, 4), sampled, running))
         # (the counter may trail the engine by a step or two: a margin, so "not ended" is sure)
-        if worker.is_alive() and 0 < sampled < params["max_tokens"] - 64:
+        ended = not running or sampled >= params["max_tokens"] - 2 * MIN_SPAN
+        if not ended and sampled >= MIN_SPAN:
             break
         syncer.control.resume()
         worker.join(300)
-        delay = delay / 2 if sampled > 0 else max(2 * delay, 0.01)
+        if ended:
+            late = delay
+        else:
+            early = delay
     else:
         syncer.control.resume()
         pytest.fail(f"no trial paused the server inside a completion: (delay s, tokens, running) {trials}")
@@ -229,7 +238,7 @@ def test_a_sync_in_the_middle_of_a_completion_is_labelled_at_the_token_it_took_e
         assert labels[0] == "10" and len(labels) >= 2 and all(label.startswith("11") for label in labels[1:]), labels
         switch = completion.spans[1][1]
         tokens = completion.token_ids
-        assert 0 < switch < len(tokens)
+        assert MIN_SPAN <= switch <= len(tokens) - MIN_SPAN, (switch, len(tokens))
         ctx = LoopContext(kind=None, task=None, sandbox=None, policy=client, limits=Limits(),  # type: ignore[arg-type]
                           sampling=Sampling(temperature=1.0), require_version=True)
         stored = _versions(ctx, completion)
