@@ -74,6 +74,12 @@ def _wait(condition: Callable[[], bool], what: str, *, timeout_s: float, log: Pa
         time.sleep(0.1)
 
 
+def _takes_ctrl_c() -> None:
+    """In the child before it runs: SIGINT as at a terminal. A suite started as a shell's background job
+    (`pytest … &`) runs with SIGINT ignored, its children inherit that, and Python then keeps it ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt_and_check(command: list[str], *, tmp_path: Path, ready: Callable[[str, list[tuple[int, str]]], bool],
                          what: str, sig: signal.Signals = signal.SIGINT) -> str:
     """Run `command` (marked, its own session and temporary directory), wait until `ready(output,
@@ -85,7 +91,7 @@ def _interrupt_and_check(command: list[str], *, tmp_path: Path, ready: Callable[
     env = {**crucible_env(data_dir=str(tmp_path / "data")), MARK: mark, "TMPDIR": str(tmp)}
     with log.open("wb") as sink:
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+                                   start_new_session=True, preexec_fn=_takes_ctrl_c)
     try:
         _wait(lambda: process.poll() is None and ready(log.read_text(errors="replace"), _marked(mark)), what,
               timeout_s=400, log=log)
