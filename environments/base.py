@@ -108,6 +108,11 @@ class ActionRefused(Exception):
 class Sandbox(Protocol):
     """The part of a sandbox an environment uses (see task_workers/sandbox)."""
 
+    @property
+    def image(self) -> str:
+        """The image the container runs (what a fact computed in it depends on besides its inputs)."""
+        ...
+
     def step(self, command: str, *, timeout: float | None = None) -> Any: ...
     def exec(self, argv: list[str], *, timeout_s: float = ..., stdin: bytes | None = None,
              as_keeper: bool = False, as_control: bool = False) -> Any:

@@ -11,20 +11,15 @@ the task's content and base commit): the graded sandbox receives only `key.grade
 
 from __future__ import annotations
 
-import hashlib
-import threading
-from collections import OrderedDict
-
 from environments.base import OpenSandbox
-from environments.code_repo.blinding import Key, canonical, decide, plan_files
+from environments.code_repo.blinding import Key, decide, plan_files
 from environments.code_repo.grader import collect_test_ids, put_or_reject, run_reference
+from environments.code_repo.memo import TaskMemo
 from environments.code_repo.repo import WORKSPACE, SetupError, apply_patch, install_repo
 from environments.code_repo.task import CodeRepoTask
 
 REFERENCE_RUNS = 2
-_CACHE_SIZE = 512
-_cache: OrderedDict[str, Key] = OrderedDict()
-_lock = threading.Lock()
+_keys: TaskMemo[Key] = TaskMemo()
 
 
 def unblinded_reason(task: CodeRepoTask, *, enabled: bool) -> str:
@@ -40,17 +35,8 @@ def unblinded_reason(task: CodeRepoTask, *, enabled: bool) -> str:
 
 
 def reference_key(task: CodeRepoTask, *, base: str, open_sandbox: OpenSandbox) -> Key:
-    digest = hashlib.sha256(canonical([task.model_dump(mode="json"), base]).encode()).hexdigest()
-    with _lock:
-        if digest in _cache:
-            _cache.move_to_end(digest)
-            return _cache[digest]
-    key = _compute(task, base=base, open_sandbox=open_sandbox)
-    with _lock:
-        _cache[digest] = key
-        while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
-    return key
+    return _keys.get_or_compute([task.model_dump(mode="json"), base],
+                                lambda: _compute(task, base=base, open_sandbox=open_sandbox))
 
 
 def _compute(task: CodeRepoTask, *, base: str, open_sandbox: OpenSandbox) -> Key:

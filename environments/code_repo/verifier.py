@@ -11,7 +11,8 @@
    runner configuration, runner shadowing, forged exits, result forging, skips, git history, the
    agent's shell commands).
 4. `public_tests` in that fresh sandbox (nothing of the agent's has run there), `hidden_tests` in a
-   second fresh one, both through the trusted runner (grader.py), scored per test id.
+   second fresh one, both through the trusted runner (grader.py), scored per test id. A layer that
+   names no tests grades the ids it collects on the base, collected once per task (memo.py).
 
 Flags cost what `verifier.flag_policy` says: `zero` (default; the test layers do not run), `penalize`
 (reward − flag_penalty), `record`. What the agent caused — an unreadable workspace, a tree that
@@ -30,6 +31,7 @@ from environments.base import GraderFault, LayerResult, OpenSandbox, Sandbox, To
 from environments.code_repo import monitors
 from environments.code_repo.blinding import Key
 from environments.code_repo.grader import collect_test_ids, put_or_reject, run_tests
+from environments.code_repo.memo import TaskMemo
 from environments.code_repo.reference import reference_key, unblinded_reason
 from environments.code_repo.repo import (
     WORKSPACE,
@@ -54,6 +56,7 @@ CONFIG_FILES = {"tox.ini", "setup.cfg", "pyproject.toml"}
 MAX_DIFF_BYTES = 16 << 20
 MAX_INSPECTED_BYTES = 4 << 20
 SYMLINK_MODE = "120000"
+_collected: TaskMemo[list[str] | None] = TaskMemo()
 
 
 def verify(
@@ -111,7 +114,15 @@ def _on_base(sandbox: Sandbox, *, task: CodeRepoTask, base: str, spec: TestSpec 
         raise SetupError(f"the grader's base commit is {graded_base}, the worker recorded {base}")
     if spec is None or spec.tests:
         return spec
-    ids = collect_test_ids(sandbox, spec)
+    return _with_base_ids(sandbox, task=task, base=base, spec=spec)
+
+
+def _with_base_ids(sandbox: Sandbox, *, task: CodeRepoTask, base: str, spec: TestSpec,
+                   files: dict[str, str] | None = None) -> TestSpec:
+    """`spec` naming the ids it collects in `sandbox` (base, and the grader's `files`): computed once per
+    task, image and base, where nothing of the agent's has run (memo.py)."""
+    inputs = [sandbox.image, task.model_dump(mode="json"), base, spec.model_dump(mode="json"), files]
+    ids = _collected.get_or_compute(inputs, lambda: collect_test_ids(sandbox, spec))
     return spec.model_copy(update={"tests": ids}) if ids else spec
 
 
@@ -213,8 +224,7 @@ def _hidden(fresh: Sandbox, *, task: CodeRepoTask, base: str, tree: bytes, diff:
         _on_base(fresh, task=task, base=base, spec=None)
         if apply_patch(fresh, spec.patch or "", name="test patch") is None:
             _add_test_files(fresh, files)
-            ids = collect_test_ids(fresh, spec)
-            spec = spec.model_copy(update={"tests": ids}) if ids else spec
+            spec = _with_base_ids(fresh, task=task, base=base, spec=spec, files=files)
     load_submission(fresh, tree, base=base)
     if staged_diff(fresh, base=base) != diff:
         raise SetupError("the hidden-test sandbox's tree differs from the graded diff")

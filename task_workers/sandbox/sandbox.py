@@ -93,6 +93,10 @@ class Sandbox:
         return f"Sandbox({self.id}, container={self.container_id[:12]}, image={self.spec.image})"
 
     @property
+    def image(self) -> str:
+        return self.spec.image
+
+    @property
     def destroyed(self) -> bool:
         return self._destroyed
 
