@@ -68,12 +68,18 @@ def train(
     # Libraries print to stdout (DeepSpeed's accelerator notice, imported through transformers): during
     # the work stdout is stderr, so `-o json` prints JSON and nothing else.
     with readable_errors(), redirect_stdout(sys.stderr):
+        from trainer.preference_pairs import check_fit_options, split_pairs
+
+        # Bad input is refused before torch and the model load (seconds): the options, the pairs, the split.
+        check_fit_options(epochs=epochs, lr=lr, batch_size=batch_size, max_tokens=max_tokens, out_dir=out)
+        loaded = _load_pairs(pairs=pairs, run=run)
+        split_pairs(loaded, held_out=held_out, seed=seed)
+
         from transformers.utils import logging as hf_logging
 
         from trainer.reward_model import train_reward_model
 
         hf_logging.disable_progress_bar()
-        loaded = _load_pairs(pairs=pairs, run=run)
         report = train_reward_model(pairs=loaded, model_dir=model, out_dir=out, epochs=epochs, lr=lr, seed=seed,
                                     held_out=held_out, batch_size=batch_size, max_tokens=max_tokens)
     if output == OutputFormat.json:

@@ -2,21 +2,25 @@
 
     pairs = load_pairs_jsonl(Path("prefs.jsonl"))           # one {"prompt", "chosen", "rejected"} a line
     train, held_out = split_pairs(pairs, held_out=0.2, seed=0)
+    check_fit_options(epochs=3, lr=1e-3, batch_size=16, max_tokens=512, out_dir=Path("rm"))
 
 The file comes from outside (an export, a stranger's data set), so each line is refused with one line
 that names its number, the field, what was expected and what was given: invalid JSON or UTF-8, not
 an object, a missing, non-string or blank field, chosen equal to rejected, a line over
-MAX_LINE_BYTES. Other keys (an `id`, a `source`) are ignored. Blank lines are skipped.
+MAX_LINE_BYTES. Other keys (an `id`, a `source`) are ignored. Blank lines are skipped. The fit's
+options are checked here too, without torch, so that `crucible rm train` refuses them before it loads it.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core.errors import ConfigError
 from trainer.errors import PreferenceDataError
 
 FIELDS = ("prompt", "chosen", "rejected")
@@ -112,3 +116,21 @@ def split_pairs(pairs: list[PreferencePair], *, held_out: float, seed: int,
     n_held = min(len(pairs) - 1, max(1, round(len(pairs) * held_out)))
     shuffled = [pairs[i] for i in order]
     return shuffled[:-n_held], shuffled[-n_held:]
+
+
+def check_fit_options(*, epochs: int, lr: float, batch_size: int, max_tokens: int, out_dir: Path) -> None:
+    """The options of a reward model's fit (trainer.reward_model.train_reward_model), each refused in one line."""
+    if epochs < 1:
+        raise ConfigError(f"--epochs: expected at least 1, got {epochs}")
+    if not (math.isfinite(lr) and 0.0 < lr <= 1.0):
+        raise ConfigError(f"--lr: expected a learning rate in (0, 1], got {lr}")
+    if batch_size < 1:
+        raise ConfigError(f"--batch-size: expected at least 1, got {batch_size}")
+    if max_tokens < 8:
+        raise ConfigError(f"--max-tokens: expected at least 8, got {max_tokens}")
+    check_out_dir(out_dir)
+
+
+def check_out_dir(out_dir: Path) -> None:
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise ConfigError(f"--out: expected a new or empty directory, got {out_dir} with files in it")

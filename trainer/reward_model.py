@@ -15,7 +15,6 @@ renamed into place, so a crash never leaves a half-written reward model where on
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import shutil
@@ -36,7 +35,7 @@ from transformers import (
 )
 
 from core.errors import ConfigError
-from trainer.preference_pairs import PreferencePair, split_pairs
+from trainer.preference_pairs import PreferencePair, check_fit_options, check_out_dir, split_pairs
 
 CONFIG_FILE = "reward_model.json"
 HEAD_FILE = "value_head.safetensors"
@@ -126,22 +125,6 @@ def evaluate(model: RewardModel, tokenizer: PreTrainedTokenizerBase, pairs: list
     return loss_sum / len(pairs), correct / len(pairs)
 
 
-def _check_options(*, epochs: int, lr: float, batch_size: int, max_tokens: int) -> None:
-    if epochs < 1:
-        raise ConfigError(f"--epochs: expected at least 1, got {epochs}")
-    if not (math.isfinite(lr) and 0.0 < lr <= 1.0):
-        raise ConfigError(f"--lr: expected a learning rate in (0, 1], got {lr}")
-    if batch_size < 1:
-        raise ConfigError(f"--batch-size: expected at least 1, got {batch_size}")
-    if max_tokens < 8:
-        raise ConfigError(f"--max-tokens: expected at least 8, got {max_tokens}")
-
-
-def _check_out_dir(out_dir: Path) -> None:
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise ConfigError(f"--out: expected a new or empty directory, got {out_dir} with files in it")
-
-
 def load_base(model_dir: Path) -> tuple[RewardModel, PreTrainedTokenizerBase]:
     """A fresh reward model on the trunk of the causal LM in `model_dir` (its LM head is dropped)."""
     model_dir = Path(model_dir)
@@ -160,9 +143,8 @@ def train_reward_model(
 ) -> RewardModelReport:
     """Split (seeded), fit with AdamW for `epochs` passes over the training pairs, measure the held-out
     pairs, save to `out_dir` atomically. Same pairs, model and seed → the same split and batches."""
-    _check_options(epochs=epochs, lr=lr, batch_size=batch_size, max_tokens=max_tokens)
     out_dir = Path(out_dir)
-    _check_out_dir(out_dir)
+    check_fit_options(epochs=epochs, lr=lr, batch_size=batch_size, max_tokens=max_tokens, out_dir=out_dir)
     train, held = split_pairs(pairs, held_out=held_out, seed=seed)
     started = time.monotonic()
     torch.manual_seed(seed)
@@ -208,7 +190,7 @@ def save_reward_model(model: RewardModel, tokenizer: PreTrainedTokenizerBase, *,
         tokenizer.save_pretrained(staging)
         save_file({k: v.detach().contiguous() for k, v in model.head.state_dict().items()}, staging / HEAD_FILE)
         (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-        _check_out_dir(out_dir)
+        check_out_dir(out_dir)
         if out_dir.exists():
             out_dir.rmdir()  # empty (checked): rename cannot replace a directory that has entries
         os.replace(staging, out_dir)

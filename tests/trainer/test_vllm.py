@@ -190,7 +190,7 @@ def test_a_sync_in_the_middle_of_a_completion_is_labelled_at_the_token_it_took_e
     syncer.control.set_version(10)  # the weights served now are version 10, verified
     client = PolicyClient(base_url=vllm_server.api_url, model=vllm_server.model_name)
     prompt = list(tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, return_dict=False))
-    params = {**sampling_body(Sampling(temperature=1.0)), "max_tokens": vllm_server.max_model_len - len(prompt) - 8,
+    params = {**sampling_body(Sampling(temperature=1.0)), "max_tokens": 1024,  # each span hundreds of tokens
               "ignore_eos": True, "logprobs": 0, "skip_special_tokens": False}
     new = _perturbed(trainer_model, seed=5)
     result: dict[str, Any] = {}
@@ -198,38 +198,39 @@ def test_a_sync_in_the_middle_of_a_completion_is_labelled_at_the_token_it_took_e
     def sample() -> None:
         result["completion"] = client._generate(prompt, params, started=time.monotonic())
 
-    # The tiny model samples the whole completion in about a second here, faster than vLLM's /metrics
-    # can be polled, so the pause comes after a delay found by bisection: start the completion, wait
-    # `delay`, pause (keep). Paused with at least MIN_SPAN tokens sampled by version 10 and the completion
-    # not ended (fewer tokens counted than it asks for): the sync lands inside it, and each version's span
-    # is long enough for its logprobs to tell the two weights apart (one token of each once read 0.046, under
-    # DISAGREE, by chance). Paused too early: resume, let it end, wait longer; ended before the pause: wait
-    # less. Each trial is one completion; the test fails if none lands.
-    early, late, trials = 0.0, None, []
-    for _ in range(12):
-        delay = (early + late) / 2 if late is not None else max(2 * early, 0.01) if trials else 0.0
+    # Tokens are sampled faster than vLLM's /metrics can be polled, so the sync's moment is found by
+    # pausing: start the completion, wait, pause (keep). Paused with at least MIN_SPAN tokens sampled by
+    # version 10 and the completion far from its end: the sync lands inside it, and each version's span is
+    # long enough for its logprobs to tell the two weights apart (one token of each once read 0.046, under
+    # DISAGREE, by chance). Paused too early: resume the same completion (no version changed) and wait
+    # twice as long. Ended first: a new completion, from the shortest wait again.
+    trials: list[tuple[float, float, bool]] = []
+    for _ in range(3):
         result.clear()
         before = _generated_tokens(vllm_server)
         worker = threading.Thread(target=sample)
         worker.start()
-        time.sleep(delay)
-        syncer.control.pause()
-        sampled = _generated_tokens(vllm_server) - before
-        running = worker.is_alive()
-        trials.append((round(delay, 4), sampled, running))
-        # (the counter may trail the engine by a step or two: a margin, so "not ended" is sure)
-        ended = not running or sampled >= params["max_tokens"] - 2 * MIN_SPAN
-        if not ended and sampled >= MIN_SPAN:
+        delay, landed = 0.01, False
+        while True:
+            time.sleep(delay)
+            syncer.control.pause()
+            sampled = _generated_tokens(vllm_server) - before
+            running = worker.is_alive()
+            trials.append((delay, sampled, running))
+            # (the counter may trail the engine by a step or two: a margin, so "not ended" is sure)
+            if not running or sampled >= params["max_tokens"] - 2 * MIN_SPAN:
+                break
+            if sampled >= MIN_SPAN:
+                landed = True
+                break
+            syncer.control.resume()
+            delay *= 2
+        if landed:
             break
         syncer.control.resume()
         worker.join(300)
-        if ended:
-            late = delay
-        else:
-            early = delay
     else:
-        syncer.control.resume()
-        pytest.fail(f"no trial paused the server inside a completion: (delay s, tokens, running) {trials}")
+        pytest.fail(f"no pause landed inside a completion: (wait s, tokens, running) {trials}")
     try:
         syncer.push(model=new, version=11)  # (paused) → reload → tag "11-unverified" → resume → tag "11"
         worker.join(300)
