@@ -40,7 +40,18 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _rank_main(rank: int, world: int, port: int, model_dir: str, out: str, optimizer: dict, stage: int) -> None:
+# (stage, optimizer) of each comparison: every one runs in the same two launches (one rank, two ranks),
+# one engine after another, since a launch costs each process a torch and DeepSpeed import.
+CONFIGS = {
+    "zero3-one-pass": (3, {"micro_batch_tokens": 64}),  # 5 micro-batches, 3 on rank 0 and 2 (+1 padding) on rank 1
+    "zero3-two-epochs-two-minibatches": (3, {"micro_batch_tokens": 64, "epochs": 2, "minibatches": 2}),  # π_prox
+    # recomputed, 4 optimizer steps
+    "zero2-two-epochs-two-minibatches": (2, {"micro_batch_tokens": 64, "epochs": 2, "minibatches": 2}),  # the
+    # default stage: sharded optimizer state
+}
+
+
+def _rank_main(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), DS_ACCELERATOR="cpu")
     torch.set_num_threads(1)
@@ -50,22 +61,32 @@ def _rank_main(rank: int, world: int, port: int, model_dir: str, out: str, optim
     from trainer.engine import make_engine
     from trainer.step import update
 
-    config = TrainerConfig.model_validate({"optimizer": {"lr": LR, **optimizer}, "deepspeed": {"stage": stage}})
-    engine = make_engine(model=AutoModelForCausalLM.from_pretrained(model_dir), config=config)
-    assert (Ranks.current() is None) == (world == 1)
-    results = [update(engine, _samples(), config=config) for _ in range(2)]
-    weights = engine.export_state_dict()  # collective under ZeRO-3: every rank gathers
+    saved = {}
+    for name, (stage, optimizer) in CONFIGS.items():  # each from the same fresh model
+        config = TrainerConfig.model_validate({"optimizer": {"lr": LR, **optimizer}, "deepspeed": {"stage": stage}})
+        engine = make_engine(model=AutoModelForCausalLM.from_pretrained(model_dir), config=config)
+        assert (Ranks.current() is None) == (world == 1)
+        results = [update(engine, _samples(), config=config) for _ in range(2)]
+        weights = engine.export_state_dict()  # collective under ZeRO-3: every rank gathers
+        saved[name] = {"losses": [r.loss for r in results], "stats": [r.stats for r in results],
+                       "grad_norms": [r.grad_norms for r in results],
+                       "tokens": [r.tokens_processed for r in results], "weights": weights}
     if rank == 0:
-        torch.save({"losses": [r.loss for r in results], "stats": [r.stats for r in results],
-                    "grad_norms": [r.grad_norms for r in results],
-                    "tokens": [r.tokens_processed for r in results], "weights": weights}, out)
+        torch.save(saved, out)
     leave()  # as the trainer's ranks end: exiting with the group up can abort in gloo's threads
 
 
-def _run(world: int, *, model_dir: Path, out: Path, optimizer: dict, stage: int) -> dict:
-    mp.start_processes(_rank_main, args=(world, _free_port(), str(model_dir), str(out), optimizer, stage),
+def _run(world: int, *, model_dir: Path, out: Path) -> dict:
+    mp.start_processes(_rank_main, args=(world, _free_port(), str(model_dir), str(out)),
                        nprocs=world, start_method="spawn", join=True)
     return torch.load(out, weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def steps(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict]:
+    """{world size: {config name: what its rank 0 saw}}, both worlds from the same tiny model and samples."""
+    out = tmp_path_factory.mktemp("ranks")
+    return {world: _run(world, model_dir=tiny_model_dir, out=out / f"{world}.pt") for world in (1, 2)}
 
 
 def test_share_gives_each_rank_every_wth_micro_batch_padded_to_the_busiest() -> None:
@@ -79,16 +100,9 @@ def test_share_gives_each_rank_every_wth_micro_batch_padded_to_the_busiest() -> 
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize(("stage", "optimizer"), [
-    (3, {"micro_batch_tokens": 64}),  # one pass: 5 micro-batches, 3 on rank 0 and 2 (+1 padding) on rank 1
-    (3, {"micro_batch_tokens": 64, "epochs": 2, "minibatches": 2}),  # π_prox recomputed, 4 optimizer steps
-    (2, {"micro_batch_tokens": 64, "epochs": 2, "minibatches": 2}),  # the default stage: sharded optimizer state
-], ids=["zero3-one-pass", "zero3-two-epochs-two-minibatches", "zero2-two-epochs-two-minibatches"])
-def test_two_rank_zero_step_matches_the_one_rank_step(
-    tiny_model_dir: Path, tmp_path: Path, stage: int, optimizer: dict,
-) -> None:
-    one = _run(1, model_dir=tiny_model_dir, out=tmp_path / "one.pt", optimizer=optimizer, stage=stage)
-    two = _run(2, model_dir=tiny_model_dir, out=tmp_path / "two.pt", optimizer=optimizer, stage=stage)
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_two_rank_zero_step_matches_the_one_rank_step(steps: dict[int, dict], name: str) -> None:
+    one, two = steps[1][name], steps[2][name]
     assert two["losses"] == pytest.approx(one["losses"], rel=1e-5, abs=1e-7)
     assert two["tokens"] == one["tokens"]  # every real token trained once, padding not counted
     # The gradient itself, not only Adam's scale-free step: the same norm before clipping.
