@@ -88,14 +88,34 @@ def engine(database_url: str) -> Iterator[Engine]:
     engine.dispose()
 
 
+# The run counters' ledgers (migration 0009) are no models: TRUNCATE's trigger empties them, DELETE's
+# subtract; emptied here by name either way.
+COUNTER_TABLES = ("run_episode_counts", "run_flag_counts", "run_group_counts")
+
+
+@pytest.fixture(scope="session")
+def emptying_sql(engine: Engine) -> str:
+    """What empties every table and restarts every id sequence, as TRUNCATE … RESTART IDENTITY would.
+    DELETE, children first: the tables hold a test's few rows, and TRUNCATE's new files for 18 tables
+    cost ~60 ms a test against ~8 ms (measured on this machine's Postgres)."""
+    tables = [table.name for table in Base.metadata.sorted_tables]
+    with engine.connect() as conn:
+        sequences = conn.execute(text(
+            "SELECT s.oid::regclass::text FROM pg_class s JOIN pg_depend d ON d.objid = s.oid "
+            "JOIN pg_class t ON d.refobjid = t.oid WHERE s.relkind = 'S' AND t.relname = ANY(:tables)"),
+            {"tables": tables}).scalars().all()
+    statements = [f'DELETE FROM "{name}"' for name in [*reversed(tables), *COUNTER_TABLES]]
+    statements += [f"ALTER SEQUENCE {sequence} RESTART" for sequence in sequences]
+    return "; ".join(statements)
+
+
 @pytest.fixture
-def db_session(engine: Engine) -> Iterator[Session]:
-    """A session on the test database; every table is emptied after the test."""
+def db_session(engine: Engine, emptying_sql: str) -> Iterator[Session]:
+    """A session on the test database; every table is emptied and every id restarted after the test."""
     with Session(engine, expire_on_commit=False) as session:
         yield session
-    tables = ", ".join(f'"{table.name}"' for table in Base.metadata.sorted_tables)
     with engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
+        conn.exec_driver_sql(emptying_sql)
 
 
 # -- one tiny model and one vLLM server per session ---------------------------------------------------
