@@ -70,9 +70,9 @@ def train(
     with readable_errors(), redirect_stdout(sys.stderr):
         from trainer.preference_pairs import check_fit_options, split_pairs
 
-        # Bad input is refused before torch and the model load (seconds): the options, the pairs, the split.
-        check_fit_options(epochs=epochs, lr=lr, batch_size=batch_size, max_tokens=max_tokens, out_dir=out)
+        # Bad input is refused before torch and the model load (seconds): the pairs, the options, the split.
         loaded = _load_pairs(pairs=pairs, run=run)
+        check_fit_options(epochs=epochs, lr=lr, batch_size=batch_size, max_tokens=max_tokens, out_dir=out)
         split_pairs(loaded, held_out=held_out, seed=seed)
 
         from transformers.utils import logging as hf_logging
