@@ -45,7 +45,3 @@ class TaskMemo(Generic[T]):
             while len(self._entries) > self.size:
                 self._entries.popitem(last=False)
         return value
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
