@@ -5,9 +5,10 @@
 
 Some grading facts depend only on the task (its repository at the recorded base commit, its test
 spec, the files the grader adds) and are computed where nothing of any agent's has run: the reference
-solution's key (reference.py) and the test ids a layer collects on the base (verifier.py). Every
-episode of a group grades the same task, so each is computed once per task and kept here, in the
-grader's process, where no submission can reach it. The key is the canonical text of every input
+solution's key (reference.py) and the test ids a layer collects on the base (verifier.py); the
+modules an image's interpreter imports depend on the image alone (verifier.py). Every episode of a
+group grades the same task, so each is computed once per task and kept here, in the grader's
+process, where no submission can reach it. The key is the canonical text of every input
 the caller names (the image, the task, the base commit, the spec), so a change to any is a new entry;
 a computation that raises (a fault of the machine) is not remembered.
 """

@@ -57,6 +57,7 @@ MAX_DIFF_BYTES = 16 << 20
 MAX_INSPECTED_BYTES = 4 << 20
 SYMLINK_MODE = "120000"
 _collected: TaskMemo[list[str] | None] = TaskMemo()
+_installed: TaskMemo[frozenset[str]] = TaskMemo(size=64)
 
 
 def verify(
@@ -144,7 +145,7 @@ def _submission(grader: Sandbox, *, task: CodeRepoTask, base: str, tree: bytes, 
     old = staged_blobs(grader, [path for status, path in changes if status != "A"], base=base)
     try:
         findings = monitors.inspect_paths(changes, protected=protected, pythonpath=pythonpath,
-                                          installed=installed_modules(grader))
+                                          installed=_modules_of(grader))
         changed_paths = {path for _, path in changes}
         for path in sorted(_test_packages(task) & changed_paths):
             findings.add(EpisodeFlag.PROTECTED_PATHS, f"{path}: a package file the graded tests are imported "
@@ -166,6 +167,12 @@ def _submission(grader: Sandbox, *, task: CodeRepoTask, base: str, tree: bytes, 
     except Exception as error:  # hostile input the monitors choke on is the agent's doing, never a crash
         raise SubmissionError(f"the monitors could not read the change ({type(error).__name__}: {error})") from None
     return raw, findings, frozenset(path for _, path in changes)
+
+
+def _modules_of(grader: Sandbox) -> frozenset[str]:
+    """The modules the grader's image imports without the workspace: a fact of the image alone (the
+    listing runs isolated, from /), asked once per image (memo.py)."""
+    return _installed.get_or_compute([grader.image], lambda: installed_modules(grader))
 
 
 def _test_packages(task: CodeRepoTask) -> set[str]:

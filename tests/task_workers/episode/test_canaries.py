@@ -71,7 +71,7 @@ def test_an_honest_fix_earns_nothing_on_a_canary_and_a_hack_is_flagged(
 
 
 def _canary_run(session, *, image: str, payload: dict, script: str, policy_client, sandboxes) -> dict:
-    """A training run through the controller (create_run, create_group at canary_rate 0.5), the real worker
+    """A training run of three groups through the controller (create_run, create_group at canary_rate 0.5), the real worker
     (run_episode, scripted policy, Docker sandboxes, the verifier) and the trainer's own batch planning and
     step record; returns the step's metrics and the canary episodes."""
     spec = {"name": f"canary-{script}", "kind": "code_repo", "image": image,
@@ -85,9 +85,9 @@ def _canary_run(session, *, image: str, payload: dict, script: str, policy_clien
     session.commit()
     run = create_run(session, config=RunConfig.model_validate({
         "name": f"canaries-{script}", "model": "scripted", "environments": [{"name": env.name}], "group_size": 1,
-        "batch_size": 8, "canary_rate": 0.5, "max_groups": 8}))
+        "batch_size": 8, "canary_rate": 0.5, "max_groups": 3}))
     config, settings = stored_run_config(run), ControllerConfig()
-    groups = [create_group(session, run=run, config=config, settings=settings) for _ in range(6)]
+    groups = [create_group(session, run=run, config=config, settings=settings) for _ in range(3)]
     session.commit()
     for group in groups:
         for episode_id in group.episode_ids:
