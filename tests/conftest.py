@@ -196,7 +196,7 @@ FIXTURE_MARKS = {
 }
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         # schemathesis gives each operation's item its function's node id (the operation is only in the
@@ -207,8 +207,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for mark, fixtures in FIXTURE_MARKS.items():
             if used & fixtures and item.get_closest_marker(mark) is None:
                 item.add_marker(getattr(pytest.mark, mark))
-        if item.get_closest_marker("vllm") is not None and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group("vllm"))
+        if item.get_closest_marker("xdist_group") is None:
+            if item.get_closest_marker("vllm") is not None:
+                item.add_marker(pytest.mark.xdist_group("vllm"))
+            elif _uses_a_module_fixture(item):  # made once per module and worker: its users on one worker
+                item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+        if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
+            _group_in_node_id(item)
+
+
+def _uses_a_module_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(defs and defs[-1].scope == "module" for defs in info.name2fixturedefs.values())
+
+
+def _group_in_node_id(item: pytest.Item) -> None:
+    """What xdist's loadgroup schedules by: the node id ends in `@group`, and the tests of one group run
+    on one worker. xdist 3.8 writes that suffix to `item._nodeid`, which pytest 9 no longer reads (the id
+    is `item._id`), so without this every grouped test was scheduled alone."""
+    names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                    for mark in item.iter_markers("xdist_group")})
+    if names and item.parent is not None and "@" not in item.name:
+        item._id = item.parent.id.child(f"{item.name}@{'_'.join(names)}")
 
 
 def pytest_configure(config: pytest.Config) -> None:

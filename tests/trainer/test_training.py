@@ -513,7 +513,7 @@ def test_a_trainer_weathers_its_database_connections_cut_mid_step(
     tmp_path: Path,
 ) -> None:
     """(issue 24) A live trainer process has every database connection terminated (pg_terminate_backend)
-    while its step transaction is open, in steps 1, 2 and 3 — its lock's connection each time. It keeps
+    while its step transaction is open, in three of its four steps — its lock's connection each time. It keeps
     running, takes its lock again, trains each lost step again from its checkpoint and ends exactly
     where an uninterrupted trainer ends: each group consumed once, steps 1–4 recorded once, each
     version published once, the same weights."""
@@ -545,7 +545,9 @@ def test_a_trainer_weathers_its_database_connections_cut_mid_step(
             trainer.kill()
             trainer.wait()
     output = log.read_text(errors="replace")
-    assert sorted(holders) == [0, 1, 2], (holders, output[-4000:])  # steps 1, 2 and 3 each lost its transaction
+    # Three of the four steps each lost its transaction (the first three, unless the poll missed one's
+    # window on a loaded machine and cut step 4 instead).
+    assert len(holders) == 3 and set(holders) <= {0, 1, 2, 3}, (holders, output[-4000:])
     assert None not in holders.values() and len(set(holders.values())) == 3, holders  # held, then taken again
     assert output.count("the database connection was lost") >= 3, output[-4000:]
 
