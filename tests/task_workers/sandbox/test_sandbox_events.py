@@ -33,13 +33,15 @@ def test_db_sink_writes_rows_in_batches_and_on_close(db_session: Session) -> Non
     sink = DbEventSink(batch_size=3, flush_interval_s=3600)
     for kind in (EventKind.CREATE, EventKind.ACQUIRE):
         sink.record(SandboxEventData(sandbox_id="sb-db", kind=kind, duration_ms=1.5, detail={"warm": True}))
-    assert db_session.scalars(select(SandboxEvent)).all() == []  # buffered
+    # This sink's rows only: a sink an earlier test left in this process may still flush its own.
+    ours = select(SandboxEvent).where(SandboxEvent.sandbox_id == "sb-db").order_by(SandboxEvent.id)
+    assert db_session.scalars(ours).all() == []  # buffered
     sink.record(SandboxEventData(sandbox_id="sb-db", kind=EventKind.RESET, container_id="c" * 64))
-    wait_for(lambda: len(db_session.scalars(select(SandboxEvent)).all()) == 3, what="a full batch to be written")
+    wait_for(lambda: len(db_session.scalars(ours).all()) == 3, what="a full batch to be written")
     sink.record(SandboxEventData(sandbox_id="sb-db", kind=EventKind.DESTROY, worker="w1"))
     sink.close()  # flushes the rest
     db_session.expire_all()
-    rows = db_session.scalars(select(SandboxEvent).order_by(SandboxEvent.id)).all()
+    rows = db_session.scalars(ours).all()
     assert [r.kind for r in rows] == ["create", "acquire", "reset", "destroy"]
     assert rows[0].duration_ms == 1.5 and rows[0].detail == {"warm": True}
     assert rows[3].worker == "w1" and rows[0].created_at is not None
