@@ -199,10 +199,6 @@ FIXTURE_MARKS = {
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        # schemathesis gives each operation's item its function's node id (the operation is only in the
-        # item's name); xdist and the reports key results by node id, so 27 operations would count as one.
-        if isinstance(item, pytest.Function) and not item.nodeid.endswith(f"::{item.name}") and item.parent:
-            item._id = item.parent.id.child(item.name)  # what Node.__init__ gives an item named by its parent
         used = set(getattr(item, "fixturenames", ()))
         for mark, fixtures in FIXTURE_MARKS.items():
             if used & fixtures and item.get_closest_marker(mark) is None:
@@ -212,8 +208,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.xdist_group("vllm"))
             elif _uses_a_module_fixture(item):  # made once per module and worker: its users on one worker
                 item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
-        if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
-            _group_in_node_id(item)
+        _set_node_id(item, loadgroup=getattr(config.option, "loadgroup", False))
 
 
 def _uses_a_module_fixture(item: pytest.Item) -> bool:
@@ -223,14 +218,22 @@ def _uses_a_module_fixture(item: pytest.Item) -> bool:
     return any(defs and defs[-1].scope == "module" for defs in info.name2fixturedefs.values())
 
 
-def _group_in_node_id(item: pytest.Item) -> None:
-    """What xdist's loadgroup schedules by: the node id ends in `@group`, and the tests of one group run
-    on one worker. xdist 3.8 writes that suffix to `item._nodeid`, which pytest 9 no longer reads (the id
-    is `item._id`), so without this every grouped test was scheduled alone."""
+def _set_node_id(item: pytest.Item, *, loadgroup: bool) -> None:
+    """The node id xdist schedules and reports by, written where pytest 9 reads it (`item._id`):
+    - schemathesis gives each operation's item its function's node id (the operation is only in the
+      item's name); xdist keys results by node id, so 27 operations would count as one: each gets its own;
+    - under `--dist loadgroup` the id ends in `@group`, and the tests of one group run on one worker. xdist
+      3.8 writes that suffix to `item._nodeid`, which pytest 9 no longer reads, so without this every
+      grouped test was scheduled alone."""
+    if item.parent is None:
+        return
+    name = item.name
     names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
-                    for mark in item.iter_markers("xdist_group")})
-    if names and item.parent is not None and "@" not in item.name:
-        item._id = item.parent.id.child(f"{item.name}@{'_'.join(names)}")
+                    for mark in item.iter_markers("xdist_group")}) if loadgroup else []
+    if names and "@" not in name:
+        name = f"{name}@{'_'.join(names)}"
+    if item.nodeid != item.parent.id.child(name):
+        item._id = item.parent.id.child(name)  # what Node.__init__ gives an item of that name
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -35,6 +35,7 @@ def test_the_demo_pipeline_runs_end_to_end(tmp_path: Path, db_session: Session) 
     )
     out = io.StringIO()
     result = run_demo(settings, console=Console(file=out, width=200))
+    print(out.getvalue())  # each stage and its seconds (`pytest -s` or `-rP` shows it)
 
     assert json.loads((tmp_path / "result.json").read_text()) == result
     # The two figures are those of the two stored held-out eval runs, each over every test task: a

@@ -190,7 +190,9 @@ def test_a_sync_in_the_middle_of_a_completion_is_labelled_at_the_token_it_took_e
     syncer.control.set_version(10)  # the weights served now are version 10, verified
     client = PolicyClient(base_url=vllm_server.api_url, model=vllm_server.model_name)
     prompt = list(tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, return_dict=False))
-    params = {**sampling_body(Sampling(temperature=1.0)), "max_tokens": 1024,  # each span hundreds of tokens
+    # As many tokens as the server allows: each span hundreds of tokens, and a completion long enough that
+    # the first pause lands inside it (a fast machine once sampled all of 1,024 before the pause landed).
+    params = {**sampling_body(Sampling(temperature=1.0)), "max_tokens": vllm_server.max_model_len - len(prompt) - 8,
               "ignore_eos": True, "logprobs": 0, "skip_special_tokens": False}
     new = _perturbed(trainer_model, seed=5)
     result: dict[str, Any] = {}

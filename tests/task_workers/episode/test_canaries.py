@@ -34,6 +34,8 @@ from trainer.store import record_step
 
 pytestmark = pytest.mark.docker
 
+GROUPS = 3  # per canary run: enough that the deterministic draw gives both kinds (asserted below)
+
 
 def test_the_variant_contradicts_every_literal_comparison(calc_payload: dict) -> None:
     variant = impossible_variant(calc_payload)
@@ -85,9 +87,9 @@ def _canary_run(session, *, image: str, payload: dict, script: str, policy_clien
     session.commit()
     run = create_run(session, config=RunConfig.model_validate({
         "name": f"canaries-{script}", "model": "scripted", "environments": [{"name": env.name}], "group_size": 1,
-        "batch_size": 8, "canary_rate": 0.5, "max_groups": 3}))
+        "batch_size": 8, "canary_rate": 0.5, "max_groups": GROUPS}))
     config, settings = stored_run_config(run), ControllerConfig()
-    groups = [create_group(session, run=run, config=config, settings=settings) for _ in range(3)]
+    groups = [create_group(session, run=run, config=config, settings=settings) for _ in range(GROUPS)]
     session.commit()
     for group in groups:
         for episode_id in group.episode_ids:
