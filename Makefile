@@ -1,4 +1,4 @@
-.PHONY: test test-all demo rl-browser rl-mixed setup lint bench bench-api
+.PHONY: test test-all demo rl-browser rl-mixed setup lint docs bench bench-api
 
 setup:
 	scripts/setup.sh
@@ -22,6 +22,11 @@ rl-browser:
 rl-mixed:
 	scripts/setup.sh
 	.venv/bin/python scripts/mixed_rl.py
+
+# The documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or anchor fails it.
+docs:
+	scripts/setup.sh
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict
 
 lint:
 	.venv/bin/ruff check .

@@ -20,7 +20,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -34,6 +33,8 @@ from typing import Any
 import httpx
 import psycopg
 from sqlalchemy.engine import make_url
+
+from core.net import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -95,12 +96,6 @@ def _restore_leftovers(url: str) -> None:
         engine.dispose()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def serve(url: str) -> tuple[str, Any]:
     """The API on a loopback port in this process, pointed at `url`, configured (and started) as `crucible api`
     does; returns its base URL and server."""
@@ -114,7 +109,7 @@ def serve(url: str) -> tuple[str, Any]:
     from api.main import create_app
     from api.server import uvicorn_config
 
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn_config(host="127.0.0.1", port=port, app=create_app()))  # as `crucible api`
     threading.Thread(target=server.run, daemon=True).start()
     while not server.started:

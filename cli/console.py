@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from types import FrameType
@@ -113,11 +113,6 @@ def readable_errors() -> Iterator[None]:
             raise
         print_error(str(error))
         raise typer.Exit(2) from None
-
-
-def run_safely(fn: Callable[[], Any]) -> Any:
-    with readable_errors():
-        return fn()
 
 
 class CrucibleGroup(TyperGroup):

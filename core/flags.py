@@ -42,5 +42,3 @@ _DESCRIPTIONS = {
     EpisodeFlag.JUDGE_INJECTION: "wrote a judge's answer (a 'Score: N' or 'Winner: A|B' line) or a fence marker"
                                  " ('<<<EPISODE…', '…>>>') into the episode a model judge reads",
 }
-
-FLAG_NAMES = tuple(flag.value for flag in EpisodeFlag)

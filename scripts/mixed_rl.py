@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import json
 import random
-import socket
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from core.net import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -244,12 +245,6 @@ def train_reward_model(settings: MixedRLSettings, *, workdir: Path, console: Con
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 ENV_SERIES = ("reward/{env}/std", "score/{env}/std", "advantage/{env}/abs_mean", "reward/{env}/mean")
 
 
@@ -298,7 +293,7 @@ def run_mixed_rl(settings: MixedRLSettings, *, console: Console) -> dict[str, An
     path = prepare(settings, console=console, images=("code-repo",))
     rm_dir = train_reward_model(settings, workdir=path, console=console)
     warm = warm_up(settings, workdir=path, console=console)
-    port = _free_port()
+    port = free_port()
     rm_url = f"http://127.0.0.1:{port}/v1"
     counts = register(settings, reward_model_url=rm_url)
     console.print(f"  tasks: {counts[CODE_ENV]} {CODE_ENV}, {counts[CHAT_ENV]} {CHAT_ENV} (reward model at {rm_url})")

@@ -40,7 +40,7 @@ def join_process_group() -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return
     if "RANK" not in os.environ:
-        from trainer.serving import free_port
+        from core.net import free_port
 
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
                           LOCAL_RANK="0")

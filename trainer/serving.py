@@ -23,7 +23,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,18 +36,12 @@ from types import TracebackType
 import httpx
 
 from core.errors import ConfigError
+from core.net import free_port
 from trainer.errors import ServerStartError
 
 log = logging.getLogger(__name__)
 # "RuntimeError: Cannot find any model weights", bare or after vLLM's "(Worker pid=1) ERROR ... ] " prefix.
 _EXCEPTION_LINE = re.compile(r"(?:^|\] )((?:[\w.]+\.)?\w*(?:Error|Exception): .+)$")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now (the OS picks it)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 class VllmServer:

@@ -246,13 +246,6 @@ class Publisher:
                 control.close()
         return self._each(self.replicas, version)
 
-    def served_version(self) -> str | None:
-        """The first replica's tag (the only one, for a single-server publisher)."""
-        tag = self.served_versions()[self.replicas[0].name]
-        if isinstance(tag, WeightSyncError):
-            raise tag
-        return tag
-
     def resync(self, *, engine: PolicyEngine, version: int) -> SyncReport | None:
         """Sync the replicas not serving `version` (restarted, or quarantined and due for a retry);
         None when there were none. WeightSyncError when no replica serves `version` afterwards."""

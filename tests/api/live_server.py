@@ -4,7 +4,6 @@ limits (uvicorn's protocol), memory under a huge body, the access log, refusing 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,13 +14,9 @@ from pathlib import Path
 
 import httpx
 
+from core.net import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def crucible_env(**settings: str) -> dict[str, str]:

@@ -9,8 +9,9 @@ from contextlib import ExitStack
 import pytest
 from fastapi.testclient import TestClient
 
+from core.net import free_port
 from core.settings import get_settings
-from tests.support.scripted_policy import ScriptedPolicy, _free_port, serve
+from tests.support.scripted_policy import ScriptedPolicy, serve
 
 
 @pytest.fixture
@@ -28,7 +29,7 @@ def _with_pool(monkeypatch: pytest.MonkeyPatch, urls: str) -> None:
 def test_each_replica_is_asked_now(client: TestClient, anonymous: TestClient, replicas, monkeypatch) -> None:
     (_, live), (paused_server, paused) = replicas
     paused_server.paused = True  # as the trainer leaves a replica whose weights failed their probe
-    port = _free_port()
+    port = free_port()
     _with_pool(monkeypatch, f"{live},{paused},http://user:secret@127.0.0.1:{port}/v1")
     try:
         response = client.get("/v1/policy/replicas")
@@ -69,7 +70,7 @@ def test_a_replica_a_worker_holds_out_is_shown_as_that_worker_sees_it(
     from task_workers.policy.pool import PolicyPool
 
     (_, live), (_, other) = replicas
-    refused = f"http://127.0.0.1:{_free_port()}/v1"
+    refused = f"http://127.0.0.1:{free_port()}/v1"
     pool = PolicyPool([other, refused], cooldown_s=60.0)
     pool.health(probe=True)  # the refused one goes out of rotation for 60 s
     out = pool.out_of_rotation()

@@ -13,10 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from core.net import free_port
 from environments.reward_model_layer import RewardModelUnavailable, score_episode
 from environments.spec import RewardModelConfig
 from tests.support.reward_model_server import make_reward_model, serve_reward_model
-from tests.support.scripted_policy import _free_port
 from trainer.reward_model import FORMAT, score
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,14 +121,14 @@ def test_rm_serve_bounds_a_50_mb_header_and_a_30_mb_body_with_flat_memory(server
 
 
 def test_a_server_that_does_not_answer_is_an_infrastructure_fault() -> None:
-    config = RewardModelConfig(url=f"http://user:pw@127.0.0.1:{_free_port()}/v1", retries=1)
+    config = RewardModelConfig(url=f"http://user:pw@127.0.0.1:{free_port()}/v1", retries=1)
     with pytest.raises(RewardModelUnavailable, match=r"did not answer after 2 tries: ConnectError") as raised:
         score_episode(config, prompt="p", response="r")
     assert "pw" not in str(raised.value)
 
 
 def test_rm_serve_refuses_what_is_not_a_reward_model(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "cli.main", "rm", "serve", str(tmp_path), "--port", str(_free_port())],
+    done = subprocess.run([sys.executable, "-m", "cli.main", "rm", "serve", str(tmp_path), "--port", str(free_port())],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "expected a reward model directory with reward_model.json" in done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr

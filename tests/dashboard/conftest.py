@@ -4,7 +4,6 @@ driven by Playwright (`executable_path`; no browser is downloaded)."""
 from __future__ import annotations
 
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
+from core.net import free_port
 from tests.api.conftest import anonymous, app, client, seeded, token  # noqa: F401  (shared fixtures)
 
 CHROMIUM = "/usr/bin/chromium"
@@ -22,16 +22,10 @@ CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def live_server(app: FastAPI) -> Iterator[str]:  # noqa: F811
     """The app under uvicorn in a thread on 127.0.0.1, one per session; yields its base URL."""
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()

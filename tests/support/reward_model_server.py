@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from core.health import wait_healthy
-from tests.support.scripted_policy import _free_port
+from core.net import free_port
 from trainer.reward_model import FORMAT, load_base, save_reward_model
 from trainer.tiny_model import make_tiny_model
 
@@ -46,7 +46,7 @@ def serve_reward_model(reward_model_dir: Path) -> Iterator[str]:
     previous = os.environ.get("CRUCIBLE_API_TOKEN")
     os.environ["CRUCIBLE_API_TOKEN"] = token
     get_settings.cache_clear()
-    port = _free_port()
+    port = free_port()
     child = subprocess.Popen([sys.executable, "-m", "cli.main", "rm", "serve", str(reward_model_dir), "--port", str(port)],
                              cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,6 +29,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from core.health import wait_healthy
+from core.net import free_port
 
 SPECIALS = {"<|im_start|>": 256, "<|im_end|>": 257, "<|endoftext|>": 258}
 IDS_TO_SPECIAL = {v: k for k, v in SPECIALS.items()}
@@ -228,16 +228,10 @@ class ScriptedPolicy:
         return app
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def serve(policy: ScriptedPolicy) -> Iterator[str]:
     """Run the server on a loopback port in a thread; yields its base URL (…/v1)."""
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(policy.app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -280,7 +274,7 @@ def serve_in_process(scripts: dict[str, list[Any]], *, generate: bool = False) -
     import sys
     import tempfile
 
-    port = _free_port()
+    port = free_port()
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump(scripts, handle)
     child = subprocess.Popen([sys.executable, "-m", "tests.support.scripted_policy", "--scripts", handle.name,

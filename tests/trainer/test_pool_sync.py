@@ -26,11 +26,12 @@ from transformers import PreTrainedTokenizerBase
 from cli.trainer import replica_dirs
 from core.errors import ConfigError
 from core.models import PolicyVersion, Run
+from core.net import free_port
 from tests.trainer.rows import add_group, make_environment, make_run
 from trainer.errors import WeightSyncError
 from trainer.loop import Trainer
 from trainer.probe import probe_token_ids, verify_sync
-from trainer.serving import VllmServer, free_port, group_members
+from trainer.serving import VllmServer, group_members
 from trainer.sync import PolicyServer, Publisher, Replica
 from trainer.weight_sync import ReloadWeightSyncer
 

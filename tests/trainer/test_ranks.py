@@ -5,13 +5,13 @@ processes (a real process group over loopback), both from the same tiny model an
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
+from core.net import free_port
 from trainer.advantages import assign_advantages
 from trainer.ranks import Ranks, leave, share
 from trainer.rollouts import Group, Sample
@@ -32,12 +32,6 @@ def _samples(count: int = 5) -> list[Sample]:
                     samples=[s for s in samples if s.group_id == g]) for g in (0, 1)]
     assign_advantages(groups, scale_by_std=True)
     return samples
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 # (stage, optimizer) of each comparison: every one runs in the same two launches (one rank, two ranks),
@@ -77,7 +71,7 @@ def _rank_main(rank: int, world: int, port: int, model_dir: str, out: str) -> No
 
 
 def _run(world: int, *, model_dir: Path, out: Path) -> dict:
-    mp.start_processes(_rank_main, args=(world, _free_port(), str(model_dir), str(out)),
+    mp.start_processes(_rank_main, args=(world, free_port(), str(model_dir), str(out)),
                        nprocs=world, start_method="spawn", join=True)
     return torch.load(out, weights_only=False)
 

@@ -14,11 +14,12 @@ import pytest
 from sqlalchemy import select
 
 from core.models import Episode
+from core.net import free_port
 from core.termination import TerminationReason
 from environments.judge import Judge, JudgeUnavailable, parse_score
 from environments.spec import JudgeConfig
 from task_workers.episode.runner import run_episode
-from tests.support.scripted_policy import _free_port, tool_call
+from tests.support.scripted_policy import tool_call
 from tests.task_workers.episode.conftest import FIX, make_episode
 from trainer.serving import VllmServer
 
@@ -94,7 +95,7 @@ def test_a_pair_too_long_for_the_judge_gives_no_point_to_either(judge_server: Vl
 
 
 def test_an_unreachable_judge_raises_after_its_retries() -> None:
-    judge = Judge(JudgeConfig(url=f"http://127.0.0.1:{_free_port()}/v1", model="m", rubric="r", retries=1))
+    judge = Judge(JudgeConfig(url=f"http://127.0.0.1:{free_port()}/v1", model="m", rubric="r", retries=1))
     with pytest.raises(JudgeUnavailable, match=r"did not answer after 2 tries: ConnectError"):
         judge.pointwise(instruction="x", transcript="y")
     judge.close()

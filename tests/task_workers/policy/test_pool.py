@@ -17,10 +17,11 @@ import httpx
 import pytest
 
 from core.errors import ConfigError
+from core.net import free_port
 from core.settings import load_settings
 from task_workers.policy.client import Completion, PolicyClient, PolicyError
 from task_workers.policy.pool import EpisodePolicy, PolicyPool
-from tests.support.scripted_policy import ScriptedPolicy, _free_port, detokenize, serve, tool_call
+from tests.support.scripted_policy import ScriptedPolicy, detokenize, serve, tool_call
 
 SCRIPT = [tool_call("bash", command=f"echo {turn}") for turn in range(4)]
 ROOT = Path(__file__).parents[3]
@@ -30,7 +31,7 @@ class Replica:
     """A scripted policy server in its own process, on a fixed port (so it can be killed and restarted)."""
 
     def __init__(self, scripts_file: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self._scripts = scripts_file
         self._child: subprocess.Popen[bytes] | None = None
@@ -205,7 +206,7 @@ def test_a_replica_killed_mid_episode_hands_the_episode_to_the_other(process_rep
 
 
 def test_all_replicas_down_is_a_policy_error(process_replicas) -> None:
-    refused = f"http://127.0.0.1:{_free_port()}/v1"  # nothing listens there
+    refused = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
     pool = _pool([process_replicas[0].url, refused])
     with pool.episode() as policy:
         tokens = _prompt(policy)
@@ -272,7 +273,7 @@ def test_a_pool_needs_a_replica() -> None:
 def test_doctor_checks_each_replica_and_shows_no_credentials(thread_replicas) -> None:
     from core.health import check_policy_pool
 
-    port = _free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     live = thread_replicas[0][1]
     settings = load_settings(policy_urls=f"{live},http://user:secret@127.0.0.1:{port}/v1")
     live_check, dead_check = check_policy_pool(settings)
