@@ -68,7 +68,7 @@ def prepare_store(turns: int) -> tuple[str, dict[str, Any]]:
             return url, {"seeded_now": False, "turns": held, "points_filled_now": backfill_points(url)}
         with psycopg.connect(_dsn(admin), autocommit=True) as conn:
             conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-    from core import migrate
+    from migrations import migrate
 
     with psycopg.connect(_dsn(admin), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')

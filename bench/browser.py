@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.pairs import interleave, paired_summary
 from environments.images import build_images
-from task_workers.sandbox import SandboxSpec, create_sandbox, make_backend
-from task_workers.sandbox.docker_client import docker_api
+from sandboxes import SandboxSpec, create_sandbox, make_backend
+from sandboxes.docker_client import docker_api
 
 TASKS = ("click-checkboxes", "enter-text", "login-user", "click-option", "click-tab", "click-button")
 SPEC_LIMITS = {"memory": "2g", "pids": 1024, "max_lifetime_s": 1800}

@@ -51,10 +51,10 @@ from core.termination import DropReason, GroupStatus  # noqa: E402
 from environments.code_repo.task import CodeRepoTask, TestSpec, pack_directory  # noqa: E402
 from environments.service import register_environment  # noqa: E402
 from environments.spec import parse_spec  # noqa: E402
+from sandboxes import InMemoryEventSink, make_backend  # noqa: E402
 from task_workers.context import DockerSandboxes  # noqa: E402
 from task_workers.episode.runner import run_episode  # noqa: E402
 from task_workers.policy.client import PolicyClient  # noqa: E402
-from task_workers.sandbox import InMemoryEventSink, make_backend  # noqa: E402
 from tests.support.scripted_policy import serve_in_process, tokenize, tool_call  # noqa: E402
 from trainer.rollouts import load_groups  # noqa: E402
 from trainer.selection import StalenessRule, apply_staleness_mask, may_step, past_cap  # noqa: E402

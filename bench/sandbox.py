@@ -26,9 +26,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from environments.images import build_images
-from task_workers.sandbox import SandboxBackend, SandboxPool, SandboxSpec, create_sandbox, make_backend
-from task_workers.sandbox.docker_client import docker_api
-from task_workers.sandbox.labels import OWNER, Owner
+from sandboxes import SandboxBackend, SandboxPool, SandboxSpec, create_sandbox, make_backend
+from sandboxes.docker_client import docker_api
+from sandboxes.labels import OWNER, Owner
 
 ONE_MB = "head -c 1048576 /dev/zero | tr '\\0' a"
 

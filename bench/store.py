@@ -14,9 +14,9 @@ from pathlib import Path
 import psycopg
 from sqlalchemy.engine import make_url
 
-from core import migrate
 from core.db import reset_engines
 from core.settings import get_settings
+from migrations import migrate
 
 
 @contextmanager

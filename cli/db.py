@@ -1,6 +1,6 @@
 """`crucible db …`: migrations and the embedded Postgres.
 
-Alembic is imported by the commands that migrate (`core.migrate`), not here: every `crucible …`
+Alembic is imported by the commands that migrate (`migrations.migrate`), not here: every `crucible …`
 process imports this module, and Alembic alone is ~0.4 s of each one's start."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ app = typer.Typer(help="Database: migrations and the embedded Postgres.", no_arg
 @app.command()
 def upgrade(revision: str = typer.Argument("head", help="Target revision.")) -> None:
     """Apply migrations up to REVISION (default: head)."""
-    from core import migrate
+    from migrations import migrate
 
     with readable_errors():
         check_database(get_engine())
@@ -29,7 +29,7 @@ def upgrade(revision: str = typer.Argument("head", help="Target revision.")) -> 
 @app.command()
 def downgrade(revision: str = typer.Argument(..., help="Target revision, e.g. -1 or base.")) -> None:
     """Revert migrations down to REVISION."""
-    from core import migrate
+    from migrations import migrate
 
     with readable_errors():
         check_database(get_engine())
@@ -40,7 +40,7 @@ def downgrade(revision: str = typer.Argument(..., help="Target revision, e.g. -1
 @app.command()
 def current() -> None:
     """Print the database's current revision."""
-    from core import migrate
+    from migrations import migrate
 
     with readable_errors():
         console.print(migrate.current() or "base")

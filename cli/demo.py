@@ -95,9 +95,9 @@ def _stage(console: Console, text: str) -> float:
 
 def prepare(settings: DemoSettings, *, console: Console, images: tuple[str, ...] = ("code-repo",)) -> Path:
     """Migrate the (embedded) database, build the sandbox images, make the tiny model."""
-    from core import migrate
     from core.db import check_database, get_engine, resolve_database_url
     from core.settings import get_settings
+    from migrations import migrate
 
     data_dir = get_settings().data_dir
     workdir = settings.workdir or data_dir / "demo" / time.strftime("%Y%m%d-%H%M%S")

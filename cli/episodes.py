@@ -108,10 +108,10 @@ def regrade(
     """Re-score a run's stored submissions with the current grader in fresh sandboxes; the new verdicts are
     stored beside the old (never over them), and the training steps that consumed changed rewards are named."""
     from core.db import session_scope
+    from sandboxes import make_backend
+    from sandboxes.db_events import DbEventSink
     from task_workers.context import DockerSandboxes
     from task_workers.episode.regrade import parse_steps, regrade_run
-    from task_workers.sandbox import make_backend
-    from task_workers.sandbox.db_events import DbEventSink
 
     with readable_errors():
         bounds = parse_steps(steps)

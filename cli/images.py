@@ -40,7 +40,7 @@ def list_(output: OutputFormat = OutputOption) -> None:
     """Current tag of each image and whether it is built."""
     from core.settings import get_settings
     from environments.images import environment_names, image_tag
-    from task_workers.sandbox.docker_client import docker_api
+    from sandboxes.docker_client import docker_api
 
     with readable_errors():
         base = get_settings().sandbox_base_image

@@ -24,14 +24,14 @@ from rich.table import Table
 
 from cli import sandbox_browser
 from cli.console import OutputFormat, OutputOption, console, print_json, readable_errors
-from task_workers.sandbox import admin
-from task_workers.sandbox import labels as L
-from task_workers.sandbox.backend import SandboxBackend, make_backend
-from task_workers.sandbox.errors import SandboxError
-from task_workers.sandbox.files import extract_to, pack_path
-from task_workers.sandbox.sandbox import Sandbox
-from task_workers.sandbox.shell import StepStatus
-from task_workers.sandbox.spec import SandboxSpec
+from sandboxes import admin
+from sandboxes import labels as L
+from sandboxes.backend import SandboxBackend, make_backend
+from sandboxes.errors import SandboxError
+from sandboxes.files import extract_to, pack_path
+from sandboxes.sandbox import Sandbox
+from sandboxes.shell import StepStatus
+from sandboxes.spec import SandboxSpec
 
 app = typer.Typer(help="Docker sandboxes: list, create, exec, copy, inspect, remove.", no_args_is_help=True)
 

@@ -33,11 +33,11 @@ from cli.console import (
     readable_errors,
     safe,
 )
-from task_workers.sandbox import admin
-from task_workers.sandbox.backend import make_backend
-from task_workers.sandbox.errors import SandboxError
-from task_workers.sandbox.sandbox import Sandbox, create_sandbox
-from task_workers.sandbox.spec import SandboxSpec
+from sandboxes import admin
+from sandboxes.backend import make_backend
+from sandboxes.errors import SandboxError
+from sandboxes.sandbox import Sandbox, create_sandbox
+from sandboxes.spec import SandboxSpec
 
 BROWSER_SANDBOX = {"memory": "2g", "pids": 1024}  # one Chromium: the episode tests' spec
 RUN_LIFETIME_S = 900  # without --keep: a killed command's container ends itself after this (the reaper sooner)
@@ -122,7 +122,7 @@ def _check_screenshot_path(path: Path) -> None:
 def browse(sandbox: Sandbox, *, task: Any, actions: list[tuple[str, dict[str, Any]]], viewport: list[int],
            screenshot: bool) -> dict[str, Any]:
     """Open `task`, apply `actions`; the last page (with its screenshot when asked) and each action's error."""
-    from environments.base import ActionRefused
+    from sandboxes.errors import ActionRefused
 
     session = sandbox.browser()
     try:

@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from environments.spec import EnvironmentSpec
+from sandboxes.backend import ExecResult
+from sandboxes.browser import BrowserSession
+from sandboxes.shell import StepResult
 
 
 @dataclass(frozen=True)
@@ -99,31 +102,25 @@ class GraderFault(RuntimeError):
     an infrastructure fault, retried. Whatever the agent caused is a Verdict, never this."""
 
 
-class ActionRefused(Exception):
-    """A sandbox-side service (the browser driver) refused a request as wrong — an unknown element, a
-    bad argument: the agent's mistake, shown to it as a tool error. Faults of the machine are
-    SandboxErrors instead (retried)."""
-
-
 class Sandbox(Protocol):
-    """The part of a sandbox an environment uses (see task_workers/sandbox)."""
+    """The part of a sandbox an environment uses (see sandboxes)."""
 
     @property
     def image(self) -> str:
         """The image the container runs (what a fact computed in it depends on besides its inputs)."""
         ...
 
-    def step(self, command: str, *, timeout: float | None = None) -> Any: ...
+    def step(self, command: str, *, timeout: float | None = None) -> StepResult: ...
     def exec(self, argv: list[str], *, timeout_s: float = ..., stdin: bytes | None = None,
-             as_keeper: bool = False, as_control: bool = False) -> Any:
+             as_keeper: bool = False, as_control: bool = False) -> ExecResult:
         """A one-off process outside the agent's shell; `as_keeper` runs it as a uid the agent is not,
         `as_control` as root with only SETUID, SETGID and KILL (to start a process as the agent)."""
         ...
     def put_files(self, files: dict[str, bytes], *, dest: str = ...) -> None: ...
     def put_archive(self, data: bytes, *, dest: str = ...) -> None: ...
     def get_file(self, path: str) -> bytes: ...
-    def browser(self) -> Any:
-        """A browser image's driver session (task_workers.sandbox.browser.BrowserSession)."""
+    def browser(self) -> BrowserSession:
+        """A browser image's driver session."""
         ...
 
 

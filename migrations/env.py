@@ -4,8 +4,8 @@ from alembic import context
 from sqlalchemy import create_engine, pool
 
 from core.db import resolve_database_url
-from core.migrate import include_object
 from core.models import Base
+from migrations.migrate import include_object
 
 config = context.config
 target_metadata = Base.metadata

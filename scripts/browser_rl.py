@@ -213,7 +213,7 @@ def collect(settings: BrowserRLSettings, *, image: str) -> list[Played]:
     buttons overlapping, and a click on one lands on the other)."""
     from environments.browser.kind import BrowserKind
     from environments.spec import parse_spec
-    from task_workers.sandbox import SandboxSpec, create_sandbox, make_backend
+    from sandboxes import SandboxSpec, create_sandbox, make_backend
 
     kind = BrowserKind(parse_spec({**env_spec(settings), "image": image}))
     rng = random.Random(settings.seed)

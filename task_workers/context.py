@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from environments.spec import EnvironmentSpec
+from sandboxes import PoolSet, Reaper, SandboxBackend, SandboxSpec, make_backend
+from sandboxes.db_events import DbEventSink
+from sandboxes.events import EventSink
+from sandboxes.reaper import start_reaper
 from task_workers.policy.client import PolicyClient, local_tokenizer
 from task_workers.policy.pool import PolicyPool
-from task_workers.sandbox import PoolSet, Reaper, SandboxBackend, SandboxSpec, make_backend
-from task_workers.sandbox.db_events import DbEventSink
-from task_workers.sandbox.events import EventSink
-from task_workers.sandbox.reaper import start_reaper
 
 logger = logging.getLogger(__name__)
 

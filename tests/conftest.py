@@ -27,10 +27,10 @@ from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from core import migrate
 from core.db import make_engine, reset_engines
 from core.models import Base
 from core.settings import get_settings
+from migrations import migrate
 
 
 def _admin_url(embedded_root: Path) -> str:

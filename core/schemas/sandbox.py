@@ -8,7 +8,7 @@ Sizes accept Docker's notation ("512m", "2g", "64k", or plain bytes) and are sto
 turns it into one clause per field naming what was expected and what was given.
 
 This is the pure schema (no Docker): environment specs validate their `sandbox` section against it at
-registration, and `task_workers.sandbox.spec.SandboxSpec` (which raises SpecError) builds on it.
+registration, and `sandboxes.spec.SandboxSpec` (which raises SpecError) builds on it.
 """
 
 from __future__ import annotations

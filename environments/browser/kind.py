@@ -29,7 +29,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from environments.base import (
-    ActionRefused,
     Artifact,
     GraderFault,
     LayerResult,
@@ -43,6 +42,7 @@ from environments.base import (
 from environments.browser.sandbox.sites import site_module
 from environments.browser.task import BrowserTask
 from environments.spec import BrowserSettings, EnvironmentSpec
+from sandboxes.errors import ActionRefused
 
 SYSTEM_PROMPT = (
     "You operate a web browser. Each observation is the page's accessibility tree; elements you can act "

@@ -65,7 +65,7 @@ def _from_step(step: Any, *, observation: str | None = None) -> ToolResult:
     status = step.status
     return ToolResult(
         observation=observation if observation is not None else text, output=text, exit_code=step.exit_code,
-        status=status, duration_s=step.duration_s, truncated_bytes=getattr(step, "truncated_bytes", 0),
+        status=status, duration_s=step.duration_s, truncated_bytes=step.truncated_bytes,
     )
 
 

@@ -34,8 +34,8 @@ from pathlib import Path
 import docker
 from docker.errors import APIError, NotFound
 
-from task_workers.sandbox.docker_client import docker_api
-from task_workers.sandbox.errors import ImageBuildError
+from sandboxes.docker_client import docker_api
+from sandboxes.errors import ImageBuildError
 
 log = logging.getLogger(__name__)
 

@@ -64,7 +64,7 @@ class ReadNumberKind:
             step = sandbox.step(command, timeout=self.spec.limits.tool_timeout_s)
             return ToolResult(observation=step.output, output=step.output, exit_code=step.exit_code,
                               status=step.status, duration_s=step.duration_s,
-                              truncated_bytes=getattr(step, "truncated_bytes", 0))
+                              truncated_bytes=step.truncated_bytes)
         if call.name == "submit":
             return ToolResult(observation="submitted", exit_code=0, ends_episode=True)
         return _error(f"tool: expected one of {', '.join(TOOL_SCHEMAS)}, got {json.dumps(call.name)}")

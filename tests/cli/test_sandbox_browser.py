@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from environments.browser.sandbox.sites import shop
-from task_workers.sandbox.labels import ENV
+from sandboxes.labels import ENV
 from tests.task_workers.conftest import backend, image_cache, sandbox_images  # noqa: F401 - the image fixtures
 
 pytestmark = [pytest.mark.docker, pytest.mark.browser]

@@ -6,9 +6,9 @@ from __future__ import annotations
 from sqlalchemy import create_engine, func, insert, pool, select
 from sqlalchemy.orm import Session
 
-from core import migrate
 from core.models import Episode, EpisodeArtifact, EpisodeGroup, Run, Task, Turn
 from core.store import insert_episode
+from migrations import migrate
 from tests import factories
 from tests.support.browser_episode import browser_trajectory, png
 

@@ -9,9 +9,9 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, pool
 from sqlalchemy.engine import make_url
 
-from core import migrate
-from core.migrate import include_object
 from core.models import Base
+from migrations import migrate
+from migrations.migrate import include_object
 
 
 @pytest.fixture

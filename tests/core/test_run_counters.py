@@ -15,7 +15,8 @@ from sqlalchemy import create_engine, pool
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from core import counters, migrate
+from core import counters
+from migrations import migrate
 from scripts.seed_store import StoreShape, seed
 
 FINITE = "CASE WHEN reward IS NULL OR reward IN ('NaN', 'Infinity', '-Infinity') THEN NULL ELSE reward::numeric END"

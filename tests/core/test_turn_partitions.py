@@ -14,8 +14,9 @@ from sqlalchemy import Engine, create_engine, pool, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from core import archive, migrate
+from core import archive
 from core.models import Turn
+from migrations import migrate
 from scripts.seed_store import StoreShape, seed
 from tests import factories
 

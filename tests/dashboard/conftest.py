@@ -55,7 +55,7 @@ def page(browser, live_server: str) -> Iterator[object]:  # type: ignore[no-unty
     """A fresh browser context (empty profile, no cookies) whose requests must all stay on the server."""
     context = browser.new_context(base_url=live_server, viewport={"width": 1400, "height": 1000})
     page = context.new_page()
-    page.set_default_timeout(15_000)
+    page.set_default_timeout(60_000)  # an upper bound on each wait, not a timed assertion: a loaded machine took over 15 s
     page.foreign_requests = []
     page.console_errors = []
     page.on("request", lambda request: None if request.url.startswith((live_server, "data:"))

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from task_workers.sandbox import SandboxBackend, make_backend
-from task_workers.sandbox.errors import BackendUnavailable
+from sandboxes import SandboxBackend, make_backend
+from sandboxes.errors import BackendUnavailable
 
 
 @pytest.fixture(scope="session")

@@ -18,10 +18,10 @@ from environments.images import build_images
 from environments.read_number.task import make_tasks
 from environments.service import register_environment
 from environments.spec import parse_spec
+from sandboxes import InMemoryEventSink, make_backend
 from task_workers.context import DockerSandboxes
 from task_workers.episode.runner import run_episode
 from task_workers.policy.client import PolicyClient
-from task_workers.sandbox import InMemoryEventSink, make_backend
 from tests.support.scripted_policy import ScriptedPolicy, serve, tool_call
 
 SPEC = {"name": "read-number-scripted", "kind": "read_number", "image": "code-repo",

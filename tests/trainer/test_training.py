@@ -27,10 +27,10 @@ from core.termination import DropReason
 from environments.images import build_images
 from environments.service import register_environment
 from environments.spec import parse_spec
+from sandboxes import InMemoryEventSink, make_backend
 from task_workers.context import DockerSandboxes
 from task_workers.episode.runner import run_episode
 from task_workers.policy.client import PolicyClient
-from task_workers.sandbox import InMemoryEventSink, make_backend
 from tests.trainer.rows import make_run
 from trainer import metrics
 from trainer.errors import WeightSyncError

@@ -14,9 +14,9 @@ from core.store import insert_episode
 from environments.code_repo.task import CodeRepoTask, Solution, TestSpec, pack_directory
 from environments.service import register_environment
 from environments.spec import parse_spec
+from sandboxes import InMemoryEventSink
 from task_workers.context import DockerSandboxes
 from task_workers.policy.client import PolicyClient
-from task_workers.sandbox import InMemoryEventSink
 from tests.support.scripted_policy import ScriptedPolicy, serve, tool_call
 from tests.task_workers.episode.calc_red import CALC, HIDDEN, PUBLIC, WEIGHTS
 

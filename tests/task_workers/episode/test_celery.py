@@ -14,9 +14,9 @@ from sqlalchemy.orm import Session
 
 from core.models import Episode, Turn
 from core.settings import get_settings
+from sandboxes import labels as L
 from task_workers.celery_app import create_app
 from task_workers.context import close_worker_context
-from task_workers.sandbox import labels as L
 from tests.support.scripted_policy import tool_call
 from tests.task_workers.episode.conftest import FIX, make_episode
 

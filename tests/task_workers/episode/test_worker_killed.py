@@ -25,8 +25,8 @@ from core.schemas import RunConfig
 from core.settings import load_settings
 from environments.service import register_environment
 from environments.spec import parse_spec
+from sandboxes import labels as L
 from task_workers.celery_app import create_app
-from task_workers.sandbox import labels as L
 from tests.support.processes import stop_group
 from tests.support.scripted_policy import Reply
 from tests.task_workers.episode.conftest import FIX, env_spec

@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from task_workers.sandbox import ContainerInfo, InMemoryEventSink, SandboxSpec, make_backend
-from task_workers.sandbox.errors import BackendUnavailable
-from task_workers.sandbox.labels import ENV
+from sandboxes import ContainerInfo, InMemoryEventSink, SandboxSpec, make_backend
+from sandboxes.errors import BackendUnavailable
+from sandboxes.labels import ENV
 
 SESSION_START = time.time()
 

@@ -16,7 +16,7 @@ import pytest
 
 from environments.browser.sandbox.sites import shop
 from environments.browser.task import BrowserTask
-from task_workers.sandbox import SandboxSpec, create_sandbox
+from sandboxes import SandboxSpec, create_sandbox
 
 pytestmark = pytest.mark.docker
 

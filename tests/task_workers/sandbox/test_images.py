@@ -10,8 +10,8 @@ import pytest
 
 from environments.images import build_images, image_tag
 from environments.images.build import base_hash, build_environment, context_hash
-from task_workers.sandbox import SandboxBackend
-from task_workers.sandbox.docker_client import docker_api
+from sandboxes import SandboxBackend
+from sandboxes.docker_client import docker_api
 
 pytestmark = pytest.mark.docker
 

@@ -18,10 +18,10 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.sandbox import app
-from task_workers.sandbox import Sandbox, SandboxBackend, SandboxSpec, create_sandbox
-from task_workers.sandbox import labels as L
-from task_workers.sandbox.admin import create_detached, prune
-from task_workers.sandbox.reaper import Reaper
+from sandboxes import Sandbox, SandboxBackend, SandboxSpec, create_sandbox
+from sandboxes import labels as L
+from sandboxes.admin import create_detached, prune
+from sandboxes.reaper import Reaper
 
 from .conftest import CLI_ENV_LABEL, wait_for
 

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from task_workers.sandbox import Sandbox, SandboxBackend, SandboxSpec, StepStatus, create_sandbox
-from task_workers.sandbox.admin import history
-from task_workers.sandbox.layout import CAPTURE_DIR, CONTROL_DIR, HISTORY_DIR, LEASE_FILE
+from sandboxes import Sandbox, SandboxBackend, SandboxSpec, StepStatus, create_sandbox
+from sandboxes.admin import history
+from sandboxes.layout import CAPTURE_DIR, CONTROL_DIR, HISTORY_DIR, LEASE_FILE
 
 pytestmark = pytest.mark.docker
 
@@ -158,7 +158,7 @@ def test_our_processes_never_run_the_agents_files(backend: SandboxBackend, base_
         sandbox.close_session()
         sandbox.step("echo new session")  # driver start: mkdir, mkfifo, install, env, setsid, nice, setpriv
         assert _lease(sandbox)
-        from task_workers.sandbox.reaper import Reaper
+        from sandboxes.reaper import Reaper
 
         assert Reaper(backend=backend)._read_lease(backend.get(sandbox.container_id)) is not None  # keeper exec
         ran_as = sandbox.exec(["/usr/bin/ls", "/tmp"], as_keeper=True).output.decode().split()

@@ -6,9 +6,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.models import SandboxEvent
-from task_workers.sandbox import EventKind, InMemoryEventSink, SandboxBackend, SandboxSpec, create_sandbox
-from task_workers.sandbox.db_events import DbEventSink
-from task_workers.sandbox.events import EventRecorder, SandboxEventData
+from sandboxes import EventKind, InMemoryEventSink, SandboxBackend, SandboxSpec, create_sandbox
+from sandboxes.db_events import DbEventSink
+from sandboxes.events import EventRecorder, SandboxEventData
 
 from .conftest import wait_for
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from task_workers.sandbox import (
+from sandboxes import (
     InMemoryEventSink,
     Sandbox,
     SandboxBackend,

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from task_workers.sandbox import (
+from sandboxes import (
     AcquireTimeout,
     InMemoryEventSink,
     PoolClosed,

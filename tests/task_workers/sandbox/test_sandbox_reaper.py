@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from task_workers.sandbox import InMemoryEventSink, Reaper, SandboxBackend, SandboxSpec, create_sandbox
-from task_workers.sandbox.labels import Owner
+from sandboxes import InMemoryEventSink, Reaper, SandboxBackend, SandboxSpec, create_sandbox
+from sandboxes.labels import Owner
 
 # Sweeps, or runs a worker whose reaper sweeps, every crucible container on the machine: one xdist worker runs all of these.
 pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("docker-global")]
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[3]
 OWNER_SCRIPT = textwrap.dedent(
     """
     import sys, time
-    from task_workers.sandbox import SandboxPool, SandboxSpec, make_backend
+    from sandboxes import SandboxPool, SandboxSpec, make_backend
     spec = SandboxSpec.model_validate_json(sys.argv[1])
     pool = SandboxPool(spec=spec, backend=make_backend(), min_size=2, max_size=3)
     pool.wait_ready(timeout=120)

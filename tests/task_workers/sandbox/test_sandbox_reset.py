@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from task_workers.sandbox import ResetFailed, Sandbox, SandboxBackend, SandboxSpec, create_sandbox
+from sandboxes import ResetFailed, Sandbox, SandboxBackend, SandboxSpec, create_sandbox
 
 pytestmark = pytest.mark.docker
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from task_workers.sandbox import (
+from sandboxes import (
     Sandbox,
     SandboxBackend,
     SandboxError,
@@ -17,8 +17,8 @@ from task_workers.sandbox import (
     StepStatus,
     create_sandbox,
 )
-from task_workers.sandbox.admin import history
-from task_workers.sandbox.files import extract_to, pack_path
+from sandboxes.admin import history
+from sandboxes.files import extract_to, pack_path
 
 pytestmark = pytest.mark.docker
 

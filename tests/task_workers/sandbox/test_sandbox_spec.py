@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from task_workers.sandbox import SandboxSpec, SpecError
-from task_workers.sandbox.spec import format_size, parse_size
+from sandboxes import SandboxSpec, SpecError
+from sandboxes.spec import format_size, parse_size
 
 
 def test_sizes_are_normalised_so_equal_specs_share_a_pool() -> None:

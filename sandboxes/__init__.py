@@ -1,6 +1,6 @@
 """Docker sandboxes for agent episodes: spec, backend, persistent shell, warm pool, reaper.
 
-    from task_workers.sandbox import SandboxPool, SandboxSpec, make_backend
+    from sandboxes import SandboxPool, SandboxSpec, make_backend
 
     spec = SandboxSpec(image="crucible/code-repo:latest", workspace_seed="/opt/seed")
     with SandboxPool(spec=spec, backend=make_backend("docker"), min_size=2) as pool:
@@ -13,14 +13,14 @@ persistent shell), sandbox (lifecycle), files (tar in/out), reset, pool, reaper,
 (the EventSink seam), admin (what the CLI calls), errors.
 """
 
-from task_workers.sandbox.backend import (
+from sandboxes.backend import (
     ContainerInfo,
     ExecResult,
     SandboxBackend,
     make_backend,
     register_backend,
 )
-from task_workers.sandbox.errors import (
+from sandboxes.errors import (
     AcquireTimeout,
     BackendUnavailable,
     ImageNotFound,
@@ -32,18 +32,18 @@ from task_workers.sandbox.errors import (
     SessionError,
     SpecError,
 )
-from task_workers.sandbox.events import (
+from sandboxes.events import (
     EventKind,
     EventSink,
     InMemoryEventSink,
     NullEventSink,
     SandboxEventData,
 )
-from task_workers.sandbox.pool import PoolSet, PoolStats, SandboxPool
-from task_workers.sandbox.reaper import Reaper, start_reaper
-from task_workers.sandbox.sandbox import Sandbox, create_sandbox
-from task_workers.sandbox.shell import StepResult, StepStatus
-from task_workers.sandbox.spec import SandboxSpec
+from sandboxes.pool import PoolSet, PoolStats, SandboxPool
+from sandboxes.reaper import Reaper, start_reaper
+from sandboxes.sandbox import Sandbox, create_sandbox
+from sandboxes.shell import StepResult, StepStatus
+from sandboxes.spec import SandboxSpec
 
 __all__ = [
     "AcquireTimeout",

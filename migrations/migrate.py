@@ -7,9 +7,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
-import migrations
-
-SCRIPT_LOCATION = Path(migrations.__file__).parent
+SCRIPT_LOCATION = Path(__file__).resolve().parent
 
 
 def include_object(obj, name, type_, reflected, compare_to):  # type: ignore[no-untyped-def]

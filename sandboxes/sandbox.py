@@ -24,21 +24,21 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from task_workers.sandbox import files as files_
-from task_workers.sandbox import labels as L
-from task_workers.sandbox.backend import ExecResult, SandboxBackend
-from task_workers.sandbox.browser import BrowserSession
-from task_workers.sandbox.errors import ResetFailed, SandboxDead, SandboxError, SessionError
-from task_workers.sandbox.events import EventKind, EventRecorder, EventSink, NullEventSink
-from task_workers.sandbox.layout import CONTROL_USER, KEEPER_USER, sandbox_env
-from task_workers.sandbox.reset import (
+from sandboxes import files as files_
+from sandboxes import labels as L
+from sandboxes.backend import ExecResult, SandboxBackend
+from sandboxes.browser import BrowserSession
+from sandboxes.errors import ResetFailed, SandboxDead, SandboxError, SessionError
+from sandboxes.events import EventKind, EventRecorder, EventSink, NullEventSink
+from sandboxes.layout import CONTROL_USER, KEEPER_USER, sandbox_env
+from sandboxes.reset import (
     BASELINE_SCRIPT,
     PRISTINE_GIT,
     RESET_TIMEOUT_S,
     reset_script,
     seed_command,
 )
-from task_workers.sandbox.shell import (
+from sandboxes.shell import (
     SessionDied,
     ShellSession,
     StepResult,
@@ -46,7 +46,7 @@ from task_workers.sandbox.shell import (
     dead_result,
     step_result,
 )
-from task_workers.sandbox.spec import SandboxSpec
+from sandboxes.spec import SandboxSpec
 
 log = logging.getLogger(__name__)
 DEFAULT_LEASE_TTL_S = 600.0

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from task_workers.sandbox.errors import SessionError
+from sandboxes.errors import SessionError
 
 _HEADER = struct.Struct(">BxxxI")
 _CHUNK = 256 << 10

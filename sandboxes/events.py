@@ -1,7 +1,7 @@
 """Lifecycle events and the EventSink seam they go through.
 
 Every create, acquire, release, reset, retire, destroy, reap, oom, timeout and health failure is one
-SandboxEventData with its duration. Sinks: `DbEventSink` (task_workers.sandbox.db_events, writes
+SandboxEventData with its duration. Sinks: `DbEventSink` (sandboxes.db_events, writes
 `sandbox_events` rows), `InMemoryEventSink` (tests, benchmarks), `NullEventSink`.
 """
 

@@ -15,10 +15,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from task_workers.sandbox import labels as L
-from task_workers.sandbox.errors import SandboxError
-from task_workers.sandbox.spec import SandboxSpec
-from task_workers.sandbox.stream import ExecStream
+from sandboxes import labels as L
+from sandboxes.errors import SandboxError
+from sandboxes.spec import SandboxSpec
+from sandboxes.stream import ExecStream
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,7 +109,7 @@ class SandboxBackend(Protocol):
 
 
 BackendFactory = Callable[..., SandboxBackend]
-_BUILTIN = {"docker": "task_workers.sandbox.docker_backend:DockerBackend"}
+_BUILTIN = {"docker": "sandboxes.docker_backend:DockerBackend"}
 _registry: dict[str, BackendFactory] = {}
 
 

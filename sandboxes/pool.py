@@ -24,12 +24,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from task_workers.sandbox.backend import SandboxBackend
-from task_workers.sandbox.errors import AcquireTimeout, PoolClosed
-from task_workers.sandbox.events import EventKind, EventSink, NullEventSink
-from task_workers.sandbox.labels import Owner
-from task_workers.sandbox.sandbox import DEFAULT_LEASE_TTL_S, Sandbox, create_sandbox
-from task_workers.sandbox.spec import SandboxSpec
+from sandboxes.backend import SandboxBackend
+from sandboxes.errors import AcquireTimeout, PoolClosed
+from sandboxes.events import EventKind, EventSink, NullEventSink
+from sandboxes.labels import Owner
+from sandboxes.sandbox import DEFAULT_LEASE_TTL_S, Sandbox, create_sandbox
+from sandboxes.spec import SandboxSpec
 
 log = logging.getLogger(__name__)
 

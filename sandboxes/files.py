@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from task_workers.sandbox.errors import SandboxError
+from sandboxes.errors import SandboxError
 
 if TYPE_CHECKING:
-    from task_workers.sandbox.sandbox import Sandbox
+    from sandboxes.sandbox import Sandbox
 
 TRANSFER_TIMEOUT_S = 300.0
 

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy.orm import Session
 
-from task_workers.sandbox.events import SandboxEventData
+from sandboxes.events import SandboxEventData
 
 log = logging.getLogger(__name__)
 

@@ -20,10 +20,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from task_workers.sandbox.driver import DRIVER, RESET_PRELUDE, USER_SHELL
-from task_workers.sandbox.errors import SessionError
-from task_workers.sandbox.layout import CAPTURE_DIR, CONTROL_DIR, SHELL_STATE_PREFIX, privileged_argv
-from task_workers.sandbox.stream import ExecStream, StreamClosed, StreamTimeout
+from sandboxes.driver import DRIVER, RESET_PRELUDE, USER_SHELL
+from sandboxes.errors import SessionError
+from sandboxes.layout import CAPTURE_DIR, CONTROL_DIR, SHELL_STATE_PREFIX, privileged_argv
+from sandboxes.stream import ExecStream, StreamClosed, StreamTimeout
 
 log = logging.getLogger(__name__)
 

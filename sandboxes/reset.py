@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import shlex
 
-from task_workers.sandbox.layout import PRISTINE_DIR
-from task_workers.sandbox.spec import SandboxSpec
+from sandboxes.layout import PRISTINE_DIR
+from sandboxes.spec import SandboxSpec
 
 PRISTINE_GIT = f"{PRISTINE_DIR}/git"
 RESET_TIMEOUT_S = 60.0

@@ -14,6 +14,7 @@
         └── ImageBuildError          an image could not be built
 
 A step's own outcome (timeout, OOM, truncated output) is never an exception: it is a StepResult status.
+ActionRefused is not a SandboxError: it is the agent's mistake (a wrong action), never retried.
 Every message says what was expected and what was given.
 """
 
@@ -64,3 +65,9 @@ class AcquireTimeout(SandboxError):
 
 class ImageBuildError(SandboxError):
     """debootstrap, docker import or docker build failed."""
+
+
+class ActionRefused(Exception):
+    """A sandbox-side service (the browser driver) refused a request as wrong — an unknown element, a
+    bad argument: the agent's mistake, shown to it as a tool error. Faults of the machine are
+    SandboxErrors instead (retried)."""

@@ -23,11 +23,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from task_workers.sandbox.backend import ContainerInfo, SandboxBackend
-from task_workers.sandbox.errors import SandboxError
-from task_workers.sandbox.events import EventKind, EventRecorder, EventSink, NullEventSink
-from task_workers.sandbox.labels import CREATOR, WORKER, Owner
-from task_workers.sandbox.layout import KEEPER_USER, LEASE_FILE
+from sandboxes.backend import ContainerInfo, SandboxBackend
+from sandboxes.errors import SandboxError
+from sandboxes.events import EventKind, EventRecorder, EventSink, NullEventSink
+from sandboxes.labels import CREATOR, WORKER, Owner
+from sandboxes.layout import KEEPER_USER, LEASE_FILE
 
 log = logging.getLogger(__name__)
 

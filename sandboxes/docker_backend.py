@@ -21,11 +21,11 @@ from docker.errors import APIError, DockerException, NotFound
 from docker.types import Ulimit
 from requests.exceptions import ConnectionError as RequestsConnectionError
 
-from task_workers.sandbox import labels as L
-from task_workers.sandbox.backend import ContainerInfo, ExecResult, register_backend
-from task_workers.sandbox.docker_client import docker_api
-from task_workers.sandbox.errors import BackendUnavailable, ImageNotFound, SandboxDead, SandboxError
-from task_workers.sandbox.layout import (
+from sandboxes import labels as L
+from sandboxes.backend import ContainerInfo, ExecResult, register_backend
+from sandboxes.docker_client import docker_api
+from sandboxes.errors import BackendUnavailable, ImageNotFound, SandboxDead, SandboxError
+from sandboxes.layout import (
     CONTROL_CAPS,
     CONTROL_USER,
     SHM_SIZE,
@@ -34,8 +34,8 @@ from task_workers.sandbox.layout import (
     sandbox_env,
     tmpfs_mounts,
 )
-from task_workers.sandbox.spec import SandboxSpec
-from task_workers.sandbox.stream import ExecStream, StreamTimeout
+from sandboxes.spec import SandboxSpec
+from sandboxes.stream import ExecStream, StreamTimeout
 
 log = logging.getLogger(__name__)
 _FRACTION = re.compile(r"(\.\d{6})\d+")

@@ -21,10 +21,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from environments.base import ActionRefused
-from task_workers.sandbox.errors import SandboxError
-from task_workers.sandbox.layout import KEEPER_DIR, privileged_argv
-from task_workers.sandbox.stream import ExecStream, StreamClosed, StreamTimeout
+from sandboxes.errors import ActionRefused, SandboxError
+from sandboxes.layout import KEEPER_DIR, privileged_argv
+from sandboxes.stream import ExecStream, StreamClosed, StreamTimeout
 
 DRIVER = "/opt/crucible/browser/browserd.py"
 MINIWOB_DIR = "/opt/crucible/miniwob"

@@ -17,7 +17,7 @@ The shell driver runs as root (CONTROL_USER) with only CONTROL_CAPS; see driver.
 
 from __future__ import annotations
 
-from task_workers.sandbox.spec import SandboxSpec
+from sandboxes.spec import SandboxSpec
 
 CONTROL_DIR = "/run/crucible"
 CAPTURE_DIR = "/run/crucible-out"

@@ -14,7 +14,7 @@ import docker
 from docker.errors import DockerException
 from docker.utils import kwargs_from_env
 
-from task_workers.sandbox.errors import BackendUnavailable
+from sandboxes.errors import BackendUnavailable
 
 _lock = threading.Lock()
 _clients: dict[tuple[str | None, int, float], docker.APIClient] = {}

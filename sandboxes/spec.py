@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from core.schemas.sandbox import SIZE_FIELDS, describe_errors, format_size, parse_size
 from core.schemas.sandbox import SandboxSpec as SandboxSpecSchema
-from task_workers.sandbox.errors import SpecError
+from sandboxes.errors import SpecError
 
 __all__ = ["SIZE_FIELDS", "SandboxSpec", "format_size", "parse_size"]
 

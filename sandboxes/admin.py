@@ -13,15 +13,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from task_workers.sandbox import labels as L
-from task_workers.sandbox.backend import ContainerInfo, SandboxBackend
-from task_workers.sandbox.errors import SandboxError, SandboxNotFound
-from task_workers.sandbox.events import EventRecorder, EventSink, NullEventSink
-from task_workers.sandbox.layout import HISTORY_DIR, KEEPER_USER, LEASE_FILE
-from task_workers.sandbox.reaper import Reaper, Verdict
-from task_workers.sandbox.reset import PRISTINE_GIT
-from task_workers.sandbox.sandbox import Sandbox, create_sandbox
-from task_workers.sandbox.spec import SandboxSpec
+from sandboxes import labels as L
+from sandboxes.backend import ContainerInfo, SandboxBackend
+from sandboxes.errors import SandboxError, SandboxNotFound
+from sandboxes.events import EventRecorder, EventSink, NullEventSink
+from sandboxes.layout import HISTORY_DIR, KEEPER_USER, LEASE_FILE
+from sandboxes.reaper import Reaper, Verdict
+from sandboxes.reset import PRISTINE_GIT
+from sandboxes.sandbox import Sandbox, create_sandbox
+from sandboxes.spec import SandboxSpec
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}

@@ -1,0 +1,93 @@
+"""The package structure from the imports: each top-level package imports only what shared/ARCHITECTURE.md's
+package table lets it, and nothing outside tests imports tests. Read from the source (every import
+statement, function-level ones included), so an import added anywhere is seen."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+OURS = ("core", "migrations", "sandboxes", "environments", "task_workers", "controller", "trainer", "api", "cli",
+        "bench", "scripts", "tests")
+EVERYTHING_BUT_TESTS = frozenset(OURS) - {"tests"}
+
+MAY_IMPORT: dict[str, frozenset[str]] = {
+    "core": frozenset(),
+    "migrations": frozenset({"core"}),
+    "sandboxes": frozenset({"core"}),
+    "environments": frozenset({"core", "sandboxes"}),
+    "task_workers": frozenset({"core", "sandboxes", "environments"}),
+    "controller": frozenset({"core", "environments", "task_workers"}),
+    "trainer": frozenset({"core"}),
+    "api": frozenset({"core", "sandboxes", "environments", "task_workers", "controller", "trainer"}),
+    "cli": EVERYTHING_BUT_TESTS,
+    "bench": EVERYTHING_BUT_TESTS,
+    "scripts": EVERYTHING_BUT_TESTS,
+}
+
+# Imports the design does not allow yet, each with why it is still here; the test fails on any other,
+# and on an entry that is no longer needed (so this list only shrinks).
+DEPARTURES: dict[tuple[str, str], str] = {
+    ("trainer/rollouts.py", "environments.spec"): "a group's flag policy and penalty (VerifierConfig): goes with "
+                                                  "reward composition into environments/rewards.py",
+    ("trainer/reward_model_server.py", "api.deps"): "the reward-model server reuses the API's token check",
+    ("trainer/reward_model_server.py", "api.errors"): "… and its error handlers",
+    ("trainer/reward_model_server.py", "api.limits"): "… and its body limit",
+    ("bench/episodes.py", "tests.support.scripted_policy"): "the scripted vLLM stand-in lives with the tests",
+    ("bench/browser.py", "tests.support.miniwob_solver"): "the scripted MiniWoB++ player lives with the tests",
+    ("scripts/browser_rl.py", "tests.support.miniwob_solver"): "the browser run's warm-up plays the scripted player",
+}
+
+
+def imports(path: Path) -> set[str]:
+    """Every absolute module an import statement in `path` names (`from a.b import c` → a.b)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def edges(root: Path = ROOT) -> dict[tuple[str, str], str]:
+    """{(file, module): package of the module} for every import of another of our packages."""
+    found = {}
+    for package in MAY_IMPORT:
+        for path in sorted((root / package).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            for module in imports(path):
+                top = module.split(".", 1)[0]
+                if top in OURS and top != package:
+                    found[(rel, module)] = top
+    return found
+
+
+def not_allowed(found: dict[tuple[str, str], str]) -> list[str]:
+    return sorted(f"{rel} imports {module}" for (rel, module), top in found.items()
+                  if top not in MAY_IMPORT[rel.split("/", 1)[0]] and (rel, module) not in DEPARTURES)
+
+
+def test_each_package_imports_only_what_the_design_allows() -> None:
+    found = edges()
+    wrong = not_allowed(found)
+    assert not wrong, "imports the package table of shared/ARCHITECTURE.md does not allow:\n" + "\n".join(wrong)
+    stale = sorted(f"{rel} → {module}" for rel, module in DEPARTURES if (rel, module) not in found)
+    assert not stale, "departures no longer needed (remove them from DEPARTURES):\n" + "\n".join(stale)
+
+
+@pytest.mark.parametrize(("path", "source"), [
+    ("environments/kind.py", "from task_workers.episode.runner import run_episode"),
+    ("core/db.py", "def upgrade():\n    import migrations.migrate"),  # inside a function
+    ("sandboxes/pool.py", "import environments.base as base"),
+    ("api/routes/x.py", "from tests.support import factories"),
+    ("trainer/step.py", "from api.deps import current_token"),  # a departure of another file is no licence
+])
+def test_an_import_against_the_design_is_caught(tmp_path: Path, path: str, source: str) -> None:
+    target = tmp_path / path
+    target.parent.mkdir(parents=True)
+    target.write_text(source + "\n")
+    assert not_allowed(edges(tmp_path)) == [f"{path} imports {next(iter(imports(target)))}"]
