@@ -17,6 +17,7 @@ is retried and the sandbox retired).
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -62,7 +63,15 @@ class BrowserSession:
         with self._lock:
             if self._stream is None:
                 self._stream = self._open_stream(driver_argv())
-            self.info = self._call_locked("hello", {})
+            try:
+                self.info = self._call_locked("hello", {})
+            except BrowserFault as fault:
+                if self._stream is None:  # the driver died or went silent: nothing to ask again
+                    raise
+                # The driver answered with a fault: its Chromium did not answer in time (on a loaded
+                # machine one took over 30 s to start). Asked once more; a second fault is final.
+                logging.getLogger(__name__).warning("browser driver: %s; asking it once more", fault)
+                self.info = self._call_locked("hello", {})
             return self.info
 
     def call(self, op: str, **params: Any) -> dict[str, Any]:

@@ -13,7 +13,8 @@ set +e
 # xdist workers: CRUCIBLE_TEST_WORKERS (default 2; 0: one process). `loadgroup`: the tests of one xdist group
 # (every test using a vLLM server; the tests that sweep the machine's containers) run on one worker, in order.
 # Two workers on these 2-core machines: one process leaves the cores idle while a test waits on Docker,
-# vLLM or a child process (fresh clones, this machine: 1,735 s of pytest in one process, 1,503 s and 1,480 s on two).
+# vLLM or a child process (fresh clones, one machine: 1,735 s of pytest in one process, 1,503 s and 1,480 s on two;
+# docs/getting-started.md has the latest runs).
 # The default run leaves out tests marked slow (minutes each: real-vLLM syncs mid-episode and during a
 # failing publish); `make test-all` (CRUCIBLE_TEST_SLOW=1) runs them too.
 parallel=(--durations=25)
