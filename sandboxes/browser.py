@@ -29,6 +29,7 @@ from sandboxes.stream import ExecStream, StreamClosed, StreamTimeout
 DRIVER = "/opt/crucible/browser/browserd.py"
 MINIWOB_DIR = "/opt/crucible/miniwob"
 MAX_REPLY = 64 << 20
+log = logging.getLogger(__name__)
 DEADLINES = {"hello": 60.0, "open": 60.0, "relaunch": 90.0, "act": 45.0, "observe": 30.0, "state": 15.0,
              "eval": 30.0, "quit": 10.0}
 
@@ -70,7 +71,7 @@ class BrowserSession:
                     raise
                 # The driver answered with a fault: its Chromium did not answer in time (on a loaded
                 # machine one took over 30 s to start). Asked once more; a second fault is final.
-                logging.getLogger(__name__).warning("browser driver: %s; asking it once more", fault)
+                log.warning("browser driver: %s; asking it once more", fault)
                 self.info = self._call_locked("hello", {})
             return self.info
 

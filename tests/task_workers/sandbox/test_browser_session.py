@@ -9,6 +9,7 @@ import json
 import pytest
 
 from sandboxes.browser import BrowserFault, BrowserSession
+from sandboxes.stream import StreamClosed
 
 
 class ScriptedStream:
@@ -28,8 +29,6 @@ class ScriptedStream:
         self.buffer += json.dumps({"id": request["id"], **reply}).encode() + b"\n"
 
     def read_until(self, marker: bytes, *, deadline: float, start: int = 0) -> int:
-        from sandboxes.stream import StreamClosed
-
         if marker not in self.buffer:
             raise StreamClosed("the driver exited")
         return self.buffer.index(marker) + 1
