@@ -38,7 +38,10 @@ def get_db() -> Iterator[Session]:
         yield session
 
 
-SessionDep = Annotated[Session, Depends(get_db)]
+# scope="function": the session commits when the handler returns, before the response is sent. FastAPI's
+# default ("request", since 0.118) commits after the client has its answer, so a browser following the
+# 303 of a sign-in could be refused on its next request (tests/dashboard/test_commit_before_response.py).
+SessionDep = Annotated[Session, Depends(get_db, scope="function")]
 
 
 class LoginRequired(Exception):
