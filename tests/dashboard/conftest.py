@@ -53,9 +53,11 @@ def browser() -> Iterator[object]:
 @pytest.fixture
 def page(browser, live_server: str) -> Iterator[object]:  # type: ignore[no-untyped-def]
     """A fresh browser context (empty profile, no cookies) whose requests must all stay on the server."""
+    playwright_api = pytest.importorskip("playwright.sync_api")
     context = browser.new_context(base_url=live_server, viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     page.set_default_timeout(60_000)  # an upper bound on each wait, not a timed assertion: a loaded machine took over 15 s
+    playwright_api.expect.set_options(timeout=60_000)  # the same bound for expect(…) (its own default: 5 s)
     page.foreign_requests = []
     page.console_errors = []
     page.on("request", lambda request: None if request.url.startswith((live_server, "data:"))
@@ -63,6 +65,19 @@ def page(browser, live_server: str) -> Iterator[object]:  # type: ignore[no-unty
     page.on("console", lambda message: page.console_errors.append(message.text) if message.type == "error" else None)
     yield page
     context.close()
+
+
+def sign_in(page, secret: str, *, shot: str | None = None) -> None:  # type: ignore[no-untyped-def]
+    """Sign in through the form and wait for the runs list it lands on. (Waiting for the URL would not
+    do: the form is served at `/` too, so the next step could start before the sign-in had landed.)"""
+    response = page.goto("/")
+    assert response.status == 401  # nothing but /healthz answers without a token: the form comes with a 401
+    if shot:
+        screenshot(page, shot)
+    page.fill("#token", secret)
+    page.click("#login-submit")
+    page.wait_for_selector("#runs")
+    page.console_errors.clear()  # the browser logs the login page's own 401
 
 
 def screenshot(page, name: str) -> Path:  # type: ignore[no-untyped-def]

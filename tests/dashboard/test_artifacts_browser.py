@@ -4,8 +4,6 @@ artifact was not stored. The page itself reads only the artifacts' metadata."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, event
@@ -13,10 +11,10 @@ from sqlalchemy.orm import Session
 
 from task_workers.episode.trajectory import ArtifactRecord
 from tests.api.trajectories import SeededRun
-from tests.dashboard.conftest import screenshot
+from tests.dashboard.conftest import screenshot, sign_in
 from tests.support.browser_episode import browser_trajectory, stored_browser_episode
 
-pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install playwright)")
+expect = pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install playwright)").expect
 
 BAD = ArtifactRecord(0, "page", "text/html", b"<script>alert(1)</script>")
 
@@ -26,30 +24,24 @@ def episode_id(db_session: Session) -> int:
     return stored_browser_episode(db_session, run_name="browser-page", trajectory=browser_trajectory(extra=[BAD]))
 
 
-def _log_in(page, token: str) -> None:  # type: ignore[no-untyped-def]
-    assert page.goto("/").status == 401
-    page.fill("#token", token)
-    page.click("#login-submit")
-    page.wait_for_url(re.compile(r"/$"))
-    page.console_errors.clear()  # the browser logs the login page's own 401
-
-
 def _loaded(page, selector: str) -> int:  # type: ignore[no-untyped-def]
-    """Scroll a lazy <img> into view, wait until it has decoded, and give its natural width."""
+    """Scroll a lazy <img> into view, wait until the browser is done with it, and give its natural width
+    (0 for an image that failed to load). Waits go through locator assertions: the page's CSP forbids
+    eval, which `page.wait_for_function` needs once it has to poll."""
     image = page.locator(selector)
     image.scroll_into_view_if_needed()
-    page.wait_for_function("el => el.complete && el.naturalWidth > 0", arg=image.element_handle())
+    expect(image).to_have_js_property("complete", True)
     return int(image.evaluate("el => el.naturalWidth"))
 
 
 def test_a_browser_episode_shows_action_tree_and_screenshot_per_turn(page, token: str, episode_id: int) -> None:  # type: ignore[no-untyped-def]
-    _log_in(page, token)
+    sign_in(page, token)
     page.goto(f"/episodes/{episode_id}")
     page.wait_for_selector("#turn-1")
 
     opening = page.locator("#opening")
     assert opening.locator("img").get_attribute("loading") == "lazy"
-    page.wait_for_function("document.querySelector('#opening details.artifact-text pre').textContent.includes('Goal:')")
+    expect(opening.locator("details.artifact-text pre")).to_contain_text("Goal:")
     assert "[8] button 'Submit'" in opening.locator("details.artifact-text pre").inner_text()
     assert _loaded(page, "#opening .shot img") == 160
 
@@ -63,7 +55,7 @@ def test_a_browser_episode_shows_action_tree_and_screenshot_per_turn(page, token
         assert _loaded(page, f"#turn-{index} .shot img") == 160
 
     note = page.locator("#turn-0 details.artifact-text.note")
-    page.wait_for_function("document.querySelector('#turn-0 details.note pre').textContent.includes('not stored')")
+    expect(note.locator("pre")).to_contain_text("not stored")
     assert "'text/html'" in note.inner_text() and "media type" in note.inner_text()
     screenshot(page, "09-browser-episode")
 

@@ -13,24 +13,13 @@ from sqlalchemy.orm import Session
 
 from core.models import Run
 from tests.api.trajectories import SeededRun
-from tests.dashboard.conftest import screenshot
+from tests.dashboard.conftest import screenshot, sign_in
 
 expect = pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install playwright)").expect
 
 
-def _log_in(page, token: str) -> None:  # type: ignore[no-untyped-def]
-    response = page.goto("/")
-    assert response.status == 401  # nothing but /healthz answers without a token: the form comes with a 401
-    screenshot(page, "01-login")
-    page.fill("#token", token)
-    page.click("#login-submit")
-    page.wait_for_url(re.compile(r"/$"))
-    page.console_errors.clear()  # the browser logs the login page's own 401
-
-
 def test_drill_down_from_the_runs_list_to_a_token(page, token: str, seeded: SeededRun) -> None:  # type: ignore[no-untyped-def]
-    _log_in(page, token)
-    page.wait_for_selector("#runs")
+    sign_in(page, token, shot="01-login")
     screenshot(page, "02-runs")
 
     page.click(f"a.run-link[href='/runs/{seeded.run_id}']")
@@ -74,19 +63,19 @@ def test_drill_down_from_the_runs_list_to_a_token(page, token: str, seeded: Seed
 
 
 def test_a_running_runs_page_refreshes_itself(page, token: str, seeded: SeededRun, db_session: Session) -> None:  # type: ignore[no-untyped-def]
-    _log_in(page, token)
+    sign_in(page, token)
     page.goto(f"/runs/{seeded.run_id}")
     page.wait_for_selector("#chart-reward-env svg")
     db_session.execute(update(Run).where(Run.id == seeded.run_id).values(policy_version=7, status="stopped"))
     db_session.commit()
-    expect(page.locator("#run-version")).to_have_text("7", timeout=20_000)  # polled, not reloaded
+    expect(page.locator("#run-version")).to_have_text("7")  # polled, not reloaded
     expect(page.locator("#run-status .badge")).to_have_text("stopped")
     page.wait_for_selector("#live-note", state="hidden")  # a stopped run is not polled any more
 
 
 def test_a_token_deep_link_opens_the_token_view(page, token: str, seeded: SeededRun) -> None:  # type: ignore[no-untyped-def]
     episode = seeded.episode_ids[0][0]
-    _log_in(page, token)  # a token never travels in a URL (access logs, login CSRF)
+    sign_in(page, token)  # a token never travels in a URL (access logs, login CSRF)
     page.goto(f"/episodes/{episode}#turn-1-token-1")
     page.wait_for_selector("#tokens-1 .tok.selected")
     assert "turn 1 · token 1" in page.locator("#token-detail").inner_text()
@@ -94,7 +83,7 @@ def test_a_token_deep_link_opens_the_token_view(page, token: str, seeded: Seeded
 
 
 def test_episode_search_filters_on_the_server(page, token: str, seeded: SeededRun) -> None:  # type: ignore[no-untyped-def]
-    _log_in(page, token)
+    sign_in(page, token)
     page.goto("/episodes")
     page.fill("#q", "segfault")
     page.click("#episode-filters button[type=submit]")

@@ -11,8 +11,7 @@ from sqlalchemy.orm import Session
 from core.canaries import canary_split
 from core.models import Episode
 from tests import factories
-from tests.dashboard.conftest import screenshot
-from tests.dashboard.test_cost_browser import _log_in
+from tests.dashboard.conftest import screenshot, sign_in
 from tests.trainer.rows import add_group, make_environment, make_run
 from trainer.config import LossConfig
 from trainer.metrics import CANARY_REWARDED, batch_metrics
@@ -50,7 +49,7 @@ def test_the_run_page_charts_the_canary_metrics(  # type: ignore[no-untyped-def]
 ) -> None:
     run_id, rewarded = _steps(db_session, engine)
     assert rewarded == [1, 0]
-    _log_in(page, token)
+    sign_in(page, token)
     page.goto(f"/runs/{run_id}")
     page.wait_for_selector("#chart-training svg path", state="attached")  # a flat line has no height
     options = page.locator("#training-metric option").all_inner_texts()

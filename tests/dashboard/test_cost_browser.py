@@ -5,13 +5,12 @@ figures (tokens, step seconds, FLOP/s, MFU) in a table — the numbers the real 
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 from sqlalchemy.orm import Session
 
-from tests.dashboard.conftest import screenshot
+from tests.dashboard.conftest import screenshot, sign_in
 from tests.trainer.cost_steps import train_steps
 from tests.trainer.rows import make_run
 from trainer import cost
@@ -22,19 +21,11 @@ COLUMNS = [cost.ROLLOUT_S, cost.UPDATE_S, cost.REFERENCE_S, cost.REWARD_S, cost.
            cost.FLOPS_PER_S, cost.MFU]
 
 
-def _log_in(page, token: str) -> None:  # type: ignore[no-untyped-def]
-    page.goto("/")
-    page.fill("#token", token)
-    page.click("#login-submit")
-    page.wait_for_url(re.compile(r"/$"))
-    page.console_errors.clear()  # the browser logs the login page's own 401
-
-
 def test_the_run_page_shows_each_steps_cost_breakdown(  # type: ignore[no-untyped-def]
     page, token: str, db_session: Session, tiny_model_dir: Path, tmp_path: Path,
 ) -> None:
     run_id, rows = train_steps(db_session, model_dir=tiny_model_dir, tmp_path=tmp_path, steps=2, kl_beta=0.1)
-    _log_in(page, token)
+    sign_in(page, token)
     page.goto(f"/runs/{run_id}")
     page.wait_for_selector("#cost-table tbody tr[data-step]")
 
@@ -66,7 +57,7 @@ def test_a_run_without_trained_steps_says_it_has_no_cost_yet(  # type: ignore[no
 ) -> None:
     run = make_run(db_session, model="/models/none")
     db_session.commit()
-    _log_in(page, token)
+    sign_in(page, token)
     page.goto(f"/runs/{run.id}")
     page.wait_for_selector("#cost-table tbody td.empty")
     assert page.locator("#cost-table tbody").inner_text().strip() == "No step has recorded its cost yet."

@@ -7,8 +7,7 @@ import pytest
 from sqlalchemy.orm import Session
 
 from tests.api.test_run_points import long_run
-from tests.dashboard.conftest import screenshot
-from tests.dashboard.test_cost_browser import _log_in
+from tests.dashboard.conftest import screenshot, sign_in
 
 pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install playwright)")
 
@@ -17,7 +16,7 @@ def test_a_long_runs_page_charts_strided_steps_and_says_so(  # type: ignore[no-u
     page, token: str, db_session: Session
 ) -> None:
     run_id = long_run(db_session, first=1, count=2500)  # the page asks for 480 points: stride ceil(2499 / 479) = 6
-    _log_in(page, token)
+    sign_in(page, token)
     page.goto(f"/runs/{run_id}")
     page.wait_for_selector("#chart-reward-env svg path")
     page.wait_for_selector("#chart-training svg path")

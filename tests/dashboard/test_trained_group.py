@@ -7,7 +7,6 @@ tiny model; it stops before publishing to vLLM, which tests/trainer/test_trainin
 
 from __future__ import annotations
 
-import re
 import statistics
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.models import EpisodeGroup, TrainingStep
-from tests.dashboard.conftest import screenshot
+from tests.dashboard.conftest import screenshot, sign_in
 from tests.trainer.rows import add_group, make_environment, make_run
 from trainer import metrics
 from trainer.loop import Trainer
@@ -51,11 +50,7 @@ def test_the_group_page_shows_the_advantages_the_trainer_used(  # type: ignore[n
     assert step.metrics[metrics.ADV_STD] == pytest.approx(statistics.pstdev(used), abs=1e-6)
     assert db_session.get(EpisodeGroup, trained.id).status == "consumed"  # type: ignore[union-attr]
 
-    page.goto("/")
-    page.fill("#token", token)
-    page.click("#login-submit")
-    page.wait_for_url(re.compile(r"/$"))
-    page.console_errors.clear()  # the browser logs the login page's own 401
+    sign_in(page, token)
     page.goto(f"/groups/{trained.id}")
     page.wait_for_selector(".rollouts")
     shown = [float(page.locator(f"#rollout-{index} .advantage b").inner_text()) for index in range(4)]
