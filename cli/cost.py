@@ -9,7 +9,7 @@ ran in parallel, so they may exceed the step's wall-clock), update and reference
 trainer's, reward seconds the grading time of those episodes. FLOPs = 6·N_active·update tokens +
 2·N_active·reference tokens; MFU only where the device's peak is known (null on CPU).
 
-Projection: GPU-hours = target steps × median measured step seconds (cost/step/seconds) × GPUs ÷ 3600.
+Projection: trainer.cost.PROJECTION_FORMULA, printed with it.
 """
 
 from __future__ import annotations
@@ -72,8 +72,7 @@ def _render(view: dict[str, Any], *, last: int) -> None:
 def cost(
     run_id: int = typer.Argument(..., help="Run id."),
     target_steps: int | None = typer.Option(None, "--target-steps", min=1,
-                                            help="Project the GPU-hours of this many steps: target steps × median measured "
-                                                 "step seconds × GPUs ÷ 3600."),
+                                            help="Project the GPU-hours of this many steps (its formula is printed with it)."),
     gpus: int = typer.Option(1, "--gpus", min=1, help="GPUs the run trains on (for the projection)."),
     last: int = typer.Option(20, "--last", min=1, help="Steps shown in the table (totals cover all)."),
     output: OutputFormat = OutputOption,

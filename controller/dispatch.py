@@ -33,7 +33,7 @@ from controller.progress import RunProgress, run_progress
 from controller.runs import ACTIVE_STATUSES, finish_run, get_run
 from core.models import Environment, Episode, EpisodeGroup, Run, Task
 from core.schemas import RunConfig
-from core.termination import EpisodeStatus, GroupStatus, RunStatus
+from core.termination import EpisodeStatus, GroupStatus, RunPurpose, RunStatus
 from environments.spec import Limits
 
 
@@ -66,7 +66,7 @@ class NewGroup:
 def allowance(*, run: Run, config: RunConfig, progress: RunProgress) -> Allowance:
     assert config.max_inflight_groups is not None  # resolved at creation
     room = {"inflight": config.max_inflight_groups - progress.inflight}
-    if run.purpose == "train":  # pass-rate and eval runs are never trained on: no version bound
+    if run.purpose == RunPurpose.TRAIN:  # pass-rate and eval runs are never trained on: no version bound
         # Groups the trainer dropped (zero variance, failed, …) are replaced: they do not count against the
         # version bound, or dynamic sampling would starve the run; a group dropped past the staleness cap
         # is not. They all still count against the budget.
@@ -205,7 +205,7 @@ def complete_run_if_done(session: Session, *, run_id: int) -> bool:
     if run.status not in ACTIVE_STATUSES or config.max_groups is None:
         return False
     progress = run_progress(session, run_id=run_id)
-    outstanding = progress.inflight + (progress.awaiting_trainer if run.purpose == "train" else 0)
+    outstanding = progress.inflight + (progress.awaiting_trainer if run.purpose == RunPurpose.TRAIN else 0)
     if progress.dispatched < config.max_groups or outstanding:
         return False
     finish_run(session, run=run)

@@ -29,6 +29,7 @@ from controller.reconcile import reconcile_run
 from controller.runs import active_run_ids, get_run
 from core.counters import fold_if_long
 from core.db import session_factory
+from core.termination import RunPurpose
 
 logger = logging.getLogger("crucible.controller")
 
@@ -96,7 +97,7 @@ class Controller:
         if dispatched.error:
             report.errors[run_id] = dispatched.error
         if complete_run_if_done(session, run_id=run_id):
-            if get_run(session, run_id=run_id).purpose == "pass_rate":
+            if get_run(session, run_id=run_id).purpose == RunPurpose.PASS_RATE:
                 record_job_pass_rates(session, run_id=run_id)  # same transaction: recorded iff completed
             report.finished.append(run_id)
         session.commit()

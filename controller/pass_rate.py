@@ -29,9 +29,9 @@ from controller.runs import create_run, get_run
 from core.models import Episode, EpisodeGroup, Run, Task
 from core.schemas import EnvironmentShare, RunConfig
 from core.schemas.run import Curriculum, SuccessRule
-from core.termination import EpisodeStatus, TerminationReason
+from core.termination import MEASURED_BUCKETS, Bucket, EpisodeStatus, RunPurpose, TerminationReason
 
-EVERY_TASK = Curriculum(pass_rate_band=(0.0, 1.0), bucket_weights={b: 1.0 for b in ("easy", "medium", "hard", "unknown")})
+EVERY_TASK = Curriculum(pass_rate_band=(0.0, 1.0), bucket_weights=dict.fromkeys(Bucket, 1.0))
 
 
 @dataclass(frozen=True)
@@ -41,10 +41,10 @@ class DifficultyThresholds:
     hard_below: float = 0.3
     """A pass rate below this is hard; between the two, medium."""
 
-    def bucket(self, pass_rate: float) -> str:
+    def bucket(self, pass_rate: float) -> Bucket:
         if pass_rate >= self.easy_at:
-            return "easy"
-        return "hard" if pass_rate < self.hard_below else "medium"
+            return Bucket.EASY
+        return Bucket.HARD if pass_rate < self.hard_below else Bucket.MEDIUM
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def launch_pass_rate_job(
     thresholds = thresholds or DifficultyThresholds()
     default_name = re.sub(r"[^A-Za-z0-9._-]", "-", f"pass-rate-{environment}-{split}")[:110]
     config = RunConfig(
-        name=name or f"{default_name}-{uuid.uuid4().hex[:8]}", model=model, purpose="pass_rate", split=split,
+        name=name or f"{default_name}-{uuid.uuid4().hex[:8]}", model=model, purpose=RunPurpose.PASS_RATE, split=split,
         environments=[EnvironmentShare(name=environment, version=version)], group_size=samples_per_task,
         batch_size=1, max_groups=tasks, max_inflight_groups=min(tasks, max_inflight_groups), curriculum=EVERY_TASK,
     )
@@ -98,7 +98,7 @@ def record_pass_rates(
     """Store pass_rate, pass_rate_samples, pass_rate_policy_version and difficulty on every task the
     pass-rate run sampled. Tasks with no countable episode are left as they were. Flushes."""
     run = get_run(session, run_id=run_id)
-    if run.purpose != "pass_rate":
+    if run.purpose != RunPurpose.PASS_RATE:
         raise InvalidRunState(f"run {run_id} has purpose {run.purpose!r}; expected a 'pass_rate' run")
     running = run_progress(session, run_id=run_id).inflight
     if running:
@@ -111,7 +111,7 @@ def record_pass_rates(
     ]
     session.flush()
     log_event("pass_rate.recorded", run_id=run_id, tasks=len(results),
-              buckets={b: sum(r.difficulty == b for r in results) for b in ("easy", "medium", "hard")})
+              buckets={b: sum(r.difficulty == b for r in results) for b in MEASURED_BUCKETS})
     return results
 
 

@@ -24,8 +24,7 @@ from controller.errors import NoEligibleTask
 from controller.progress import run_environments
 from core.models import Environment, EpisodeGroup, Task
 from core.schemas.run import Curriculum, RunConfig
-
-BUCKETS = ("easy", "medium", "hard", "unknown")
+from core.termination import MEASURED_BUCKETS, Bucket
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,7 @@ class Pick:
 
 def bucket_of() -> ColumnElement[str]:
     """A task's bucket: its difficulty label, or `unknown` when it has none (not measured yet)."""
-    return case((Task.difficulty.in_(BUCKETS[:3]), Task.difficulty), else_=literal("unknown"))
+    return case((Task.difficulty.in_(MEASURED_BUCKETS), Task.difficulty), else_=literal(Bucket.UNKNOWN.value))
 
 
 def _bucket_weights(curriculum: Curriculum) -> dict[str, float]:
@@ -104,7 +103,7 @@ def pick_task(session: Session, *, run_id: int, config: RunConfig, group_index: 
     buckets = eligible_buckets(session, environment_name=environment.name, split=config.split, curriculum=curriculum)
     if not buckets:
         check_eligible(session, environment_name=environment.name, split=config.split, curriculum=curriculum)
-    names = [name for name in BUCKETS if name in buckets]
+    names = [name for name in Bucket if name in buckets]
     weights = [_bucket_weights(curriculum)[name] for name in names]
     bucket = rng.choices(names, weights=weights)[0]
     task_id = _least_used_task(

@@ -118,6 +118,11 @@ class Settings(BaseSettings):
     """Seconds to wait for the database before failing."""
     db_outage_s: Annotated[int, Field(ge=1, le=86400)] = 300
     """Seconds the trainer waits out a lost database (retrying on new connections) before it gives up."""
+    trainer_rank_timeout_s: Annotated[float, Field(gt=0, le=86400, allow_inf_nan=False)] = 600
+    """Seconds a trainer rank waits in a collective for the others (a rank that died is noticed)."""
+    peak_flops: Annotated[float | None, Field(gt=0, allow_inf_nan=False)] = None
+    """The accelerator's peak FLOP/s, for the MFU (`cost/mfu`). Unset: trainer/cost.py's table by device
+    name (none on CPU)."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Logging level for every Crucible process."""
 

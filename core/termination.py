@@ -82,3 +82,28 @@ class RunStatus(StrEnum):
     STOPPED = "stopped"
     COMPLETED = "completed"
     FAILED = "failed"
+
+
+class Bucket(StrEnum):
+    """A task's difficulty bucket: its pass rate under the policy (controller/pass_rate.py), or UNKNOWN
+    while it has none (`tasks.difficulty` NULL). The curriculum weighs dispatch by bucket."""
+
+    EASY = "easy"
+    MEDIUM = "medium"
+    HARD = "hard"
+    UNKNOWN = "unknown"
+
+
+MEASURED_BUCKETS = (Bucket.EASY, Bucket.MEDIUM, Bucket.HARD)
+"""The buckets a pass rate puts a task in (stored in `tasks.difficulty`)."""
+
+
+class RunPurpose(StrEnum):
+    """Why a run exists."""
+
+    TRAIN = "train"
+    """The trainer consumes its groups."""
+    PASS_RATE = "pass_rate"
+    """A filtering job: each task's success rate under a model, never trained on."""
+    EVAL = "eval"
+    """Held-out scoring of a model, never trained on."""

@@ -130,6 +130,9 @@ OpenSandbox = Callable[[], AbstractContextManager[Sandbox]]
 class EnvironmentKind(Protocol):
     """One kind of environment (code_repo, browser, …)."""
 
+    default_weights: dict[str, float]
+    """Each layer's weight when the spec names none (environments.rewards.layer_weights)."""
+
     def __init__(self, spec: EnvironmentSpec) -> None: ...
 
     def tools(self) -> list[dict[str, Any]]:
@@ -142,6 +145,11 @@ class EnvironmentKind(Protocol):
         """Put the task in place in a fresh (or freshly reset) sandbox."""
         ...
 
+    def opening(self, *, sandbox: Sandbox, task: Any, instruction: str) -> Opening | None:
+        """The first user message when the kind builds it from the sandbox after setup (a browser's goal
+        and first page); None: the task's instruction is the first message."""
+        ...
+
     def execute(self, *, sandbox: Sandbox, call: ToolCall, task: Any) -> ToolResult: ...
 
     def verify(self, *, sandbox: Sandbox, task: Any, submitted: bool, open_sandbox: OpenSandbox,
@@ -150,8 +158,3 @@ class EnvironmentKind(Protocol):
         Raises GraderFault only for faults of the machine."""
         ...
 
-
-class OpensEpisodes(Protocol):
-    """A kind whose first message comes from the sandbox after setup (optional; see Opening)."""
-
-    def opening(self, *, sandbox: Sandbox, task: Any, instruction: str) -> Opening: ...

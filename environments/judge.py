@@ -40,6 +40,7 @@ import httpx
 from core.flags import EpisodeFlag
 from core.settings import public_url
 from environments.base import LayerResult, Verdict
+from environments.rewards import FlagPolicy
 from environments.spec import JudgeConfig, VerifierConfig
 
 logger = logging.getLogger(__name__)
@@ -128,11 +129,7 @@ def flag_injection(verdict: Verdict, *, transcript: str, verifier: VerifierConfi
     if not found or EpisodeFlag.JUDGE_INJECTION in verdict.flags:
         return verdict
     logger.info("episode text flagged %s: %s", EpisodeFlag.JUDGE_INJECTION, found[:5])
-    reward = verdict.reward
-    if verifier.flag_policy == "zero":
-        reward = 0.0
-    elif verifier.flag_policy == "penalize" and not verdict.flags:
-        reward -= verifier.flag_penalty
+    reward = FlagPolicy.of(verifier).charge(verdict.reward, [EpisodeFlag.JUDGE_INJECTION], already_flagged=verdict.flags)
     return dataclasses.replace(verdict, reward=reward, flags=sorted({*verdict.flags, EpisodeFlag.JUDGE_INJECTION}))
 
 

@@ -401,10 +401,11 @@ def _eval(procs: Processes, **kwargs: Any) -> tuple[int, float]:
 
     from core.db import session_scope
     from core.models import Run
+    from core.termination import RunPurpose
 
     rate = evaluate(procs, **kwargs)
     with session_scope() as session:
-        run_id = session.execute(select(Run.id).where(Run.purpose == "eval",
+        run_id = session.execute(select(Run.id).where(Run.purpose == RunPurpose.EVAL,
                                                       Run.name.like(f"browser-rl-eval-{kwargs['label']}-%"))
                                  .order_by(Run.id.desc()).limit(1)).scalar_one()
     return int(run_id), rate

@@ -5,7 +5,9 @@
   (the demo, the run page, the seeded store) fails here instead of showing an empty column;
 - the step's timing stages (`trainer.metrics.STAGES`) and the cost stages (`trainer.cost.STAGES`, which
   the run page's script repeats);
-- the trainer's crash points (`trainer.faults.POINTS`): each is passed in a step, none other is named.
+- the trainer's crash points (`trainer.faults.POINTS`): each is passed in a step, none other is named;
+- run purposes and difficulty buckets (`core.termination.RunPurpose`, `Bucket`). The reward rules have
+  their own test (tests/environments/test_rewards.py).
 """
 
 from __future__ import annotations
@@ -116,3 +118,24 @@ def test_an_unknown_timing_stage_is_refused_by_name() -> None:
     assert [metrics.timing_key(stage) for stage in metrics.STAGES] == [f"timing_s/{s}" for s in metrics.STAGES]
     with pytest.raises(ValueError, match="expected one of generate, score"):
         metrics.timing_key("train")
+
+
+SHIPPED = ("api", "cli", "controller", "core", "environments", "sandboxes", "task_workers", "trainer")
+VOCABULARY = {
+    "a run purpose compared as a string (core.termination.RunPurpose)": re.compile(r"purpose\s*[!=]=\s*[\"']"),
+    "a difficulty bucket spelled out (core.termination.Bucket)": re.compile(r"[\"'](?:easy|medium|hard)[\"']"),
+}
+
+
+def test_run_purposes_and_buckets_are_named_by_their_enums() -> None:
+    """RunPurpose and Bucket live beside RunStatus in core/termination.py; the database's CHECK, the
+    launch schema, the API's filters and the controller read them from there, not from a copy."""
+    found = []
+    for folder in SHIPPED:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path == ROOT / "core" / "termination.py":
+                continue
+            text = path.read_text()
+            found += [f"{path.relative_to(ROOT)}: {what}: {match.group(0)}"
+                      for what, pattern in VOCABULARY.items() for match in pattern.finditer(text)]
+    assert found == []

@@ -14,10 +14,11 @@ import math
 import statistics
 from collections import defaultdict
 
+from environments.rewards import ZERO_VARIANCE_SPREAD
 from trainer.config import LossConfig
 from trainer.rollouts import Group, Sample
 
-STD_EPS = 1e-6  # std below this counts as zero variance
+STD_EPS = ZERO_VARIANCE_SPREAD  # a std at most this counts as zero variance (nothing to divide by)
 
 
 def overlong_penalty(sampled_tokens: int, *, max_tokens: int, buffer_tokens: int) -> float:
@@ -40,15 +41,10 @@ def shaped_reward(sample: Sample, *, loss: LossConfig) -> float:
     )
 
 
-def has_variance(scores: list[float]) -> bool:
-    """False for a group whose samples all scored the same: every advantage would be 0 (DAPO drops it)."""
-    return len(scores) >= 2 and max(scores) - min(scores) > STD_EPS
-
-
 def _layer_value(sample: Sample, layer: str, group: Group) -> float:
     """The layer's score as the mix counts it: a flagged sample under `flag_policy: zero` earned nothing
     on any layer (its reward is 0, whatever a layer that still ran reported)."""
-    if sample.flags and group.flag_policy == "zero":
+    if group.flag_policy.zeroes(sample.flags):
         return 0.0
     return sample.components.get(layer, 0.0)
 
@@ -78,8 +74,7 @@ def mix_layers(groups: list[Group]) -> dict[str, dict[str, tuple[float, float]]]
             sample.mixed = {
                 layer: alpha * ((_layer_value(sample, layer, group) - mean) / std if std > STD_EPS else 0.0)
                 for layer, alpha in alphas.items() for mean, std in [layer_stats[layer]]}
-            penalty = group.flag_penalty if sample.flags and group.flag_policy == "penalize" else 0.0
-            sample.score = shaping + sum(sample.mixed.values()) - penalty
+            sample.score = shaping + sum(sample.mixed.values()) - group.flag_policy.penalty_for(sample.flags)
     return stats
 
 

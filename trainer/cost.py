@@ -28,8 +28,6 @@ measured step time, not FLOPs over an assumed MFU.
 
 from __future__ import annotations
 
-import math
-import os
 import statistics
 import time
 from collections.abc import Iterable, Mapping
@@ -39,6 +37,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.models import Episode
+from core.settings import get_settings
 
 if TYPE_CHECKING:  # torch is imported where it is used: the API and CLI read this module's names
     import torch
@@ -78,15 +77,9 @@ def active_parameters(module: torch.nn.Module) -> int:
 
 def peak_flops(device: torch.device | str | None = None) -> float | None:
     """The device's peak FLOP/s, or None when unknown (CPU, or a GPU not in PEAK_FLOPS)."""
-    override = os.environ.get("CRUCIBLE_PEAK_FLOPS")
-    if override:
-        try:
-            value = float(override)
-        except ValueError as error:
-            raise ValueError(f"CRUCIBLE_PEAK_FLOPS: expected a number of FLOP/s, got {override!r}") from error
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError(f"CRUCIBLE_PEAK_FLOPS: expected a positive number, got {override!r}")
-        return value
+    override = get_settings().peak_flops
+    if override is not None:
+        return override
     import torch
 
     device = torch.device(device or "cpu")
@@ -175,8 +168,11 @@ def step_cost(
     }
 
 
+PROJECTION_FORMULA = "GPU-hours = target steps × median measured step seconds (cost/step/seconds) × GPUs ÷ 3600"
+
+
 def gpu_hours(*, step_seconds: list[float], target_steps: int, gpus: int = 1) -> float:
-    """GPU-hours = target steps × median measured step seconds × GPUs ÷ 3600."""
+    """PROJECTION_FORMULA (shown with every projection, by the API and the CLI)."""
     if target_steps < 1:
         raise ValueError(f"target steps: expected a positive integer, got {target_steps}")
     if gpus < 1:

@@ -19,15 +19,12 @@ from typing import Any
 
 import torch
 
+from core.settings import get_settings
 from trainer.config import TrainerConfig
 from trainer.engine import export_weights, warmup_factor
 from trainer.errors import NonFiniteStep
 
 CHECKPOINT_TAG = "zero"
-
-
-RANK_TIMEOUT_ENV = "CRUCIBLE_TRAINER_RANK_TIMEOUT_S"
-"""How long a rank waits in a collective for the others (default 600 s): a rank that died is noticed."""
 
 
 def join_process_group() -> None:
@@ -44,7 +41,7 @@ def join_process_group() -> None:
 
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
                           LOCAL_RANK="0")
-    timeout = datetime.timedelta(seconds=float(os.environ.get(RANK_TIMEOUT_ENV, "600")))
+    timeout = datetime.timedelta(seconds=get_settings().trainer_rank_timeout_s)
     deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl", timeout=timeout)
 
 

@@ -44,7 +44,7 @@ from core.config_files import parse_model
 from core.db import get_engine, lost_connection, session_factory
 from core.errors import ConfigError, CrucibleError
 from core.models import Run, RunEnvironment, TrainingStep
-from core.schemas.run import Curriculum, RunConfig, Sampling
+from core.schemas.run import Curriculum, RunConfig, Sampling, stored_sampling
 from core.settings import get_settings
 from core.termination import DropReason, RunStatus
 from trainer import cost, faults, metrics
@@ -95,8 +95,7 @@ class StepOutcome:
 def run_sampling(run: Run) -> Sampling:
     """The sampling settings episodes were drawn with; ConfigError if the trainer cannot reproduce them
     (a temperature of 0, top_p < 1, top_k, min_p, penalties): its logprobs would not be the sampler's."""
-    raw = run.config.get("sampling", {}) if isinstance(run.config, dict) else {}
-    sampling = parse_model(Sampling, raw, source=f"run {run.id} config.sampling")
+    sampling = stored_sampling(run.config, run_id=run.id)
     if problems := sampling.unreproducible():
         raise ConfigError(f"run {run.id} config.sampling: " + "; ".join(problems))
     return sampling

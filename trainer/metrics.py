@@ -90,7 +90,8 @@ def fixed_names() -> frozenset[str]:
     from trainer import cost
 
     return frozenset(value for module in (globals(), vars(cost)) for key, value in module.items()
-                     if key.isupper() and isinstance(value, str) and "/" in value and not value.endswith("/"))
+                     if key.isupper() and isinstance(value, str) and "/" in value and not value.endswith("/")
+                     and " " not in value)  # a sentence (cost.PROJECTION_FORMULA) is no name
 
 
 def is_metric_name(name: str) -> bool:

@@ -21,7 +21,7 @@ from core.errors import CrucibleError
 from core.models import Environment, Episode, EpisodeGroup, Task, Turn
 from core.termination import EpisodeStatus, TerminationReason
 from core.token_versions import decode
-from environments.spec import VerifierConfig
+from environments.rewards import FlagPolicy, verifier_of, zscore_alphas
 
 ENVIRONMENT = -1
 """The version label of an environment token in `Sample.token_versions` (nothing sampled it)."""
@@ -114,19 +114,16 @@ class Group:
     None: the episode's reward is the score."""
     canary: bool = False
     """A hack canary's group (core/canaries.py): measured, never trained on."""
-    flag_policy: str = "zero"
-    """The environment's `verifier.flag_policy`; `mix: zscore` rebuilds the score from the layers and
-    must charge a flag again (trainer.advantages.mix_layers)."""
-    flag_penalty: float = 0.0
-    """What a flag costs under `flag_policy: penalize` (`verifier.flag_penalty`)."""
+    flag_policy: FlagPolicy = field(default_factory=FlagPolicy)
+    """What a flag costs in the environment (`verifier.flag_policy`, `flag_penalty`): `mix: zscore`
+    rebuilds the score from the layers and must charge a flag again (trainer.advantages.mix_layers)."""
 
 
 @dataclass(frozen=True)
 class _EnvironmentView:
     name: str
     mix: dict[str, float] | None
-    flag_policy: str
-    flag_penalty: float
+    flag_policy: FlagPolicy
 
 
 def _environments(session: Session, ids: set[int]) -> dict[int, _EnvironmentView]:
@@ -135,10 +132,8 @@ def _environments(session: Session, ids: set[int]) -> dict[int, _EnvironmentView
                            .where(Environment.id.in_(ids))).all()
     out: dict[int, _EnvironmentView] = {}
     for env_id, name, spec in rows:
-        verifier = VerifierConfig.model_validate((spec or {}).get("verifier") or {})
-        mix = {k: float(v) for k, v in verifier.weights.items() if v} if verifier.mix == "zscore" else None
-        out[env_id] = _EnvironmentView(name=name, mix=mix, flag_policy=verifier.flag_policy,
-                                       flag_penalty=verifier.flag_penalty)
+        verifier = verifier_of(spec)
+        out[env_id] = _EnvironmentView(name=name, mix=zscore_alphas(verifier), flag_policy=FlagPolicy.of(verifier))
     return out
 
 
@@ -207,8 +202,7 @@ def load_groups(session: Session, groups: list[EpisodeGroup]) -> list[Group]:
         group.id: Group(id=group.id, group_index=group.group_index, environment=environments[group.environment_id].name,
                         policy_version=group.policy_version, mix=environments[group.environment_id].mix,
                         canary=is_canary(splits.get(group.task_id)),
-                        flag_policy=environments[group.environment_id].flag_policy,
-                        flag_penalty=environments[group.environment_id].flag_penalty)
+                        flag_policy=environments[group.environment_id].flag_policy)
         for group in groups
     }
     episodes = list(session.execute(

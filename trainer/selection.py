@@ -29,7 +29,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from core.termination import DropReason, EpisodeStatus
-from trainer.advantages import has_variance, shaped_reward
+from environments.rewards import has_variance
+from trainer.advantages import shaped_reward
 from trainer.config import LossConfig
 from trainer.rollouts import Group, Sample
 

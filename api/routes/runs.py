@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
 
@@ -14,7 +14,7 @@ from api.schemas.runs import RunDetail, RunGrading, RunMetrics, RunPublic, RunsP
 from api.services import run_charts, run_grading, run_staleness, run_stats, runs
 from core.models import Run
 from core.schemas import RunConfig
-from core.termination import RunStatus
+from core.termination import RunPurpose, RunStatus
 
 MaxPoints = Annotated[int, Query(
     ge=2, le=run_charts.MAX_POINTS,
@@ -34,7 +34,7 @@ def launch_run(config: RunConfig, session: SessionDep) -> Run:
 
 @router.get("", response_model=RunsPublic)
 def list_runs(
-    session: SessionDep, status: RunStatus | None = None, purpose: Literal["train", "pass_rate", "eval"] | None = None,
+    session: SessionDep, status: RunStatus | None = None, purpose: RunPurpose | None = None,
     cursor: Cursor = None, limit: Limit = DEFAULT_LIMIT,
 ) -> dict[str, Any]:
     """Runs, newest first."""

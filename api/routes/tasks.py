@@ -17,6 +17,7 @@ from api.params import EnvironmentName, OptionalName, TaskId
 from api.schemas.common import ERROR_RESPONSES
 from api.schemas.tasks import TaskPublic, TasksImported, TasksPublic
 from api.services import tasks
+from core.termination import Bucket
 
 router = APIRouter(tags=["tasks"], dependencies=[Depends(current_token)], responses=ERROR_RESPONSES)
 
@@ -73,7 +74,7 @@ async def upload_tasks(
 @router.get("/v1/tasks", response_model=TasksPublic)
 def list_tasks(
     session: SessionDep, environment: OptionalName = None, split: OptionalName = None,
-    difficulty: Literal["easy", "medium", "hard"] | None = None, cursor: Cursor = None, limit: Limit = DEFAULT_LIMIT,
+    difficulty: Bucket | None = None, cursor: Cursor = None, limit: Limit = DEFAULT_LIMIT,
 ) -> dict[str, Any]:
     """Task summaries (no payloads), oldest first."""
     data, next_cursor = tasks.list_tasks(session, environment=environment, split=split, difficulty=difficulty,

@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from core.termination import RunPurpose
+
 
 class RunPublic(BaseModel):
     model_config = ConfigDict(from_attributes=True)
@@ -14,7 +16,7 @@ class RunPublic(BaseModel):
     id: int
     name: str
     status: str
-    purpose: str
+    purpose: RunPurpose
     model: str
     mode: str
     group_size: int

@@ -21,6 +21,7 @@ from core import archive
 from core.errors import NotFound
 from core.models import Environment, Episode, EpisodeGroup, Task, Turn
 from core.termination import GroupStatus
+from environments.rewards import ZERO_VARIANCE_SPREAD
 
 PREVIEW_CHARS = 240
 GROUP_COLUMNS = (
@@ -32,7 +33,8 @@ GROUP_COLUMNS = (
 
 
 def _reward_stats(session: Session, group_ids: list[int]) -> dict[int, tuple[int, float | None, float | None, bool]]:
-    """group id → (rewarded episodes, mean, population std, all rewards equal)."""
+    """group id → (rewarded episodes, mean, population std, all rewards equal: no more apart than the
+    trainer's zero-variance spread)."""
     if not group_ids:
         return {}
     query = (
@@ -40,7 +42,7 @@ def _reward_stats(session: Session, group_ids: list[int]) -> dict[int, tuple[int
                func.max(Episode.reward) - func.min(Episode.reward))
         .where(Episode.group_id.in_(group_ids)).group_by(Episode.group_id)
     )
-    return {gid: (n, mean, std, spread is not None and spread <= 1e-12) for gid, n, mean, std, spread in session.execute(query)}
+    return {gid: (n, mean, std, spread is not None and spread <= ZERO_VARIANCE_SPREAD) for gid, n, mean, std, spread in session.execute(query)}
 
 
 def _with_stats(row: dict[str, Any], stats: tuple[int, float | None, float | None, bool] | None) -> dict[str, Any]:

@@ -25,7 +25,6 @@ STAGE_KEYS = {
     "reward": (cost.REWARD_S, cost.REWARD_EPISODES),
 }
 """Stage → (seconds key, work key); the reward's work is episodes graded, the others' tokens."""
-PROJECTION_FORMULA = "GPU-hours = target steps × median measured step seconds (cost/step/seconds) × GPUs ÷ 3600"
 
 
 def _number(metrics: dict[str, Any], key: str) -> float | None:
@@ -74,7 +73,7 @@ def run_cost(session: Session, *, run_id: int, target_steps: int | None = None, 
         "projection": None,
     }
     if target_steps is not None and step_seconds:
-        view["projection"] = {"target_steps": target_steps, "gpus": gpus, "formula": PROJECTION_FORMULA,
+        view["projection"] = {"target_steps": target_steps, "gpus": gpus, "formula": cost.PROJECTION_FORMULA,
                               "gpu_hours": cost.gpu_hours(step_seconds=step_seconds, target_steps=target_steps,
                                                           gpus=gpus)}
     return view

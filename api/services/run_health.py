@@ -14,7 +14,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from core.models import EpisodeGroup, Run
-from core.termination import GroupStatus, RunStatus
+from core.termination import GroupStatus, RunPurpose, RunStatus
 from trainer.store import LOCK_NAMESPACE
 
 
@@ -30,7 +30,7 @@ def trainer_attached(session: Session, *, run_id: int) -> bool:
 
 def waiting_for_trainer(session: Session, *, run: Run) -> str | None:
     """A note when the run's complete groups wait for a trainer that is not running, else None."""
-    if run.purpose != "train" or run.status != RunStatus.RUNNING:
+    if run.purpose != RunPurpose.TRAIN or run.status != RunStatus.RUNNING:
         return None
     complete = session.scalar(
         select(func.count()).where(EpisodeGroup.run_id == run.id, EpisodeGroup.status == GroupStatus.COMPLETE)

@@ -12,6 +12,7 @@ from api.pagination import decode_cursor, page
 from core.errors import ConfigError, NotFound
 from core.models import Task
 from core.settings import get_settings
+from core.termination import Bucket
 from environments.tasks import TaskFormat, import_uploaded
 
 ELIDE_OVER = 2000
@@ -40,9 +41,13 @@ def list_tasks(
 ) -> tuple[list[Task], str | None]:
     after = decode_cursor(cursor, types=[int])
     query = select(Task).order_by(Task.id)
-    for column, value in ((Task.environment_name, environment), (Task.split, split), (Task.difficulty, difficulty)):
+    for column, value in ((Task.environment_name, environment), (Task.split, split)):
         if value is not None:
             query = query.where(column == value)
+    if difficulty == Bucket.UNKNOWN:  # not measured yet
+        query = query.where(Task.difficulty.is_(None))
+    elif difficulty is not None:
+        query = query.where(Task.difficulty == difficulty)
     if after is not None:
         query = query.where(Task.id > after[0])
     rows = list(session.execute(query.limit(limit + 1)).scalars())

@@ -7,6 +7,9 @@ from sqlalchemy import CheckConstraint, DateTime, Float, ForeignKey, Integer, St
 from sqlalchemy.orm import Mapped, mapped_column
 
 from core.models.base import Base, created_at_column
+from core.termination import RunPurpose
+
+_PURPOSES = ", ".join(f"'{purpose.value}'" for purpose in RunPurpose)
 
 
 class Run(Base):
@@ -18,14 +21,14 @@ class Run(Base):
         CheckConstraint("batch_size >= 1", name="batch_size_positive"),
         CheckConstraint("max_staleness >= 0", name="max_staleness_nonnegative"),
         CheckConstraint("mode IN ('sync', 'async')", name="mode_known"),
-        CheckConstraint("purpose IN ('train', 'pass_rate', 'eval')", name="purpose_known"),
+        CheckConstraint(f"purpose IN ({_PURPOSES})", name="purpose_known"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(128), unique=True)
     status: Mapped[str] = mapped_column(String(16), default="pending", index=True)
-    purpose: Mapped[str] = mapped_column(String(16), default="train", server_default="train")
-    """train (the trainer consumes it), pass_rate (a filtering job) or eval (held-out scoring)."""
+    purpose: Mapped[str] = mapped_column(String(16), default=RunPurpose.TRAIN, server_default=RunPurpose.TRAIN.value)
+    """core.termination.RunPurpose: train, pass_rate or eval."""
     model: Mapped[str] = mapped_column(Text)
     mode: Mapped[str] = mapped_column(String(8), default="async")
     group_size: Mapped[int] = mapped_column(Integer)

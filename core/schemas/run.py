@@ -6,7 +6,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from core.config_files import parse_model
 from core.schemas.trainer import TrainerConfig
+from core.termination import Bucket, RunPurpose
 
 
 class EnvironmentShare(BaseModel):
@@ -20,8 +22,6 @@ class EnvironmentShare(BaseModel):
     """Share of the groups dispatched for this environment."""
 
 
-Bucket = Literal["easy", "medium", "hard", "unknown"]
-BUCKETS: tuple[Bucket, ...] = ("easy", "medium", "hard", "unknown")
 
 
 class SuccessRule(BaseModel):
@@ -44,7 +44,7 @@ class Curriculum(BaseModel):
 
     pass_rate_band: tuple[float, float] = (0.1, 0.9)
     """Tasks whose measured pass rate lies outside [low, high] are not trained on."""
-    bucket_weights: dict[Bucket, float] = Field(default_factory=lambda: dict.fromkeys(BUCKETS, 1.0))
+    bucket_weights: dict[Bucket, float] = Field(default_factory=lambda: dict.fromkeys(Bucket, 1.0))
     """Relative chance of drawing a task from each difficulty bucket."""
     pass_rate_update: float = Field(default=0.2, ge=0.0, le=1.0)
     """Weight of each group the trainer examines in its task's pass rate (exponential moving average),
@@ -104,7 +104,7 @@ class RunConfig(BaseModel):
     model: str = Field(min_length=1)
     """The policy model directory (or served model name)."""
     environments: list[EnvironmentShare] = Field(min_length=1)
-    purpose: Literal["train", "pass_rate", "eval"] = "train"
+    purpose: RunPurpose = RunPurpose.TRAIN
     split: str = "train"
     """Which task split episodes are drawn from."""
     group_size: int = Field(default=8, ge=1, le=1024)
@@ -143,7 +143,7 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _training_samples_what_the_trainer_reproduces(self) -> RunConfig:
-        if self.purpose == "train" and (problems := self.sampling.unreproducible()):
+        if self.purpose == RunPurpose.TRAIN and (problems := self.sampling.unreproducible()):
             raise ValueError("sampling." + "; sampling.".join(problems))
         return self
 
@@ -151,3 +151,10 @@ class RunConfig(BaseModel):
     def staleness_bound(self) -> int:
         """sync mode is async with no staleness: the next batch waits for the weights of this one."""
         return 0 if self.mode == "sync" else self.max_staleness
+
+
+def stored_sampling(config: Any, *, run_id: int) -> Sampling:
+    """A stored run's sampling settings (`runs.config["sampling"]`, validated at launch), parsed again,
+    never read raw: ConfigError naming the field if the row was changed since."""
+    raw = config.get("sampling", {}) if isinstance(config, dict) else {}
+    return parse_model(Sampling, raw, source=f"run {run_id} config.sampling")

@@ -41,6 +41,7 @@ from environments.base import (
 )
 from environments.browser.sandbox.sites import site_module
 from environments.browser.task import BrowserTask
+from environments.rewards import layer_weights, weighted_sum
 from environments.spec import BrowserSettings, EnvironmentSpec
 from sandboxes.errors import ActionRefused
 
@@ -77,6 +78,8 @@ TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
 
 class BrowserKind:
     name = "browser"
+    default_weights = {"page": 1.0, "site_state": 1.0}
+    """A MiniWoB++ page's raw reward (`page`) or a site's state check (`site_state`): a task has one of them."""
 
     def __init__(self, spec: EnvironmentSpec) -> None:
         self.spec = spec
@@ -160,13 +163,11 @@ class BrowserKind:
             detail = (f"the page ended the task: raw reward {raw:g}" + (f" ({state.get('reason')})"
                       if state.get("reason") else "")) if done else "the page did not end the task"
             layers = [LayerResult("page", raw, done and raw > 0, detail)]
-            default = {"page": 1.0}
         else:
             score, reason = site_module(str(task.site)).verify(task.check, state.get("site") or {})
             layers = [LayerResult("site_state", float(score), score >= 1.0, str(reason)[:2000])]
-            default = {"site_state": 1.0}
-        weights = self.spec.verifier.weights or default
-        return Verdict(reward=sum(weights.get(layer.name, 0.0) * layer.score for layer in layers), layers=layers)
+        weights = layer_weights(self.spec.verifier, defaults=self.default_weights)
+        return Verdict(reward=weighted_sum(layers, weights), layers=layers)
 
 
 def _page_text(page: dict[str, Any]) -> str:

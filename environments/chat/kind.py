@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from environments.base import LayerResult, OpenSandbox, Sandbox, ToolCall, ToolResult, Verdict
+from environments.rewards import layer_weights, weighted_sum
 from environments.spec import EnvironmentSpec
 
 SYSTEM_PROMPT = "You are a helpful assistant. Answer the user with the reply tool, one message at a time."
@@ -49,8 +50,9 @@ def _error(message: str) -> ToolResult:
 
 class ChatKind:
     name = "chat"
-    default_learned_weight = 1.0
-    """The judge's and the reward model's layers are the reward unless `verifier.weights` says otherwise."""
+    default_weights = {"judge": 1.0, "reward_model": 1.0}
+    """The judge's and the reward model's layers are the reward unless `verifier.weights` says otherwise
+    (the `dialogue` layer records how far the dialogue got)."""
 
     def __init__(self, spec: EnvironmentSpec) -> None:
         self.spec = spec
@@ -68,6 +70,10 @@ class ChatKind:
 
     def setup(self, *, sandbox: Sandbox, task: ChatTask) -> None:
         self._replies[id(task)] = 0
+
+    def opening(self, *, sandbox: Sandbox, task: ChatTask, instruction: str) -> None:
+        """The task's instruction is the first message."""
+        return None
 
     def execute(self, *, sandbox: Sandbox, call: ToolCall, task: ChatTask) -> ToolResult:
         if call.name != "reply":
@@ -89,6 +95,7 @@ class ChatKind:
         """No reward of its own: a layer that records how far the dialogue got (the judge scores it)."""
         replies = sum(1 for call in actions if call.name == "reply")
         wanted = len(task.follow_ups) + 1
-        return Verdict(reward=0.0, layers=[LayerResult(
-            "dialogue", 1.0 if submitted else 0.0, submitted,
-            f"{min(replies, wanted)} of {wanted} replies" + ("" if submitted else "; the dialogue did not finish"))])
+        layers = [LayerResult("dialogue", 1.0 if submitted else 0.0, submitted,
+                              f"{min(replies, wanted)} of {wanted} replies" + ("" if submitted else "; the dialogue did not finish"))]
+        return Verdict(reward=weighted_sum(layers, layer_weights(self.spec.verifier, defaults=self.default_weights)),
+                       layers=layers)

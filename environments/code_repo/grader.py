@@ -34,10 +34,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-import io
 import json
 import secrets
-import tarfile
 from dataclasses import dataclass, field
 
 from core.errors import CrucibleError
@@ -47,6 +45,7 @@ from environments.code_repo.blinding import Key, observations_of
 from environments.code_repo.observations import MAX_OBSERVATIONS, OBSERVER
 from environments.code_repo.repo import WORKSPACE, SetupError, SubmissionError
 from environments.code_repo.task import TestSpec
+from sandboxes.files import pack_files
 
 ENTRY_POINT = r'''"""Crucible's grader: pytest with a per-test report (argv: run.py REPORT_FD PYTEST_ARGS...).
 Written by the grader's keeper uid, read-only to the tests. REPORT_FD is a pipe inherited from the
@@ -293,17 +292,6 @@ class RawRun:
     """The must-pass and the must-fail test function names (random, nothing tells them apart)."""
 
 
-def _pack(files: dict[str, str]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o644
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
 def _ini(spec: TestSpec) -> str:
     paths = " ".join(f"{WORKSPACE}/{path}".rstrip("/.") or WORKSPACE for path in spec.pythonpath)
     return f"[pytest]\naddopts =\npythonpath = {paths}\n"
@@ -325,7 +313,7 @@ def _pytest(sandbox: Sandbox, spec: TestSpec, *, extra: list[str]) -> RawRun:
     nonce = secrets.token_hex(8)
     directory = f"/tmp/crucible-grader-{nonce}"
     prepared = sandbox.exec(["bash", "-c", _PREPARE, "prepare", directory], as_keeper=True, timeout_s=60,
-                            stdin=_pack({"run.py": ENTRY_POINT, "pytest.ini": _ini(spec)}))
+                            stdin=pack_files({"run.py": ENTRY_POINT.encode(), "pytest.ini": _ini(spec).encode()}, uid=0, gid=0))
     if prepared.exit_code != 0:
         raise SetupError(f"grader: expected to prepare {directory}, got exit {prepared.exit_code}")
     passing, failing = f"test_{secrets.token_hex(6)}", f"test_{secrets.token_hex(6)}"

@@ -22,6 +22,7 @@ SYSTEM_PROMPT = (
 
 class CodeRepoKind:
     name = "code_repo"
+    default_weights = verifier.DEFAULT_WEIGHTS
 
     def __init__(self, spec: EnvironmentSpec) -> None:
         self.spec = spec
@@ -37,6 +38,10 @@ class CodeRepoKind:
     @staticmethod
     def parse_task(payload: dict[str, Any]) -> CodeRepoTask:
         return CodeRepoTask.model_validate(payload)
+
+    def opening(self, *, sandbox: Sandbox, task: CodeRepoTask, instruction: str) -> None:
+        """The task's instruction is the first message."""
+        return None
 
     def setup(self, *, sandbox: Sandbox, task: CodeRepoTask) -> None:
         # The base commit id is recorded here, outside the sandbox: grading diffs against it, never

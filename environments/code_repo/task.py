@@ -15,9 +15,10 @@ __all__ = ["BUNDLE_REF", "DEFAULT_PROTECTED", "CodeRepoTask", "RepoSnapshot", "S
 # What an agent may not change, as globs: a glob without "/" matches a file's name at any depth, one
 # with "/" matches the whole path ("*" crosses directories). A spec's `verifier.protected_paths`
 # replaces this list; a task's `protected_paths` adds to it.
+TEST_FILES = ["test_*.py", "*_test.py", "tests/*", "test/*", "*/tests/*", "*/test/*", "conftest.py"]
+"""Tests and their fixtures: protected by default, and not library code to the hack monitors."""
 DEFAULT_PROTECTED = [
-    # tests and their fixtures
-    "test_*.py", "*_test.py", "tests/*", "test/*", "*/tests/*", "*/test/*", "conftest.py",
+    *TEST_FILES,
     # the test runner's configuration and what stands in for the runner or the interpreter's start-up
     "pytest.ini", ".pytest.ini", "tox.ini", "noxfile.py", "pytest.py", "pytest/*", "_pytest/*", "*/_pytest/*",
     "unittest.py", "unittest/*", "sitecustomize.py", "usercustomize.py", "*.pth",

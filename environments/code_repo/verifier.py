@@ -49,6 +49,7 @@ from environments.code_repo.repo import (
     staged_diff,
 )
 from environments.code_repo.task import DEFAULT_PROTECTED, CodeRepoTask, TestSpec
+from environments.rewards import FlagPolicy, layer_weights, weighted_sum
 from environments.spec import VerifierConfig
 
 DEFAULT_WEIGHTS = {"rules": 0.0, "public_tests": 0.0, "hidden_tests": 1.0}
@@ -85,7 +86,7 @@ def _verify(*, sandbox: Sandbox, task: CodeRepoTask, base: str, submitted: bool,
             findings.add(EpisodeFlag.GIT_HISTORY_REWRITTEN, "; ".join(git.problems))
         rules = _rules(submitted=submitted, diff=diff, findings=findings, started=started)
         layers = [rules]
-        run_layers = rules.passed or (config.flag_policy != "zero" and submitted and bool(diff.strip()))
+        run_layers = rules.passed or (FlagPolicy.of(config).name != "zero" and submitted and bool(diff.strip()))
         if public is not None:
             layers.append(_layer(grader, public, "public_tests", findings, changed) if run_layers
                           else _not_run("public_tests"))
@@ -97,13 +98,8 @@ def _verify(*, sandbox: Sandbox, task: CodeRepoTask, base: str, submitted: bool,
                                   changed=changed, key=key, unblinded=why))
     else:
         layers.append(_not_run("hidden_tests"))
-    weights = {**DEFAULT_WEIGHTS, **config.weights} if config.weights else DEFAULT_WEIGHTS
-    reward = sum(weights.get(layer.name, 0.0) * layer.score for layer in layers)
     flags = sorted(flag.value for flag in findings.flags)
-    if flags and config.flag_policy == "zero":
-        reward = 0.0
-    elif flags and config.flag_policy == "penalize":
-        reward -= config.flag_penalty
+    reward = FlagPolicy.of(config).charge(weighted_sum(layers, layer_weights(config, defaults=DEFAULT_WEIGHTS)), flags)
     return Verdict(reward=reward, layers=layers, diff=diff.decode(errors="replace"), flags=flags)
 
 

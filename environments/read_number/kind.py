@@ -19,6 +19,7 @@ from typing import Any
 
 from environments.base import LayerResult, OpenSandbox, Sandbox, ToolCall, ToolResult, Verdict
 from environments.read_number.task import ReadNumberTask
+from environments.rewards import layer_weights, weighted_sum
 from environments.spec import EnvironmentSpec
 
 WORKSPACE = "/workspace"
@@ -39,6 +40,7 @@ def _error(message: str) -> ToolResult:
 
 class ReadNumberKind:
     name = "read_number"
+    default_weights = {"answer": 1.0}
 
     def __init__(self, spec: EnvironmentSpec) -> None:
         self.spec = spec
@@ -55,6 +57,10 @@ class ReadNumberKind:
 
     def setup(self, *, sandbox: Sandbox, task: ReadNumberTask) -> None:
         sandbox.put_files({f"{WORKSPACE}/{task.path}": f"{task.number}\n".encode()})
+
+    def opening(self, *, sandbox: Sandbox, task: ReadNumberTask, instruction: str) -> None:
+        """The task's instruction is the first message."""
+        return None
 
     def execute(self, *, sandbox: Sandbox, call: ToolCall, task: ReadNumberTask) -> ToolResult:
         if call.name == "bash":
@@ -81,5 +87,5 @@ class ReadNumberKind:
             LayerResult("submitted", 1.0 if submitted else 0.0, submitted, "" if submitted else "no submission"),
             LayerResult("answer", 1.0 if correct else 0.0, correct, f"expected {task.number}, got {answer[:40]!r}"),
         ]
-        weights = self.spec.verifier.weights or {"answer": 1.0}
-        return Verdict(reward=sum(weights.get(layer.name, 0.0) * layer.score for layer in layers), layers=layers)
+        weights = layer_weights(self.spec.verifier, defaults=self.default_weights)
+        return Verdict(reward=weighted_sum(layers, weights), layers=layers)

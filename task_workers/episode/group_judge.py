@@ -36,10 +36,11 @@ from core.termination import EpisodeStatus, GroupStatus, TerminationReason
 from environments.base import LayerResult
 from environments.judge import LAYER, Judge, LearnedRewardUnavailable, transcript_of
 from environments.pairwise import Contender, judge_group
+from environments.rewards import FlagPolicy, spec_weights
 from environments.service import spec_of
 from environments.spec import EnvironmentSpec
 from task_workers.episode.errors import JudgeFault
-from task_workers.episode.persist import layer_record, learned_weight
+from task_workers.episode.persist import layer_record
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ def _finished_group(session: Session, group_id: int) -> _Finished | None:
     for episode in episodes:
         if episode.status != EpisodeStatus.COMPLETED:
             continue  # failed (an infrastructure fault) or cancelled: no outcome to compare, never trained on
-        if episode.flags and spec.verifier.flag_policy == "zero":
+        if FlagPolicy.of(spec.verifier).zeroes(episode.flags):
             skipped[episode.id] = "a hack monitor flagged the episode"
         elif not TerminationReason(episode.termination_reason or TerminationReason.CANCELLED).is_trainable:
             skipped[episode.id] = f"the episode ended {episode.termination_reason} (not trained on)"
@@ -205,7 +206,7 @@ def _store(session: Session, finished: _Finished, layers: dict[int, LayerResult]
                             .with_for_update()).scalar_one()
     if group.status != GroupStatus.RUNNING:  # judged meanwhile (a lock taken after ours was released)
         return False
-    weight = learned_weight(finished.spec, LAYER)
+    weight = spec_weights(finished.spec).get(LAYER, 0.0)
     episodes = session.execute(select(Episode).where(Episode.id.in_(layers)).with_for_update()).scalars()
     for episode in episodes:
         if any(stored["name"] == LAYER for stored in episode.verifier_layers):  # never two judge layers

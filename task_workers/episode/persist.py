@@ -13,8 +13,6 @@ from core.models import Episode, EpisodeArtifact, EpisodeGroup, Turn
 from core.termination import EpisodeStatus, GroupStatus, TerminationReason
 from environments.base import LayerResult, Verdict
 from environments.pairwise import pairwise_environments
-from environments.registry import get_kind
-from environments.spec import EnvironmentSpec
 from task_workers.episode.artifacts import screen_artifacts
 from task_workers.episode.trajectory import Trajectory
 
@@ -98,12 +96,6 @@ def store_episode(
     session.flush()
     _mark_group_if_complete(session, episode.group_id)
     return True
-
-
-def learned_weight(spec: EnvironmentSpec, layer: str) -> float:
-    """A learned layer's weight in the reward (the judge's, pointwise or pairwise, or the reward model's):
-    `verifier.weights.<layer>`, else the kind's default (1 for chat, 0 elsewhere)."""
-    return spec.verifier.weights.get(layer, getattr(get_kind(spec.kind), "default_learned_weight", 0.0))
 
 
 def _layers(verdict: Verdict | None) -> list[dict[str, Any]]:

@@ -21,26 +21,26 @@ from typing import Any, Protocol
 from sqlalchemy import select
 
 from core.canaries import canary_score, is_canary
-from core.config_files import parse_model
 from core.db import session_scope
 from core.episode_text import render_turns
 from core.errors import CrucibleError
 from core.flags import EpisodeFlag
 from core.models import Environment, Episode, Task
-from core.schemas.run import Sampling
-from core.termination import TerminationReason
+from core.schemas.run import Sampling, stored_sampling
+from core.termination import RunPurpose, TerminationReason
 from environments.base import Artifact, GraderFault, LayerResult, Sandbox, ToolCall, Verdict
 from environments.judge import LAYER as JUDGE_LAYER
 from environments.judge import Judge, LearnedRewardUnavailable, flag_injection, transcript_of
 from environments.registry import get_kind
 from environments.reward_model_layer import LAYER as RM_LAYER
 from environments.reward_model_layer import score_episode
+from environments.rewards import FlagPolicy, spec_weights, weighted_sum
 from environments.service import spec_of
 from environments.spec import EnvironmentSpec, JudgeConfig
 from task_workers.episode.errors import JudgeFault, SandboxFault
 from task_workers.episode.group_judge import group_of, judge_finished_group
 from task_workers.episode.loop import LoopContext, initial_prompt, run_agent_loop
-from task_workers.episode.persist import Unscored, claim_episode, learned_weight, store_episode
+from task_workers.episode.persist import Unscored, claim_episode, store_episode
 from task_workers.episode.trajectory import ArtifactRecord, Trajectory
 from task_workers.policy.client import PolicyClient
 from task_workers.policy.pool import PolicyPool
@@ -102,8 +102,7 @@ def _run_sampling(session: Any, episode: Episode) -> tuple[Sampling, bool]:
     from core.models import Run
 
     config, purpose = session.execute(select(Run.config, Run.purpose).where(Run.id == episode.run_id)).one()
-    raw = config.get("sampling", {}) if isinstance(config, dict) else {}
-    return parse_model(Sampling, raw, source=f"run {episode.run_id} config.sampling"), purpose == "train"
+    return stored_sampling(config, run_id=episode.run_id), purpose == RunPurpose.TRAIN
 
 
 def run_episode(
@@ -136,11 +135,11 @@ def run_episode(
         set_up = time.monotonic()
         instruction = loaded.instruction
         opening_artifacts: tuple[Artifact, ...] = ()
-        if hasattr(kind, "opening"):  # the first message comes from the sandbox (a browser's first page)
-            try:
-                opening = kind.opening(sandbox=sandbox, task=task, instruction=loaded.instruction)
-            except (RuntimeError, CrucibleError) as error:
-                raise SandboxFault(f"the first observation failed: {error}") from error
+        try:  # a browser's first message comes from its sandbox (the goal and the first page)
+            opening = kind.opening(sandbox=sandbox, task=task, instruction=loaded.instruction)
+        except (RuntimeError, CrucibleError) as error:
+            raise SandboxFault(f"the first observation failed: {error}") from error
+        if opening is not None:
             instruction, opening_artifacts = opening.text, opening.artifacts
         ctx = LoopContext(kind=kind, task=task, sandbox=sandbox, policy=episode_policy, limits=loaded.spec.limits,
                           sampling=loaded.sampling, tool_parser=loaded.spec.tool_parser,
@@ -181,14 +180,14 @@ def run_episode(
 
 def _learned(loaded: _Loaded, trajectory: Trajectory, verdict: Verdict) -> Verdict:
     """The verdict with the learned layers the spec names added — the judge's, the reward model's — each
-    score counted with persist.learned_weight (`verifier.weights.<layer>`, else the kind's default). An
+    score counted with its weight (environments.rewards.spec_weights: the spec's, else the kind's). An
     episode a hack monitor zeroed is sent to neither (nothing they say could count). A server that does
     not answer (after its client's retries, with back-off) is JudgeFault, never a zero reward: the caller
     keeps the episode unscored (judge_error)."""
     verifier = loaded.spec.verifier
     judge_config = _pointwise_judge(loaded.spec)  # a pairwise judge scores the group once it has ended
     names = [name for name, config in ((JUDGE_LAYER, judge_config), (RM_LAYER, verifier.reward_model)) if config]
-    if verdict.flags and verifier.flag_policy == "zero":
+    if FlagPolicy.of(verifier).zeroes(verdict.flags):
         skipped = [LayerResult(name=name, score=0.0, passed=False, detail="not run: a hack monitor flagged the episode")
                    for name in names]
         return dataclasses.replace(verdict, layers=[*verdict.layers, *skipped])
@@ -205,7 +204,7 @@ def _learned(loaded: _Loaded, trajectory: Trajectory, verdict: Verdict) -> Verdi
             layers.append(score_episode(verifier.reward_model, prompt=loaded.instruction, response=response))
     except LearnedRewardUnavailable as error:
         raise JudgeFault(str(error)) from error
-    reward = verdict.reward + sum(learned_weight(loaded.spec, layer.name) * layer.score for layer in layers)
+    reward = verdict.reward + weighted_sum(layers, spec_weights(loaded.spec))
     return dataclasses.replace(verdict, reward=reward, layers=[*verdict.layers, *layers])
 
 

@@ -8,6 +8,7 @@ the model's own parameters — never against the trainer's numbers."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,10 +17,20 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from core.errors import ConfigError
 from core.models import Episode, EpisodeGroup, Turn
+from core.settings import get_settings
 from tests.trainer.cost_steps import train_steps
 from trainer import cost
 from trainer.rollouts import Sample
+
+
+@pytest.fixture(autouse=True)
+def _fresh_settings() -> Iterator[None]:
+    """CRUCIBLE_PEAK_FLOPS is a setting: read afresh in each test, and not left cached for the next."""
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
 
 
 def _counted(session: Session, *, run_id: int, step: int) -> dict[str, float]:
@@ -82,7 +93,7 @@ def test_mfu_is_reported_against_a_known_peak(
 @pytest.mark.parametrize("value", ["fast", "0", "-1e12", "nan"])
 def test_a_bad_peak_override_is_refused_naming_it(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     monkeypatch.setenv("CRUCIBLE_PEAK_FLOPS", value)
-    with pytest.raises(ValueError, match="CRUCIBLE_PEAK_FLOPS: expected a"):
+    with pytest.raises(ConfigError, match=f"CRUCIBLE_PEAK_FLOPS: .*, got '{value}'"):
         cost.peak_flops("cpu")
 
 

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from transformers import AutoModelForCausalLM
 
 from core.schemas.run import SuccessRule
+from environments.rewards import FlagPolicy
 from tests.trainer.rows import make_environment
 from trainer import step as step_module
 from trainer.advantages import assign_advantages, mix_layers
@@ -40,7 +41,7 @@ def test_a_flag_still_costs_under_zscore_mixing(policy: str) -> None:
     flagged = _sample(2, layers=layers, flags=("forged_exit",), reward=1.8 - penalty if policy == "penalize" else 0.0)
     failing = _sample(3, layers={"hidden_tests": 0.0, "judge": 0.2}, reward=0.2)
     group = Group(id=0, group_index=0, environment="code", policy_version=0, samples=[honest, flagged, failing],
-                  mix={"hidden_tests": 0.5, "judge": 0.5}, flag_policy=policy, flag_penalty=penalty)
+                  mix={"hidden_tests": 0.5, "judge": 0.5}, flag_policy=FlagPolicy(policy, penalty))
     mix_layers([group])
     assign_advantages([group], scale_by_std=False)
     assert flagged.advantage < honest.advantage

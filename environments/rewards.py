@@ -1,0 +1,100 @@
+"""Reward composition, in one place: what an episode's layers are worth.
+
+Every kind's verifier, the episode runner (learned layers), pairwise group judging, the trainer
+(z-score mixing, zero-variance groups) and the API (degenerate groups) use these, and nothing else
+spells the rules out:
+
+    weights = layer_weights(spec.verifier, defaults=kind.default_weights)
+    reward  = flags.charge(weighted_sum(layers, weights), verdict_flags)     # the verifier's reward
+    reward += weights.get("judge", 0) × judge score                        # learned layers, unless
+                                                                            # flags.zeroes(verdict_flags)
+    has_variance(scores)                                                    # else the group teaches nothing
+
+The rules:
+- **Weights.** `verifier.weights` when the spec names any: a layer it does not name counts 0 (recorded,
+  not rewarded). A spec that names none gets the kind's defaults (`default_weights` of the kind: the
+  hidden tests for code_repo, the page for browser, the answer for read_number, the judge and the
+  reward model for chat). Learned layers (the judge's, the reward model's) follow the same rule.
+- **Flags** (what a hack monitor saw) cost what `verifier.flag_policy` says, once per episode: `zero`
+  sets the reward to 0 and no learned layer counts; `penalize` subtracts `flag_penalty` when the
+  episode's first flag arrives (a second monitor flagging it later costs nothing more); `record` costs
+  nothing.
+- **Zero variance**: a group whose scores spread by no more than ZERO_VARIANCE_SPREAD (max − min) has
+  no learning signal: every advantage would be 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from environments.registry import get_kind
+from environments.spec import EnvironmentSpec, VerifierConfig
+
+if TYPE_CHECKING:  # a type only: the trainer imports this module without the sandbox layer
+    from environments.base import LayerResult
+
+ZERO_VARIANCE_SPREAD = 1e-6
+"""Scores (or layer values) whose max − min is at most this are equal: no variance, no advantage."""
+
+FlagPolicyName = Literal["zero", "penalize", "record"]
+
+
+def layer_weights(verifier: VerifierConfig, *, defaults: Mapping[str, float]) -> dict[str, float]:
+    """Each layer's weight: the spec's `verifier.weights` if it names any, else the kind's defaults."""
+    return dict(verifier.weights) if verifier.weights else dict(defaults)
+
+
+def spec_weights(spec: EnvironmentSpec) -> dict[str, float]:
+    """layer_weights with the defaults of the spec's kind (the runner and group judging weigh learned layers)."""
+    return layer_weights(spec.verifier, defaults=get_kind(spec.kind).default_weights)
+
+
+def verifier_of(spec: Mapping[str, Any] | None) -> VerifierConfig:
+    """The verifier section of a stored environment spec (all the trainer reads of it)."""
+    return VerifierConfig.model_validate((spec or {}).get("verifier") or {})
+
+
+def zscore_alphas(verifier: VerifierConfig) -> dict[str, float] | None:
+    """α per layer when the spec mixes its layers by z-score (`verifier.mix: zscore`: the trainer
+    rebuilds each score as Σ α × z(layer)); None: the episode's reward is the score."""
+    return {name: float(alpha) for name, alpha in verifier.weights.items() if alpha} if verifier.mix == "zscore" else None
+
+
+def weighted_sum(layers: Iterable[LayerResult], weights: Mapping[str, float]) -> float:
+    """Σ weight × layer score; a layer without a weight counts 0."""
+    return sum(weights.get(layer.name, 0.0) * layer.score for layer in layers)
+
+
+@dataclass(frozen=True)
+class FlagPolicy:
+    """What a hack-monitor flag costs an episode (`verifier.flag_policy`, `verifier.flag_penalty`)."""
+
+    name: FlagPolicyName = "zero"
+    penalty: float = 1.0
+
+    @classmethod
+    def of(cls, verifier: VerifierConfig) -> FlagPolicy:
+        return cls(verifier.flag_policy, verifier.flag_penalty)
+
+    def zeroes(self, flags: Sequence[str]) -> bool:
+        """The episode earns nothing on any layer (its learned layers are not even asked)."""
+        return bool(flags) and self.name == "zero"
+
+    def penalty_for(self, flags: Sequence[str]) -> float:
+        """What the flags subtract from a reward rebuilt from the layers (0 unless `penalize`)."""
+        return self.penalty if flags and self.name == "penalize" else 0.0
+
+    def charge(self, reward: float, flags: Sequence[str], *, already_flagged: Sequence[str] = ()) -> float:
+        """`reward` once `flags` are set on an episode that already had `already_flagged` (whose cost
+        `reward` already carries): 0 under `zero`; minus the penalty under `penalize`, only when these
+        are the episode's first flags; unchanged under `record`."""
+        if self.zeroes(flags):
+            return 0.0
+        return reward if already_flagged else reward - self.penalty_for(flags)
+
+
+def has_variance(scores: Sequence[float]) -> bool:
+    """False for fewer than two scores or scores that all agree within ZERO_VARIANCE_SPREAD."""
+    return len(scores) >= 2 and max(scores) - min(scores) > ZERO_VARIANCE_SPREAD
