@@ -77,6 +77,7 @@ def verify(
 def _verify(*, sandbox: Sandbox, task: CodeRepoTask, base: str, submitted: bool, open_sandbox: OpenSandbox,
             actions: Sequence[ToolCall], config: VerifierConfig) -> Verdict:
     started = time.monotonic()
+    flag_policy = FlagPolicy.of(config)
     git = check_git(sandbox, base=base)
     tree = read_workspace(sandbox)
     with open_sandbox() as grader:
@@ -86,7 +87,7 @@ def _verify(*, sandbox: Sandbox, task: CodeRepoTask, base: str, submitted: bool,
             findings.add(EpisodeFlag.GIT_HISTORY_REWRITTEN, "; ".join(git.problems))
         rules = _rules(submitted=submitted, diff=diff, findings=findings, started=started)
         layers = [rules]
-        run_layers = rules.passed or (FlagPolicy.of(config).name != "zero" and submitted and bool(diff.strip()))
+        run_layers = rules.passed or (flag_policy.name != "zero" and submitted and bool(diff.strip()))
         if public is not None:
             layers.append(_layer(grader, public, "public_tests", findings, changed) if run_layers
                           else _not_run("public_tests"))
@@ -99,7 +100,7 @@ def _verify(*, sandbox: Sandbox, task: CodeRepoTask, base: str, submitted: bool,
     else:
         layers.append(_not_run("hidden_tests"))
     flags = sorted(flag.value for flag in findings.flags)
-    reward = FlagPolicy.of(config).charge(weighted_sum(layers, layer_weights(config, defaults=DEFAULT_WEIGHTS)), flags)
+    reward = flag_policy.charge(weighted_sum(layers, layer_weights(config, defaults=DEFAULT_WEIGHTS)), flags)
     return Verdict(reward=reward, layers=layers, diff=diff.decode(errors="replace"), flags=flags)
 
 

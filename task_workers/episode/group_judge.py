@@ -148,10 +148,11 @@ def _finished_group(session: Session, group_id: int) -> _Finished | None:
     if any(episode.status in OUTSTANDING for episode in episodes):
         return None
     contenders, skipped = [], {}
+    flag_policy = FlagPolicy.of(spec.verifier)
     for episode in episodes:
         if episode.status != EpisodeStatus.COMPLETED:
             continue  # failed (an infrastructure fault) or cancelled: no outcome to compare, never trained on
-        if FlagPolicy.of(spec.verifier).zeroes(episode.flags):
+        if flag_policy.zeroes(episode.flags):
             skipped[episode.id] = "a hack monitor flagged the episode"
         elif not TerminationReason(episode.termination_reason or TerminationReason.CANCELLED).is_trainable:
             skipped[episode.id] = f"the episode ended {episode.termination_reason} (not trained on)"

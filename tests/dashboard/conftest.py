@@ -44,6 +44,7 @@ def browser() -> Iterator[object]:
     if not shutil.which(CHROMIUM):
         pytest.skip(f"needs Debian's chromium at {CHROMIUM} (apt-get install -y chromium)")
     playwright_api = pytest.importorskip("playwright.sync_api")
+    playwright_api.expect.set_options(timeout=60_000)  # the pages' bound (below) for expect(…) too (its own: 5 s)
     with playwright_api.sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
         yield chromium
@@ -53,11 +54,9 @@ def browser() -> Iterator[object]:
 @pytest.fixture
 def page(browser, live_server: str) -> Iterator[object]:  # type: ignore[no-untyped-def]
     """A fresh browser context (empty profile, no cookies) whose requests must all stay on the server."""
-    playwright_api = pytest.importorskip("playwright.sync_api")
     context = browser.new_context(base_url=live_server, viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     page.set_default_timeout(60_000)  # an upper bound on each wait, not a timed assertion: a loaded machine took over 15 s
-    playwright_api.expect.set_options(timeout=60_000)  # the same bound for expect(…) (its own default: 5 s)
     page.foreign_requests = []
     page.console_errors = []
     page.on("request", lambda request: None if request.url.startswith((live_server, "data:"))
