@@ -13,24 +13,25 @@ test-all:
 demo:
 	scripts/demo.sh
 
-# A short real RL run on MiniWoB++ pages with the tiny model (scripts/browser_rl.py; ~20 min on 2 cores).
+# A short real RL run on MiniWoB++ pages with the tiny model (recipes/browser_rl.py; ~20 min on 2 cores).
 rl-browser:
 	scripts/setup.sh
-	.venv/bin/python scripts/browser_rl.py
+	.venv/bin/python -m recipes.browser_rl
 
-# One GRPO run over a code_repo and a chat environment (reward model) on two scales (scripts/mixed_rl.py).
+# One GRPO run over a code_repo and a chat environment (reward model) on two scales (recipes/mixed_rl.py).
 rl-mixed:
 	scripts/setup.sh
-	.venv/bin/python scripts/mixed_rl.py
+	.venv/bin/python -m recipes.mixed_rl
 
 # The documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or anchor fails it.
 docs:
 	scripts/setup.sh
 	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict
 
+# ruff over everything; mypy over every package ([tool.mypy] files in pyproject.toml). `make test` runs it first.
 lint:
 	.venv/bin/ruff check .
-	.venv/bin/mypy core cli
+	.venv/bin/mypy
 
 bench:
 	.venv/bin/python bench/sandbox.py

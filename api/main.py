@@ -20,7 +20,18 @@ from api.errors import install_error_handlers
 from api.limits import BodyLimitMiddleware
 from api.observability import ApiMetrics, MetricsMiddleware
 from api.production import check_ready_to_serve
-from api.routes import environments, episodes, groups, health, meta, policy, runs, sandboxes, tasks
+from api.routes import (
+    environments,
+    episodes,
+    groups,
+    health,
+    meta,
+    metric_names,
+    policy,
+    runs,
+    sandboxes,
+    tasks,
+)
 from core.settings import get_settings
 
 
@@ -54,7 +65,7 @@ def create_app() -> FastAPI:
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)  # outermost: it counts the 413s too
     install_error_handlers(app)
     app.include_router(health.router)
-    for module in (environments, tasks, runs, episodes, groups, sandboxes, policy, meta):
+    for module in (environments, tasks, runs, episodes, groups, sandboxes, policy, metric_names, meta):
         app.include_router(module.router)
     install_dashboard(app)
     return app

@@ -39,7 +39,7 @@ from core.net import free_port
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts.seed_store import StoreShape, seed  # noqa: E402
+from scripts.seed_store import StoreShape, scalar, seed  # noqa: E402
 
 TARGET_MS = 300.0
 PAGE_LOAD = "dashboard /runs/{id} loaded (HTML, then run + metrics + stats at once, as run.js)"
@@ -61,7 +61,7 @@ def prepare_store(turns: int) -> tuple[str, dict[str, Any]]:
     if exists:
         _restore_leftovers(url)
         with psycopg.connect(url) as conn:
-            held = conn.execute("SELECT count(*) FROM turns").fetchone()[0]
+            held = scalar(conn, "SELECT count(*) FROM turns")
         if held == turns:
             from scripts.seed_store import backfill_points
 

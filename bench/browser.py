@@ -150,7 +150,7 @@ def isolation(session: Any) -> dict[str, Any]:
 
 
 def episodes_per_minute(sandboxes: list[Any], *, window_s: float) -> dict[str, Any]:
-    from tests.support.miniwob_solver import SOLVERS as PLANS
+    from environments.browser.solver import SOLVERS as PLANS
 
     done: list[float] = []
     rewards: list[float] = []

@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -49,13 +49,14 @@ from core.models import Episode, EpisodeGroup, Run, Task, Turn  # noqa: E402
 from core.store import insert_episode  # noqa: E402
 from core.termination import DropReason, GroupStatus  # noqa: E402
 from environments.code_repo.task import CodeRepoTask, TestSpec, pack_directory  # noqa: E402
+from environments.parsing import hermes_call  # noqa: E402
 from environments.service import register_environment  # noqa: E402
 from environments.spec import parse_spec  # noqa: E402
 from sandboxes import InMemoryEventSink, make_backend  # noqa: E402
 from task_workers.context import DockerSandboxes  # noqa: E402
 from task_workers.episode.runner import run_episode  # noqa: E402
 from task_workers.policy.client import PolicyClient  # noqa: E402
-from tests.support.scripted_policy import serve_in_process, tokenize, tool_call  # noqa: E402
+from task_workers.policy.scripted import serve_in_process, tokenize  # noqa: E402
 from trainer.rollouts import load_groups  # noqa: E402
 from trainer.selection import StalenessRule, apply_staleness_mask, may_step, past_cap  # noqa: E402
 from trainer.store import (  # noqa: E402
@@ -105,8 +106,8 @@ def _ms(values: list[float]) -> dict[str, float]:
 
 
 def orchestration(*, image: str, tmp: Path, episodes: int, concurrency: int, turns: int) -> dict[str, Any]:
-    script = [tool_call("bash", command="true")] * (turns - 2) + [
-        tool_call("write_file", path="app.py", content="VALUE = 2\n"), tool_call("submit")]
+    script = [hermes_call("bash", command="true")] * (turns - 2) + [
+        hermes_call("write_file", path="app.py", content="VALUE = 2\n"), hermes_call("submit")]
     ids = _seed(image=image, payload=_task_payload(tmp), episodes=episodes, script="orchestration")
     backend = make_backend("docker")
     sandboxes = DockerSandboxes(backend=backend, events=InMemoryEventSink(), worker="bench", min_size=concurrency,
@@ -228,11 +229,11 @@ class StandInTrainer:
                     waiting = False
                     loaded = load_groups(session, groups)
                     stale = []
-                    for group in loaded:
-                        for sample in group.samples:
+                    for batch_group in loaded:
+                        for sample in batch_group.samples:
                             lags, masked = apply_staleness_mask(sample, current_version=version, rule=self.rule)
                             if past_cap(lags, masked, self.rule):
-                                stale.append(group.id)
+                                stale.append(batch_group.id)
                             else:
                                 self.token_lags.update(lags)
                                 self.masked += masked
@@ -336,7 +337,9 @@ def _tail_run(*, mode: str, label: str, image: str, tasks: int, url: str, slots:
             clock.record(episode_id, start, time.monotonic())
 
     class LocalDispatcher:  # the worker: threads running the real episode runner
-        def send_task(self, name: str, args: list[int] | None = None, **_: Any) -> None:
+        def send_task(self, name: str, args: Sequence[Any] | None = None, **_: Any) -> None:
+            if not args:
+                raise ValueError(f"{name}: expected the episode id as the task's argument, got {args!r}")
             pool.submit(run_with_retries, args[0])
 
     trainer = StandInTrainer(run_id=run_id, batch_size=batch_size, bound=bound, step_s=step_s, updates=updates,
@@ -409,15 +412,17 @@ def sync_vs_async(*, image: str, pairs: int, slots: int, updates: int, staleness
     # One task per group: the budget is U·B groups in both modes, the least-used pick covers each once.
     tasks = updates * batch_size
     delays = _pareto_delays(tasks, seed=7)
-    scripts = {f"tail-{i}": [{"text": tool_call("bash", command=f"cat {TAIL_PAYLOAD['path']}"), "delay_s": d},
-                             tool_call("submit", answer=TAIL_PAYLOAD["number"])] for i, d in enumerate(delays)}
+    scripts = {f"tail-{i}": [{"text": hermes_call("bash", command=f"cat {TAIL_PAYLOAD['path']}"), "delay_s": d},
+                             hermes_call("submit", answer=TAIL_PAYLOAD["number"])] for i, d in enumerate(delays)}
     settings = {"slots": slots, "group_size": group_size, "batch_size": batch_size, "updates": updates,
                 "step_s": step_s, "consume": consume, "max_token_staleness": max_token_staleness}
     counter = iter(range(10**6))
 
     def side(mode: str) -> Callable[[], dict[str, Any]]:
-        return lambda: _tail_run(mode=mode, label=f"{mode}-{next(counter)}", image=image,
-                                 tasks=tasks, url=url, staleness=staleness, **settings)
+        return lambda: _tail_run(mode=mode, label=f"{mode}-{next(counter)}", image=image, tasks=tasks, url=url,
+                                 staleness=staleness, slots=slots, group_size=group_size, batch_size=batch_size,
+                                 updates=updates, step_s=step_s, consume=consume,
+                                 max_token_staleness=max_token_staleness)
 
     with serve_in_process(scripts, generate=True) as url:  # per-token version spans, as vLLM's
         runs = interleave(pairs=pairs, sides={"sync": side("sync"), "async": side("async")})

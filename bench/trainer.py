@@ -153,6 +153,11 @@ def measure_ours(model_dir: Path, batches: list[Batch]) -> dict[str, Any]:
             "first_loss": first.loss, "first_grad_norm": first.grad_norms[0]}
 
 
+def _no_reward(completions: list[Any], **_: Any) -> list[float | None]:
+    """TRL's reward function; never called (the update is timed on given inputs, not generated ones)."""
+    return [0.0] * len(completions)
+
+
 def _trl_trainer(model_dir: Path, *, updates: int, group: int, batch_rows: int) -> Any:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -166,7 +171,7 @@ def _trl_trainer(model_dir: Path, *, updates: int, group: int, batch_rows: int) 
         disable_tqdm=True,
     )
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=lambda completions, **_: [0.0] * len(completions),
+    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=_no_reward,
                           args=args, train_dataset=Dataset.from_list([{"prompt": "x"}] * batch_rows),
                           processing_class=tokenizer)
     trainer.create_optimizer_and_scheduler(num_training_steps=updates)

@@ -14,12 +14,15 @@ Projection: trainer.cost.PROJECTION_FORMULA, printed with it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
 
 from cli.console import OutputFormat, OutputOption, console, print_json
+
+if TYPE_CHECKING:  # the API's modules are imported where they are used: the CLI starts fast
+    from api.schemas.runs import RunCost
 
 
 def _fmt(value: float | None, *, digits: int = 3) -> str:
@@ -30,16 +33,16 @@ def _fmt(value: float | None, *, digits: int = 3) -> str:
     return f"{value:.{digits}f}".rstrip("0").rstrip(".") if value != int(value) else str(int(value))
 
 
-def _render(view: dict[str, Any], *, last: int) -> None:
+def _render(view: RunCost, *, last: int) -> None:
     from api.services.run_cost import STAGE_KEYS
 
-    rows = view["steps"]
+    rows = view.steps
     if not rows:
-        console.print(f"run {view['run_id']}: no training step has recorded its cost yet"
-                      + (f" ({view['steps_without_cost']} steps recorded before cost metrics)"
-                         if view["steps_without_cost"] else ""), highlight=False)
+        console.print(f"run {view.run_id}: no training step has recorded its cost yet"
+                      + (f" ({view.steps_without_cost} steps recorded before cost metrics)"
+                         if view.steps_without_cost else ""), highlight=False)
         return
-    table = Table(title=f"run {view['run_id']}: cost per step (last {min(last, len(rows))} of {len(rows)})")
+    table = Table(title=f"run {view.run_id}: cost per step (last {min(last, len(rows))} of {len(rows)})")
     table.add_column("step", justify="right")
     for stage in STAGE_KEYS:
         table.add_column(f"{stage} s", justify="right")
@@ -47,26 +50,26 @@ def _render(view: dict[str, Any], *, last: int) -> None:
     for name in ("step s", "FLOPs", "FLOP/s", "MFU"):
         table.add_column(name, justify="right")
     for row in rows[-last:]:
-        cells = [str(row["step"])]
+        cells = [str(row.step)]
         for stage in STAGE_KEYS:
-            cells += [_fmt(row["stages"][stage]["seconds"]), _fmt(row["stages"][stage]["work"])]
-        cells += [_fmt(row["step_seconds"]), _fmt(row["flops"]), _fmt(row["flops_per_s"]), _fmt(row["mfu"])]
+            cells += [_fmt(row.stages[stage].seconds), _fmt(row.stages[stage].work)]
+        cells += [_fmt(row.step_seconds), _fmt(row.flops), _fmt(row.flops_per_s), _fmt(row.mfu)]
         table.add_row(*cells)
     console.print(table)
     totals = Table(title=f"totals over all {len(rows)} steps")
     for name in ("stage", "seconds", "share", "tokens / episodes"):
         totals.add_column(name, justify="right" if name != "stage" else "left")
-    for stage, total in view["totals"].items():
-        share = f"{100 * total['share']:.1f}%" if total["share"] is not None else "–"
-        totals.add_row(stage, _fmt(total["seconds"]), share, _fmt(total["work"]))
+    for stage, total in view.totals.items():
+        share = f"{100 * total.share:.1f}%" if total.share is not None else "–"
+        totals.add_row(stage, _fmt(total.seconds), share, _fmt(total.work))
     console.print(totals)
-    console.print(f"FLOPs {_fmt(view['flops'])} · median FLOP/s {_fmt(view['flops_per_s_median'])} · "
-                  f"median MFU {_fmt(view['mfu_median'])} · median step {_fmt(view['step_seconds_median'])} s",
+    console.print(f"FLOPs {_fmt(view.flops)} · median FLOP/s {_fmt(view.flops_per_s_median)} · "
+                  f"median MFU {_fmt(view.mfu_median)} · median step {_fmt(view.step_seconds_median)} s",
                   highlight=False)
-    projection = view["projection"]
+    projection = view.projection
     if projection is not None:
-        console.print(f"projection: {projection['target_steps']} steps on {projection['gpus']} GPU(s) ≈ "
-                      f"{projection['gpu_hours']:.2f} GPU-hours ({projection['formula']})", highlight=False)
+        console.print(f"projection: {projection.target_steps} steps on {projection.gpus} GPU(s) ≈ "
+                      f"{projection.gpu_hours:.2f} GPU-hours ({projection.formula})", highlight=False)
 
 
 def cost(
@@ -81,8 +84,8 @@ def cost(
     from api.services.run_cost import run_cost
     from cli.controller import _in_session
 
-    view = _in_session(lambda s: run_cost(s, run_id=run_id, target_steps=target_steps, gpus=gpus))
+    view: RunCost = _in_session(lambda s: run_cost(s, run_id=run_id, target_steps=target_steps, gpus=gpus))
     if output is OutputFormat.json:
-        print_json(view)
+        print_json(view.model_dump())
     else:
         _render(view, last=last)

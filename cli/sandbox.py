@@ -24,11 +24,11 @@ from rich.table import Table
 
 from cli import sandbox_browser
 from cli.console import OutputFormat, OutputOption, console, print_json, readable_errors
+from core.tar import extract_to, pack_path
 from sandboxes import admin
 from sandboxes import labels as L
 from sandboxes.backend import SandboxBackend, make_backend
 from sandboxes.errors import SandboxError
-from sandboxes.files import extract_to, pack_path
 from sandboxes.sandbox import Sandbox
 from sandboxes.shell import StepStatus
 from sandboxes.spec import SandboxSpec

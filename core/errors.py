@@ -3,7 +3,7 @@
     CrucibleError
     ├── ConfigError          a setting is malformed or points at nothing reachable
     ├── ServiceUnavailable   a required service (database, broker, engine) cannot be reached
-    └── NotFound             an id that names nothing
+    └── NotFound             an id (or a local path) that names nothing
 
 Every message says what was expected and what was given.
 """
@@ -22,4 +22,4 @@ class ServiceUnavailable(CrucibleError):
 
 
 class NotFound(CrucibleError):
-    """The id names no row."""
+    """The id names no row (or the local path no file)."""

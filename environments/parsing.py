@@ -14,6 +14,12 @@ from collections.abc import Callable
 from environments.base import ToolCall
 
 
+def hermes_call(name: str, **arguments: object) -> str:
+    """The text of one Hermes-style call, as `parse_hermes` reads it (scripted policies and expert plans
+    write their actions with it)."""
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
 class MalformedToolCall(ValueError):
     """The policy tried to call a tool but the call cannot be read; the message is its feedback."""
 

@@ -21,6 +21,9 @@ The rules:
   nothing.
 - **Zero variance**: a group whose scores spread by no more than ZERO_VARIANCE_SPREAD (max − min) has
   no learning signal: every advantage would be 0.
+- **Solved**: an episode whose reward is at least SOLVED_AT (full reward, up to rounding) solved its
+  task: the trainer's success fraction, evaluations' pass@k (`crucible eval`) and the recipes' held-out
+  success count it so.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from environments.spec import EnvironmentSpec, VerifierConfig
 if TYPE_CHECKING:  # a type only: the trainer imports this module without the sandbox layer
     from environments.base import LayerResult
 
+SOLVED_AT = 1.0 - 1e-9
+"""The reward at and above which an episode solved its task (full reward; the slack absorbs float sums)."""
 ZERO_VARIANCE_SPREAD = 1e-6
 """Scores (or layer values) whose max − min is at most this are equal: no variance, no advantage."""
 

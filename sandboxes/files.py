@@ -8,43 +8,18 @@ where every writable path of a sandbox lives. So the same tar stream goes throug
 
 from __future__ import annotations
 
-import io
 import posixpath
 import shlex
-import tarfile
-import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from core.tar import pack_files
 from sandboxes.errors import SandboxError
 
 if TYPE_CHECKING:
     from sandboxes.sandbox import Sandbox
 
 TRANSFER_TIMEOUT_S = 300.0
-
-
-def pack_files(files: Mapping[str, bytes], *, uid: int, gid: int) -> bytes:
-    """A tar of {path relative to the extraction root: content}, owned by uid:gid, mode 0644."""
-    buf = io.BytesIO()
-    now = time.time()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name.lstrip("/"))
-            info.size, info.mode, info.mtime, info.uid, info.gid = len(data), 0o644, now, uid, gid
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
-def pack_path(source: Path, *, arcname: str | None = None) -> bytes:
-    """A tar of a local file or directory (recursively), stored under `arcname` (default: its name)."""
-    if not source.exists():
-        raise SandboxError(f"copy: expected an existing local path, got {str(source)!r}")
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        tar.add(str(source), arcname=arcname or source.name)
-    return buf.getvalue()
 
 
 def put_archive(sandbox: Sandbox, data: bytes, *, dest: str) -> None:
@@ -81,15 +56,6 @@ def get_file(sandbox: Sandbox, path: str) -> bytes:
     if result.exit_code != 0:
         raise SandboxError(f"get {path}: expected a readable file, got exit {result.exit_code}: {_text(result)}")
     return result.output
-
-
-def extract_to(data: bytes, destination: Path) -> list[str]:
-    """Extract a tar into a local directory safely (no absolute paths, links out, devices)."""
-    destination.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
-        names = tar.getnames()
-        tar.extractall(destination, filter="data")
-    return names
 
 
 def _text(result: object) -> str:

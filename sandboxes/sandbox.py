@@ -24,6 +24,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from core.tar import pack_path
 from sandboxes import files as files_
 from sandboxes import labels as L
 from sandboxes.backend import ExecResult, SandboxBackend
@@ -157,7 +158,7 @@ class Sandbox:
 
     def put_path(self, source: Path, *, dest: str | None = None) -> None:
         """Copy a local file or directory into `dest` (default: the workspace), keeping its name."""
-        files_.put_archive(self, files_.pack_path(source), dest=dest or self.spec.workdir)
+        files_.put_archive(self, pack_path(source), dest=dest or self.spec.workdir)
 
     def get_file(self, path: str) -> bytes:
         return files_.get_file(self, path)

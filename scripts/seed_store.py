@@ -52,10 +52,18 @@ class StoreShape:
         return math.ceil(self.turns / self.turns_per_episode / self.group_size * 1.1) + 2 * self.batch_size + 2
 
 
+def scalar(conn: psycopg.Connection, query: str, params: tuple[Any, ...] = ()) -> Any:
+    """The one value a query returns (its first row's first column)."""
+    row = conn.execute(query, params).fetchone()
+    if row is None:
+        raise LookupError(f"no row: {query}")
+    return row[0]
+
+
 def _next_ids(conn: psycopg.Connection) -> dict[str, int]:
     tables = ("environments", "tasks", "runs", "episode_groups", "episodes", "training_steps", "policy_versions",
               "sandbox_events")
-    return {table: conn.execute(f"SELECT coalesce(max(id), 0) + 1 FROM {table}").fetchone()[0] for table in tables}
+    return {table: scalar(conn, f"SELECT coalesce(max(id), 0) + 1 FROM {table}") for table in tables}
 
 
 def _environments_and_tasks(conn: psycopg.Connection, shape: StoreShape, ids: dict[str, int], tag: str) -> None:
@@ -280,7 +288,7 @@ def seed(url: str, shape: StoreShape, *, log: bool = True) -> dict[str, Any]:
     backfill_points(url)  # as the trainer writes them; before the VACUUM, which clears the rows it replaced
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("VACUUM (ANALYZE) episodes, episode_groups, turns, training_steps, sandbox_events")
-        counts = {table: conn.execute(f"SELECT count(*) FROM {table} WHERE run_id >= %s", (ids["runs"],)).fetchone()[0]
+        counts = {table: scalar(conn, f"SELECT count(*) FROM {table} WHERE run_id >= %s", (ids["runs"],))
                   for table in ("episode_groups", "episodes", "turns")}
     return {"first_run_id": ids["runs"], "runs": shape.runs, **counts, "seconds": round(time.monotonic() - started, 1)}
 

@@ -1,4 +1,6 @@
-"""Row factories for tests: the smallest valid rows, overridable by keyword."""
+"""Row factories for tests, the one module that makes store rows: the smallest valid row of each table,
+overridable by keyword. The scenario builders (tests/api/trajectories.py, tests/trainer/rows.py,
+tests/controller/factories.py, tests/support/pairwise_groups.py) compose these."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from core.models import Environment, EpisodeGroup, Run, Task
+from core.models import Environment, Episode, EpisodeGroup, Run, Task
 from core.store import insert_episode
 
 _ids = itertools.count(1)
@@ -56,11 +58,31 @@ def group(session: Session, **overrides: Any) -> EpisodeGroup:
     return row
 
 
+def episode(session: Session, the_group: EpisodeGroup, **overrides: Any) -> Episode:
+    """An episode of `the_group` (sample 0 unless given), pending unless the overrides say otherwise."""
+    values: dict[str, Any] = dict(
+        run_id=the_group.run_id, group_id=the_group.id, sample_index=0, task_id=the_group.task_id,
+        environment_id=the_group.environment_id, policy_version=the_group.policy_version,
+    )
+    row = Episode(**{**values, **overrides})
+    session.add(row)
+    session.flush()
+    return row
+
+
+def pending_group(session: Session, *, env: Environment, the_task: Task, size: int = 1,
+                  **run_overrides: Any) -> tuple[EpisodeGroup, list[int]]:
+    """A run (scripted model unless given) with one group of `size` pending episodes of `the_task`, as the
+    controller dispatches them (core.store.insert_episode); flushed, not committed."""
+    the_run = run(session, **{"model": "scripted", "group_size": size, "batch_size": 1, **run_overrides})
+    the_group = group(session, env=env, task=the_task, run=the_run, group_index=0)
+    ids = [insert_episode(session, run_id=the_run.id, group_id=the_group.id, sample_index=sample,
+                          task_id=the_task.id, environment_id=env.id)[0] for sample in range(size)]
+    return the_group, ids
+
+
 def pending_episode(session: Session, *, env: Environment, the_task: Task, run_name: str) -> int:
     """One single-sample run (scripted model) with one group and one pending episode, committed."""
-    the_run = run(session, name=run_name, model="scripted", group_size=1, batch_size=1)
-    the_group = group(session, env=env, task=the_task, run=the_run, group_index=0)
-    episode_id, _ = insert_episode(session, run_id=the_run.id, group_id=the_group.id, sample_index=0,
-                                   task_id=the_task.id, environment_id=env.id)
+    _, (episode_id,) = pending_group(session, env=env, the_task=the_task, name=run_name)
     session.commit()
     return episode_id

@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 OURS = ("core", "migrations", "sandboxes", "environments", "task_workers", "controller", "trainer", "api", "cli",
-        "bench", "scripts", "tests")
+        "recipes", "bench", "scripts", "tests")
 EVERYTHING_BUT_TESTS = frozenset(OURS) - {"tests"}
 
 MAY_IMPORT: dict[str, frozenset[str]] = {
@@ -24,6 +24,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "trainer": frozenset({"core", "environments.rewards"}),  # a package, or one module of it
     "api": frozenset({"core", "sandboxes", "environments", "task_workers", "controller", "trainer"}),
     "cli": EVERYTHING_BUT_TESTS,
+    "recipes": EVERYTHING_BUT_TESTS,
     "bench": EVERYTHING_BUT_TESTS,
     "scripts": EVERYTHING_BUT_TESTS,
 }
@@ -34,9 +35,6 @@ DEPARTURES: dict[tuple[str, str], str] = {
     ("trainer/reward_model_server.py", "api.deps"): "the reward-model server reuses the API's token check",
     ("trainer/reward_model_server.py", "api.errors"): "… and its error handlers",
     ("trainer/reward_model_server.py", "api.limits"): "… and its body limit",
-    ("bench/episodes.py", "tests.support.scripted_policy"): "the scripted vLLM stand-in lives with the tests",
-    ("bench/browser.py", "tests.support.miniwob_solver"): "the scripted MiniWoB++ player lives with the tests",
-    ("scripts/browser_rl.py", "tests.support.miniwob_solver"): "the browser run's warm-up plays the scripted player",
 }
 
 
@@ -87,6 +85,7 @@ def test_each_package_imports_only_what_the_design_allows() -> None:
     ("core/db.py", "def upgrade():\n    import migrations.migrate"),  # inside a function
     ("sandboxes/pool.py", "import environments.base as base"),
     ("api/routes/x.py", "from tests.support import factories"),
+    ("recipes/demo.py", "from tests.support.processes import stop"),  # recipes: everything but tests
     ("trainer/step.py", "from api.deps import current_token"),  # a departure of another file is no licence
     ("trainer/rollouts.py", "from environments.spec import VerifierConfig"),  # environments.rewards only
     ("trainer/step.py", "import environments.rewards_extra"),  # a name that only starts like the module
@@ -96,3 +95,12 @@ def test_an_import_against_the_design_is_caught(tmp_path: Path, path: str, sourc
     target.parent.mkdir(parents=True)
     target.write_text(source + "\n")
     assert not_allowed(edges(tmp_path)) == [f"{path} imports {next(iter(imports(target)))}"]
+
+
+def test_lint_type_checks_every_package() -> None:
+    """`make lint` (run by `make test`) type-checks what [tool.mypy] files lists: every package but tests."""
+    import tomllib
+
+    files = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]["files"]
+    assert sorted(files) == sorted(EVERYTHING_BUT_TESTS)
+    assert "make lint" in (ROOT / "scripts" / "test.sh").read_text()

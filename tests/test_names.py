@@ -3,8 +3,8 @@
 - metric names (`trainer.metrics`: constants and FAMILIES; `trainer.cost`): every metric-like string in
   the code and the dashboard's scripts is a name the trainer writes, so a rename that misses a reader
   (the demo, the run page, the seeded store) fails here instead of showing an empty column;
-- the step's timing stages (`trainer.metrics.STAGES`) and the cost stages (`trainer.cost.STAGES`, which
-  the run page's script repeats);
+- the step's timing stages (`trainer.metrics.STAGES`) and the cost stages (`trainer.cost.STAGES`; the run
+  page is given them by the API's /v1/metric-names);
 - the trainer's crash points (`trainer.faults.POINTS`): each is passed in a step, none other is named;
 - run purposes and difficulty buckets (`core.termination.RunPurpose`, `Bucket`). The reward rules have
   their own test (tests/environments/test_rewards.py).
@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,8 @@ import pytest
 from trainer import cost, faults, metrics
 
 ROOT = Path(__file__).resolve().parents[1]
-CODE = ("api", "cli", "controller", "core", "task_workers", "trainer", "scripts", "bench", "environments")
+CODE = ("api", "cli", "controller", "core", "task_workers", "trainer", "recipes", "scripts", "bench", "environments",
+        "sandboxes")
 AREAS = ("loss", "optim", "policy", "canary", "mismatch", "reward", "batch", "rollout", "throughput", "sync",
          "timing_s", "reward_hacking", "cost", "score", "advantage")
 METRIC_LIKE = re.compile(rf"(?:{'|'.join(AREAS)})(?:/[A-Za-z0-9_.{{}}-]+)+/?")
@@ -89,11 +91,15 @@ def test_what_counts_as_a_written_name(name: str, written: bool) -> None:
     assert metrics.is_metric_name(name) is written
 
 
-def test_the_run_pages_cost_stages_are_the_trainers() -> None:
-    script = (ROOT / "api" / "dashboard" / "static" / "run.js").read_text()
-    match = re.search(r"const COST_STAGES = \[([^\]]*)\]", script)
-    assert match is not None, "run.js no longer names COST_STAGES"
-    assert tuple(re.findall(r"\"([a-z_]+)\"", match.group(1))) == cost.STAGES
+def test_the_run_page_keeps_no_copy_of_the_stages() -> None:
+    """run.js and run.html take the stages from /v1/metric-names (embedded with the run): no list of
+    them is written there (tests/api/test_metric_names.py holds what the page is given)."""
+    for path in [ROOT / "api" / "dashboard" / "static" / "run.js", ROOT / "api" / "dashboard" / "templates" / "run.html"]:
+        text = path.read_text()
+        for stages in (cost.STAGES, metrics.STAGES):
+            for first, second in itertools.pairwise(stages):
+                assert not re.search(rf"\b{first}\b[^\n]{{0,40}}\b{second}\b", text), f"{path.name} lists {stages}"
+    assert "NAMES.cost_stages" in (ROOT / "api" / "dashboard" / "static" / "run.js").read_text()
 
 
 def _crash_points_passed() -> list[tuple[str, str]]:
@@ -120,7 +126,7 @@ def test_an_unknown_timing_stage_is_refused_by_name() -> None:
         metrics.timing_key("train")
 
 
-SHIPPED = ("api", "cli", "controller", "core", "environments", "sandboxes", "task_workers", "trainer")
+SHIPPED = ("api", "cli", "controller", "core", "environments", "sandboxes", "task_workers", "trainer", "recipes")
 VOCABULARY = {
     "a run purpose compared as a string (core.termination.RunPurpose)": re.compile(r"purpose\s*[!=]=\s*[\"']"),
     "a difficulty bucket spelled out (core.termination.Bucket)": re.compile(r"[\"'](?:easy|medium|hard)[\"']"),

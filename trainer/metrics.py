@@ -23,6 +23,7 @@ from collections import Counter, defaultdict
 
 from core.canaries import canary_score
 from core.termination import DropReason
+from environments.rewards import SOLVED_AT
 from trainer.rollouts import Sample
 from trainer.selection import BatchPlan
 from trainer.step import UpdateResult
@@ -131,7 +132,7 @@ def reward_metrics(samples: list[Sample]) -> dict[str, float]:
         return {}
     rewards = [s.reward for s in samples]
     out = {REWARD_MEAN: statistics.fmean(rewards), REWARD_STD: statistics.pstdev(rewards),
-           SUCCESS: sum(r >= 1.0 - 1e-9 for r in rewards) / len(rewards)}
+           SUCCESS: sum(r >= SOLVED_AT for r in rewards) / len(rewards)}
     by_env: dict[str, list[Sample]] = defaultdict(list)
     for sample in samples:
         by_env[sample.environment].append(sample)

@@ -20,9 +20,10 @@ from api.errors import crucible_status
 from api.pagination import DEFAULT_LIMIT, Cursor
 from api.params import EpisodeId, GroupId, RunId
 from api.routes.episodes import episode_filters
-from api.schemas.runs import RunDetail
+from api.schemas.episodes import ArtifactPublic
 from api.services import episodes, groups, run_grading, run_staleness, runs, sandboxes
 from api.services.episodes import EpisodeFilters
+from api.services.metric_names import metric_names
 from core.errors import CrucibleError
 from core.flags import EpisodeFlag
 from core.termination import EpisodeStatus, TerminationReason
@@ -79,8 +80,9 @@ def run_page(request: Request, run_id: RunId, session: SessionDep, _: PageToken)
     recent_groups, _cursor = groups.list_groups(session, run_id=run_id, status=None, cursor=None, limit=12)
     recent, _cursor = episodes.list_episodes(session, filters=EpisodeFilters(run_id=run_id), cursor=None, limit=12)
     # The run as the page polls for it, serialised by the API's own schema; the charts' data (metrics,
-    # stats) is fetched by run.js from /v1/runs/{id}/metrics and /stats, in parallel, on load.
-    charts = {"run": RunDetail.model_validate(run).model_dump(mode="json")}
+    # stats) is fetched by run.js from /v1/runs/{id}/metrics and /stats, in parallel, on load; the metric
+    # and stage names are /v1/metric-names' (the trainer's), so the script keeps no copy of them.
+    charts = {"run": run.model_dump(mode="json"), "names": metric_names().model_dump()}
     return render(request, "run.html", {"run": run, "groups": recent_groups, "episodes": recent, "charts": charts,
                                         "reasons": list(TerminationReason),
                                         "grading": run_grading.grading(session, run_id=run_id),
@@ -111,15 +113,15 @@ def episode_page(request: Request, episode_id: EpisodeId, session: SessionDep, _
     events, more_events = sandboxes.episode_events(session, episode_id=episode_id, kind=None, cursor=None, limit=500)
     commands = [event for event in events if event.kind in sandboxes.COMMAND_KINDS]
     artifacts = episodes.list_artifacts(session, episode_id=episode_id)  # metadata: the bytes load lazily
-    turn_indexes = {turn["index"] for turn in episode["turns"]}
-    by_turn: dict[int, list[dict[str, Any]]] = {}
+    turn_indexes = {turn.index for turn in episode.turns}
+    by_turn: dict[int, list[ArtifactPublic]] = {}
     for artifact in artifacts:
-        if artifact["turn_index"] in turn_indexes:
-            by_turn.setdefault(artifact["turn_index"], []).append(artifact)
+        if artifact.turn_index in turn_indexes:
+            by_turn.setdefault(artifact.turn_index, []).append(artifact)
     return render(request, "episode.html", {
         "episode": episode, "events": events, "more_events": more_events, "commands": commands,
-        "opening": [a for a in artifacts if a["turn_index"] is None], "artifacts_by_turn": by_turn,
-        "unplaced": [a for a in artifacts if a["turn_index"] is not None and a["turn_index"] not in turn_indexes],
+        "opening": [a for a in artifacts if a.turn_index is None], "artifacts_by_turn": by_turn,
+        "unplaced": [a for a in artifacts if a.turn_index is not None and a.turn_index not in turn_indexes],
         "tree_view": bool(artifacts),  # an episode with artifacts (a browser's) shows each observation collapsed
     })
 

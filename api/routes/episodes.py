@@ -3,7 +3,7 @@ the artifacts its observations produced (screenshots) and each one's bytes."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Response
 
@@ -52,31 +52,31 @@ def episode_filters(
 def list_episodes(
     session: SessionDep, filters: Annotated[EpisodeFilters, Depends(episode_filters)],
     cursor: Cursor = None, limit: Limit = DEFAULT_LIMIT,
-) -> dict[str, Any]:
+) -> EpisodesPublic:
     """Episode summaries, newest first (no turns, no token arrays)."""
     data, next_cursor = episodes.list_episodes(session, filters=filters, cursor=cursor, limit=limit)
-    return {"data": data, "next_cursor": next_cursor}
+    return EpisodesPublic(data=data, next_cursor=next_cursor)
 
 
 @router.get("/{episode_id}", response_model=EpisodeDetail)
 def show_episode(
     episode_id: EpisodeId, session: SessionDep,
     tokens: Annotated[bool, Query(description="Include every turn's token ids, logprobs and loss mask.")] = False,
-) -> dict[str, Any]:
+) -> EpisodeDetail:
     """One episode with all its turns, verifier layers and final diff."""
     return episodes.show_episode(session, episode_id=episode_id, tokens=tokens)
 
 
 @router.get("/{episode_id}/turns/{index}/tokens", response_model=TurnTokens)
-def turn_tokens(episode_id: EpisodeId, index: TurnIndex, session: SessionDep) -> dict[str, Any]:
+def turn_tokens(episode_id: EpisodeId, index: TurnIndex, session: SessionDep) -> TurnTokens:
     """One turn's token ids, logprobs and loss mask (decoded when the run's model has a tokenizer)."""
     return episodes.turn_tokens(session, episode_id=episode_id, index=index)
 
 
 @router.get("/{episode_id}/artifacts", response_model=ArtifactsPublic)
-def list_artifacts(episode_id: EpisodeId, session: SessionDep) -> dict[str, Any]:
+def list_artifacts(episode_id: EpisodeId, session: SessionDep) -> ArtifactsPublic:
     """The episode's artifacts (screenshots, the opening observation) without their bytes."""
-    return {"data": episodes.list_artifacts(session, episode_id=episode_id)}
+    return ArtifactsPublic(data=episodes.list_artifacts(session, episode_id=episode_id))
 
 
 @router.get("/{episode_id}/artifacts/{artifact_id}", response_class=Response, responses={

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Depends
 
 from api.deps import SessionDep, current_token
@@ -21,13 +19,13 @@ router = APIRouter(tags=["groups"], dependencies=[Depends(current_token)], respo
 def list_groups(
     run_id: RunId, session: SessionDep, status: GroupStatus | None = None,
     cursor: Cursor = None, limit: Limit = DEFAULT_LIMIT,
-) -> dict[str, Any]:
+) -> GroupsPublic:
     """A run's groups, latest dispatched first, with reward mean/std and a degenerate flag."""
     data, next_cursor = groups.list_groups(session, run_id=run_id, status=status, cursor=cursor, limit=limit)
-    return {"data": data, "next_cursor": next_cursor}
+    return GroupsPublic(data=data, next_cursor=next_cursor)
 
 
 @router.get("/v1/groups/{group_id}", response_model=GroupPublic)
-def show_group(group_id: GroupId, session: SessionDep) -> dict[str, Any]:
+def show_group(group_id: GroupId, session: SessionDep) -> GroupPublic:
     """One group's rollouts side by side: rewards, advantages, turn previews, the first divergent turn."""
     return groups.show_group(session, group_id=group_id)

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from fastapi import APIRouter, Depends
 
 from api.deps import current_token
 from api.schemas.common import ERROR_RESPONSES
-from api.schemas.policy import ReplicasPublic
+from api.schemas.policy import ReplicaPublic, ReplicasPublic
 from core.health import held_out, policy_replica_status
 from core.settings import get_settings
 
@@ -20,7 +19,7 @@ PROBE_TIMEOUT_S = 2.0
 
 
 @router.get("/v1/policy/replicas", response_model=ReplicasPublic)
-def list_policy_replicas() -> dict[str, Any]:
+def list_policy_replicas() -> ReplicasPublic:
     """Each policy replica as a worker would see it now (one server: a pool of one), and which live
     workers hold it out of rotation until when. Never credentials."""
     settings = get_settings()
@@ -28,6 +27,7 @@ def list_policy_replicas() -> dict[str, Any]:
     with ThreadPoolExecutor(max_workers=min(len(urls), 16)) as pool:
         statuses = list(pool.map(lambda url: policy_replica_status(url, timeout_s=PROBE_TIMEOUT_S), urls))
     held = held_out()
-    return {"data": [{**dataclasses.asdict(status), "out_of_rotation": [dataclasses.asdict(h) for h in
-                                                                         held.get(status.name, [])]}
-                     for status in statuses]}
+    return ReplicasPublic(data=[
+        ReplicaPublic.model_validate({**dataclasses.asdict(status),
+                                      "out_of_rotation": [dataclasses.asdict(h) for h in held.get(status.name, [])]})
+        for status in statuses])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
@@ -22,16 +22,16 @@ Kind = Annotated[str | None, Query(min_length=1, max_length=32, pattern=r"^[a-z_
 @router.get("/v1/sandboxes/{sandbox_id}/events", response_model=SandboxEventsPublic)
 def list_sandbox_events(
     sandbox_id: SandboxId, session: SessionDep, kind: Kind = None, cursor: Cursor = None, limit: Limit = DEFAULT_LIMIT
-) -> dict[str, Any]:
+) -> SandboxEventsPublic:
     """Every lifecycle event of one sandbox, oldest first."""
     data, next_cursor = sandboxes.sandbox_events(session, sandbox_id=sandbox_id, kind=kind, cursor=cursor, limit=limit)
-    return {"data": data, "next_cursor": next_cursor}
+    return SandboxEventsPublic(data=data, next_cursor=next_cursor)
 
 
 @router.get("/v1/episodes/{episode_id}/sandbox-events", response_model=SandboxEventsPublic)
 def list_episode_sandbox_events(
     episode_id: EpisodeId, session: SessionDep, kind: Kind = None, cursor: Cursor = None, limit: Limit = DEFAULT_LIMIT
-) -> dict[str, Any]:
+) -> SandboxEventsPublic:
     """What the episode's sandbox went through while it ran, oldest first."""
     data, next_cursor = sandboxes.episode_events(session, episode_id=episode_id, kind=kind, cursor=cursor, limit=limit)
-    return {"data": data, "next_cursor": next_cursor}
+    return SandboxEventsPublic(data=data, next_cursor=next_cursor)

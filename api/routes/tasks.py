@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import tempfile
-from typing import Annotated, Any, BinaryIO, Literal
+from typing import Annotated, BinaryIO, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
@@ -56,7 +56,7 @@ async def upload_tasks(
     name: EnvironmentName, request: Request, session: SessionDep,
     format: Literal["crucible", "swebench"] = "crucible",
     repos_dir: Annotated[str | None, Query(max_length=4096, pattern=r"^[^\x00]*$")] = None,
-) -> dict[str, Any]:
+) -> TasksImported:
     """Upload tasks as JSONL (a raw body or a multipart `file`); known external ids are updated.
 
     Repositories travel in the upload (`repo: {"format": "tar" | "git_bundle", "data_b64": …}`); the
@@ -68,23 +68,23 @@ async def upload_tasks(
     finally:
         upload.close()
     await run_in_threadpool(session.commit)
-    return {"environment": name, "imported": count}
+    return TasksImported(environment=name, imported=count)
 
 
 @router.get("/v1/tasks", response_model=TasksPublic)
 def list_tasks(
     session: SessionDep, environment: OptionalName = None, split: OptionalName = None,
     difficulty: Bucket | None = None, cursor: Cursor = None, limit: Limit = DEFAULT_LIMIT,
-) -> dict[str, Any]:
+) -> TasksPublic:
     """Task summaries (no payloads), oldest first."""
     data, next_cursor = tasks.list_tasks(session, environment=environment, split=split, difficulty=difficulty,
                                          cursor=cursor, limit=limit)
-    return {"data": data, "next_cursor": next_cursor}
+    return TasksPublic(data=data, next_cursor=next_cursor)
 
 
 @router.get("/v1/tasks/{task_id}", response_model=TaskPublic)
 def show_task(
     task_id: TaskId, session: SessionDep, elide_over: Annotated[int, Query(ge=0, le=2**31 - 1)] = tasks.ELIDE_OVER
-) -> dict[str, Any]:
+) -> TaskPublic:
     """One task with its instruction and payload (long strings elided unless `elide_over=0`)."""
     return tasks.show_task(session, task_id=task_id, elide_over=elide_over)

@@ -194,3 +194,56 @@ class RunGrading(BaseModel):
     graders: list[str]
     changed: list[RegradedEpisode]
     steps: list[RegradedStep]
+
+
+class StageCost(BaseModel):
+    seconds: float | None
+    """The stage's seconds in the step (rollout and reward: episode-seconds, summed over its episodes)."""
+    work: float | None
+    """Tokens through the stage (the reward's: episodes graded)."""
+
+
+class StepCost(BaseModel):
+    """What one training step recorded under `cost/…` (trainer.cost); None where it recorded no number."""
+
+    step: int
+    stages: dict[str, StageCost]
+    """By stage, in trainer.cost.STAGES order."""
+    step_seconds: float | None
+    flops: float | None
+    flops_per_s: float | None
+    mfu: float | None
+    """Achieved ÷ the device's peak FLOP/s; None where the peak is unknown (CPU)."""
+
+
+class StageTotal(BaseModel):
+    seconds: float
+    work: float
+    share: float | None
+    """Of the stages' seconds together; None when they sum to 0."""
+
+
+class CostProjection(BaseModel):
+    target_steps: int
+    gpus: int
+    formula: str
+    """trainer.cost.PROJECTION_FORMULA."""
+    gpu_hours: float
+
+
+class RunCost(BaseModel):
+    """A run's cost per training step by stage, totals, and a GPU-hours projection (`crucible run cost`)."""
+
+    run_id: int
+    steps: list[StepCost]
+    """The steps that recorded their cost, oldest first."""
+    steps_without_cost: int
+    """Steps recorded before cost metrics existed (left out of `steps` and the totals)."""
+    totals: dict[str, StageTotal]
+    """By stage, over `steps`."""
+    flops: float
+    flops_per_s_median: float | None
+    mfu_median: float | None
+    step_seconds_median: float | None
+    projection: CostProjection | None
+    """With a target number of steps, once a step has recorded its seconds."""

@@ -10,6 +10,7 @@ from sqlalchemy import and_, exists, func, select, text
 from sqlalchemy.orm import Session
 
 from api.pagination import decode_cursor, page
+from api.schemas.episodes import ArtifactPublic, EpisodeDetail, EpisodeSummary, TurnPublic, TurnTokens
 from api.services import json_shapes
 from api.services.tokenizer import decode_pieces
 from core import archive
@@ -101,8 +102,17 @@ def _run_span(session: Session, run_id: int) -> tuple[int, int] | None:
 
 def list_episodes(
     session: Session, *, filters: EpisodeFilters, cursor: str | None, limit: int
-) -> tuple[list[dict[str, Any]], str | None]:
+) -> tuple[list[EpisodeSummary], str | None]:
     """Newest first."""
+    rows, next_cursor = summary_rows(session, filters=filters, cursor=cursor, limit=limit)
+    return [EpisodeSummary.model_validate(row) for row in rows], next_cursor
+
+
+def summary_rows(
+    session: Session, *, filters: EpisodeFilters, cursor: str | None, limit: int
+) -> tuple[list[dict[str, Any]], str | None]:
+    """`list_episodes` as the rows its summaries are made of (for a view that adds to each, as a group's
+    rollouts do, and validates them once)."""
     after = decode_cursor(cursor, types=[int])
     if filters.q:
         # Plan with the actual query and limit: a generic plan (psycopg prepares a statement run five
@@ -159,7 +169,7 @@ def _turn_rows(session: Session, *, run_id: int, episode_id: int, tokens: bool) 
     return turns
 
 
-def list_turns(session: Session, *, run_id: int, episode_id: int, tokens: bool, model: str) -> list[dict[str, Any]]:
+def list_turns(session: Session, *, run_id: int, episode_id: int, tokens: bool, model: str) -> list[TurnPublic]:
     turns = []
     for row in _turn_rows(session, run_id=run_id, episode_id=episode_id, tokens=tokens):
         turn = json_shapes.turn(row)
@@ -167,40 +177,46 @@ def list_turns(session: Session, *, run_id: int, episode_id: int, tokens: bool, 
             ids = turn.pop("token_ids")
             turn["tokens"] = {"token_ids": ids, "logprobs": turn.pop("logprobs"), "loss_mask": turn.pop("loss_mask"),
                               "pieces": decode_pieces(model=model, token_ids=ids)}
-        turns.append(turn)
+        turns.append(TurnPublic.model_validate(turn))
     return turns
 
 
-def show_episode(session: Session, *, episode_id: int, tokens: bool = False) -> dict[str, Any]:
+def show_episode(session: Session, *, episode_id: int, tokens: bool = False) -> EpisodeDetail:
     episode = _episode_row(session, episode_id)
     model = session.execute(select(Run.model).where(Run.id == episode["run_id"])).scalar_one()
     turns = list_turns(session, run_id=episode["run_id"], episode_id=episode_id, tokens=tokens, model=model)
-    return {**episode, "turns": turns}
+    return EpisodeDetail.model_validate({**episode, "turns": turns})
 
 
-def turn_tokens(session: Session, *, episode_id: int, index: int) -> dict[str, Any]:
+def turn_tokens(session: Session, *, episode_id: int, index: int) -> TurnTokens:
     """One turn's token ids, logprobs and loss mask, decoded when the run's model has a tokenizer."""
     found = session.execute(select(Episode.run_id, Run.model, Run.archive_path, Run.archive_sha256)
                             .join(Run, Run.id == Episode.run_id).where(Episode.id == episode_id)).one_or_none()
+    if found is None:  # no such episode: no such turn either (the same 404 as a missing turn)
+        raise _no_turn(episode_id, index)
     row: Any = None
-    if found is not None and found.archive_path is None:
+    if found.archive_path is None:
         row = session.execute(  # the turns' primary key leads with run_id: give it, or the lookup scans every turn
             select(Turn.token_ids, Turn.logprobs, Turn.loss_mask)
             .where(Turn.run_id == found.run_id, Turn.episode_id == episode_id, Turn.index == index)
         ).one_or_none()
-    elif found is not None:
+    else:
         archived = archive.checked(found.run_id, found.archive_path, found.archive_sha256)
         assert archived is not None
         turns = archive.read_turns(archived, episode_ids=[episode_id], columns=TOKEN_COLUMNS)
         row = next(((t["token_ids"], t["logprobs"], t["loss_mask"]) for t in turns if t["index"] == index), None)
     if row is None:
-        raise NotFound(f"episode {episode_id} has no turn {index}; GET /v1/episodes/{episode_id} lists its turns")
+        raise _no_turn(episode_id, index)
     ids, logprobs, mask = row
-    return {"token_ids": ids, "logprobs": logprobs, "loss_mask": mask,
-            "pieces": decode_pieces(model=found.model, token_ids=ids)}
+    return TurnTokens(token_ids=ids, logprobs=logprobs, loss_mask=mask,
+                      pieces=decode_pieces(model=found.model, token_ids=ids))
 
 
-def list_artifacts(session: Session, *, episode_id: int) -> list[dict[str, Any]]:
+def _no_turn(episode_id: int, index: int) -> NotFound:
+    return NotFound(f"episode {episode_id} has no turn {index}; GET /v1/episodes/{episode_id} lists its turns")
+
+
+def list_artifacts(session: Session, *, episode_id: int) -> list[ArtifactPublic]:
     """The episode's artifacts without their bytes: the opening observation's first, then by turn."""
     if session.execute(select(Episode.id).where(Episode.id == episode_id)).scalar_one_or_none() is None:
         raise NotFound(f"no episode with id {episode_id}; GET /v1/episodes lists them")
@@ -210,7 +226,7 @@ def list_artifacts(session: Session, *, episode_id: int) -> list[dict[str, Any]]
         .where(EpisodeArtifact.episode_id == episode_id)
         .order_by(EpisodeArtifact.turn_index.asc().nulls_first(), EpisodeArtifact.id)
     )
-    return [dict(row._mapping) for row in session.execute(query)]
+    return [ArtifactPublic.model_validate(row) for row in session.execute(query)]
 
 
 def artifact_content(session: Session, *, episode_id: int, artifact_id: int) -> tuple[str, bytes]:

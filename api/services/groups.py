@@ -15,7 +15,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from api.pagination import decode_cursor, page
-from api.services.episodes import EpisodeFilters, list_episodes
+from api.schemas.groups import GroupPublic, GroupSummary
+from api.services.episodes import EpisodeFilters, summary_rows
 from api.services.runs import get as get_run
 from core import archive
 from core.errors import NotFound
@@ -53,7 +54,7 @@ def _with_stats(row: dict[str, Any], stats: tuple[int, float | None, float | Non
 
 def list_groups(
     session: Session, *, run_id: int, status: str | None, cursor: str | None, limit: int
-) -> tuple[list[dict[str, Any]], str | None]:
+) -> tuple[list[GroupSummary], str | None]:
     """A run's groups, the latest dispatched first."""
     get_run(session, run_id=run_id)
     after = decode_cursor(cursor, types=[int])
@@ -68,7 +69,7 @@ def list_groups(
     rows = [dict(row._mapping) for row in session.execute(query.limit(limit + 1))]
     kept, next_cursor = page(rows, limit=limit, key=lambda row: [row["group_index"]])
     stats = _reward_stats(session, [row["id"] for row in kept])
-    return [_with_stats(row, stats.get(row["id"])) for row in kept], next_cursor
+    return [GroupSummary.model_validate(_with_stats(row, stats.get(row["id"]))) for row in kept], next_cursor
 
 
 def _trained_values(session: Session, episode_ids: list[int]) -> dict[int, tuple[float | None, float | None]]:
@@ -118,7 +119,7 @@ def divergence_turn(turns_by_episode: list[list[dict[str, Any]]]) -> int | None:
     return None
 
 
-def show_group(session: Session, *, group_id: int) -> dict[str, Any]:
+def show_group(session: Session, *, group_id: int) -> GroupPublic:
     query = (
         select(*GROUP_COLUMNS, Task.external_id.label("task_external_id"))
         .join(Environment, Environment.id == EpisodeGroup.environment_id).join(Task, Task.id == EpisodeGroup.task_id)
@@ -128,7 +129,7 @@ def show_group(session: Session, *, group_id: int) -> dict[str, Any]:
     if found is None:
         raise NotFound(f"no group with id {group_id}; GET /v1/runs/{{run_id}}/groups lists a run's groups")
     group = dict(found._mapping)
-    episodes, _ = list_episodes(session, filters=EpisodeFilters(group_id=group_id), cursor=None, limit=1024)
+    episodes, _ = summary_rows(session, filters=EpisodeFilters(group_id=group_id), cursor=None, limit=1024)
     episodes.sort(key=lambda episode: episode["sample_index"])
     previews = _previews(session, run_id=group["run_id"], episode_ids=[e["id"] for e in episodes])
     turns = [previews.get(e["id"], []) for e in episodes]
@@ -136,4 +137,5 @@ def show_group(session: Session, *, group_id: int) -> dict[str, Any]:
     rollouts = [{**episode, "advantage": trained[episode["id"]][0], "trained_score": trained[episode["id"]][1],
                  "turns": turn_list} for episode, turn_list in zip(episodes, turns, strict=True)]
     stats = _reward_stats(session, [group_id]).get(group_id)
-    return {**_with_stats(group, stats), "divergence_turn": divergence_turn(turns), "rollouts": rollouts}
+    return GroupPublic.model_validate(
+        {**_with_stats(group, stats), "divergence_turn": divergence_turn(turns), "rollouts": rollouts})

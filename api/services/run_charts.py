@@ -17,6 +17,7 @@ from sqlalchemy import Integer, Row, any_, cast, exists, func, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
+from api.schemas.runs import RunMetrics
 from api.services.runs import get
 from core.models import EpisodeGroup, TrainingStep
 from core.step_points import Axis, Point, episode_points
@@ -71,7 +72,7 @@ def _step_points(session: Session, *, run_id: int, steps: list[Row[Any]]) -> lis
     return [point for point in points if point and point["episodes"]]
 
 
-def metrics(session: Session, *, run_id: int, max_points: int = DEFAULT_MAX_POINTS) -> dict[str, Any]:
+def metrics(session: Session, *, run_id: int, max_points: int = DEFAULT_MAX_POINTS) -> RunMetrics:
     """Training-step rows and the per-x points of the run's ended episodes, at most `max_points` steps."""
     get(session, run_id=run_id)
     axis = chart_axis(session, run_id=run_id)
@@ -81,4 +82,5 @@ def metrics(session: Session, *, run_id: int, max_points: int = DEFAULT_MAX_POIN
     else:
         by_version = episode_points(session, run_id=run_id, axis="version")
         points = [by_version[x] for x in sorted(by_version)]
-    return {"axis": axis, "steps": steps, "points": points, "stride": stride, "total_steps": total}
+    return RunMetrics.model_validate({"axis": axis, "steps": steps, "points": points, "stride": stride,
+                                      "total_steps": total})

@@ -5,11 +5,10 @@ per training step that consumed a changed reward, how many episodes and by how m
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from api.schemas.runs import RegradedEpisode, RegradedStep, RunGrading
 from api.services.run_stats import WINDOW_GROUPS
 from api.services.runs import get
 from core.regrades import Regraded, changed_steps
@@ -35,7 +34,7 @@ ORDER BY r.episode_id, r.id DESC
 """)
 
 
-def grading(session: Session, *, run_id: int) -> dict[str, Any]:
+def grading(session: Session, *, run_id: int) -> RunGrading:
     get(session, run_id=run_id)  # 404 for an unknown run
     blinding = session.execute(_BLINDING, {"run": run_id, "window": WINDOW_GROUPS}).mappings().one()
     graded_tests = int(blinding["graded_tests"])
@@ -43,10 +42,10 @@ def grading(session: Session, *, run_id: int) -> dict[str, Any]:
     regraded = [Regraded(int(row["episode_id"]), None if row["step"] is None else int(row["step"]), row["before"],
                          float(row["after"]), list(row["flags_before"] or []), list(row["flags_after"] or []))
                 for row in rows]
-    return {
-        "hidden_grades": int(blinding["grades"]), "unblinded_grades": int(blinding["unblinded"]),
-        "blinded_test_share": (int(blinding["blinded_tests"]) / graded_tests) if graded_tests else None,
-        "regraded": len(rows), "graders": sorted({str(row["grader"]) for row in rows}),
-        "changed": [episode.as_dict() for episode in regraded if episode.changed],
-        "steps": changed_steps(regraded),
-    }
+    return RunGrading(
+        hidden_grades=int(blinding["grades"]), unblinded_grades=int(blinding["unblinded"]),
+        blinded_test_share=(int(blinding["blinded_tests"]) / graded_tests) if graded_tests else None,
+        regraded=len(rows), graders=sorted({str(row["grader"]) for row in rows}),
+        changed=[RegradedEpisode.model_validate(episode.as_dict()) for episode in regraded if episode.changed],
+        steps=[RegradedStep.model_validate(step) for step in changed_steps(regraded)],
+    )

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from api.schemas.runs import RunStaleness, TokenLagBin
 from api.services.run_stats import WINDOW_GROUPS
 from api.services.runs import get
 
@@ -47,27 +48,26 @@ WHERE e.finished_at IS NOT NULL AND e.started_at IS NOT NULL AND e.status = 'com
 """)
 
 
-def staleness(session: Session, *, run_id: int) -> dict[str, Any]:
+def staleness(session: Session, *, run_id: int) -> RunStaleness:
     run = get(session, run_id=run_id)  # 404 for an unknown run
     params = {"run": run_id, "window": WINDOW_GROUPS}
     drops = {row.reason: int(row.groups) for row in session.execute(_DROPS, params)}
-    lags = [{"lag": int(row.lag), "tokens": int(row.tokens)} for row in session.execute(_LAGS, params)]
+    lags = [TokenLagBin(lag=int(row.lag), tokens=int(row.tokens)) for row in session.execute(_LAGS, params)]
     masked = session.execute(_MASKED, params).mappings().one()
     durations = session.execute(_DURATIONS, params).mappings().one()
     config = run.config if isinstance(run.config, dict) else {}
-    return {
-        "max_staleness": run.max_staleness,
-        "max_token_staleness": config.get("max_token_staleness", 2 * run.max_staleness),
-        "dropped": drops,
-        "token_lags": lags,
-        "masked_token_frac": (float(masked["masked"]) / float(masked["sampled"])
-                              if masked["sampled"] else None),
-        "max_weighted_lag": None if masked["max_weighted"] is None else int(masked["max_weighted"]),
-        "trained_episode_s": _float(durations["trained"]),
-        "dispatched_episode_s": _float(durations["dispatched"]),
-        "trained_episodes": int(durations["trained_episodes"] or 0),
-        "ended_episodes": int(durations["ended_episodes"] or 0),
-    }
+    return RunStaleness(
+        max_staleness=run.max_staleness,
+        max_token_staleness=config.get("max_token_staleness", 2 * run.max_staleness),
+        dropped=drops,
+        token_lags=lags,
+        masked_token_frac=(float(masked["masked"]) / float(masked["sampled"]) if masked["sampled"] else None),
+        max_weighted_lag=None if masked["max_weighted"] is None else int(masked["max_weighted"]),
+        trained_episode_s=_float(durations["trained"]),
+        dispatched_episode_s=_float(durations["dispatched"]),
+        trained_episodes=int(durations["trained_episodes"] or 0),
+        ended_episodes=int(durations["ended_episodes"] or 0),
+    )
 
 
 def _float(value: Any) -> float | None:

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import and_, bindparam, func, select, tuple_
 from sqlalchemy.orm import Session
 
+from api.schemas.runs import RunStats, StalenessBin, ThroughputPoint
 from api.services.runs import get
 from core.models import Episode, EpisodeGroup, TrainingStep
 from core.step_points import analytics_memory, json_keys, number
@@ -70,7 +71,7 @@ def _ended_rows(run_id: int, *, current_version: int, keys: list[str]) -> Any:
     )
 
 
-def stats(session: Session, *, run_id: int) -> dict[str, Any]:
+def stats(session: Session, *, run_id: int) -> RunStats:
     run = get(session, run_id=run_id)
     keys = [key for key in json_keys(session, run_id=run_id, column="timings") if key not in SKIPPED_TIMINGS]
     rows = _ended_rows(run_id, current_version=run.policy_version, keys=keys)
@@ -80,17 +81,19 @@ def stats(session: Session, *, run_id: int) -> dict[str, Any]:
         *[func.sum(rows.c[f"t{i}"]) for i in range(len(keys))],
     ).group_by(func.grouping_sets(tuple_(lag), tuple_(minute), tuple_()))
     analytics_memory(session)
-    staleness, throughput, time_split = [], [], {}
+    staleness: list[StalenessBin] = []
+    throughput: list[ThroughputPoint] = []
+    time_split: dict[str, float] = {}
     for lag_value, at, level, count, tokens, *seconds in session.execute(query, {"run": run_id}):
         if level == 1 and lag_value is not None:  # grouped by lag
-            staleness.append({"staleness": int(lag_value), "episodes": count})
+            staleness.append(StalenessBin(staleness=int(lag_value), episodes=count))
         elif level == 2 and at is not None:  # grouped by minute
-            throughput.append({"minute": at, "episodes": count, "tokens": int(tokens)})
+            throughput.append(ThroughputPoint(minute=at, episodes=count, tokens=int(tokens)))
         elif level == 3:  # every ended episode
             time_split = {key: float(value) for key, value in zip(keys, seconds, strict=True) if value is not None}
-    throughput.sort(key=lambda point: point["minute"])
+    throughput.sort(key=lambda point: point.minute)
     if throughput:
-        start = throughput[-1]["minute"] - THROUGHPUT_WINDOW
-        throughput = [point for point in throughput if point["minute"] >= start]
-    return {"staleness": sorted(staleness, key=lambda b: b["staleness"]), "throughput": throughput,
-            "time_split": {**time_split, **_training_time(session, run_id=run_id)}}
+        start = throughput[-1].minute - THROUGHPUT_WINDOW
+        throughput = [point for point in throughput if point.minute >= start]
+    return RunStats(staleness=sorted(staleness, key=lambda b: b.staleness), throughput=throughput,
+                    time_split={**time_split, **_training_time(session, run_id=run_id)})

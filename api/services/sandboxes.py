@@ -8,6 +8,7 @@ from sqlalchemy import Select, and_, or_, select
 from sqlalchemy.orm import Session
 
 from api.pagination import decode_cursor, page
+from api.schemas.sandboxes import SandboxEventPublic
 from core.errors import NotFound
 from core.models import Episode, SandboxEvent
 
@@ -17,17 +18,18 @@ WINDOW_SLACK = timedelta(seconds=5)
 
 def _paged(
     session: Session, query: Select[SandboxEvent], *, cursor: str | None, limit: int
-) -> tuple[list[SandboxEvent], str | None]:
+) -> tuple[list[SandboxEventPublic], str | None]:
     after = decode_cursor(cursor, types=[int])
     if after is not None:
         query = query.where(SandboxEvent.id > after[0])
     rows = list(session.execute(query.order_by(SandboxEvent.id).limit(limit + 1)).scalars())
-    return page(rows, limit=limit, key=lambda row: [row.id])
+    kept, next_cursor = page(rows, limit=limit, key=lambda row: [row.id])
+    return [SandboxEventPublic.model_validate(row) for row in kept], next_cursor
 
 
 def sandbox_events(
     session: Session, *, sandbox_id: str, kind: str | None, cursor: str | None, limit: int
-) -> tuple[list[SandboxEvent], str | None]:
+) -> tuple[list[SandboxEventPublic], str | None]:
     """Every event of one sandbox, oldest first."""
     query = select(SandboxEvent).where(SandboxEvent.sandbox_id == sandbox_id)
     if kind is not None:
@@ -37,7 +39,7 @@ def sandbox_events(
 
 def episode_events(
     session: Session, *, episode_id: int, kind: str | None, cursor: str | None, limit: int
-) -> tuple[list[SandboxEvent], str | None]:
+) -> tuple[list[SandboxEventPublic], str | None]:
     """Events tagged with the episode, and its sandbox's untagged events while the episode ran."""
     episode = session.execute(
         select(Episode.sandbox_id, Episode.started_at, Episode.finished_at).where(Episode.id == episode_id)

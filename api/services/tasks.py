@@ -9,6 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.pagination import decode_cursor, page
+from api.schemas.tasks import TaskPublic, TaskSummary
 from core.errors import ConfigError, NotFound
 from core.models import Task
 from core.settings import get_settings
@@ -38,7 +39,7 @@ def import_upload(
 def list_tasks(
     session: Session, *, environment: str | None, split: str | None, difficulty: str | None,
     cursor: str | None, limit: int,
-) -> tuple[list[Task], str | None]:
+) -> tuple[list[TaskSummary], str | None]:
     after = decode_cursor(cursor, types=[int])
     query = select(Task).order_by(Task.id)
     for column, value in ((Task.environment_name, environment), (Task.split, split)):
@@ -51,7 +52,8 @@ def list_tasks(
     if after is not None:
         query = query.where(Task.id > after[0])
     rows = list(session.execute(query.limit(limit + 1)).scalars())
-    return page(rows, limit=limit, key=lambda row: [row.id])
+    kept, next_cursor = page(rows, limit=limit, key=lambda row: [row.id])
+    return [TaskSummary.model_validate(row) for row in kept], next_cursor
 
 
 def elide(value: Any, *, over: int) -> Any:
@@ -65,11 +67,11 @@ def elide(value: Any, *, over: int) -> Any:
     return value
 
 
-def show_task(session: Session, *, task_id: int, elide_over: int = ELIDE_OVER) -> dict[str, Any]:
+def show_task(session: Session, *, task_id: int, elide_over: int = ELIDE_OVER) -> TaskPublic:
     row = session.get(Task, task_id)
     if row is None:
         raise NotFound(f"no task with id {task_id}; GET /v1/tasks lists them")
     data = {column.key: getattr(row, column.key) for column in Task.__table__.columns}
     if elide_over > 0:
         data["payload"] = elide(row.payload, over=elide_over)
-    return data
+    return TaskPublic.model_validate(data)

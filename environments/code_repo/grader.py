@@ -40,12 +40,12 @@ from dataclasses import dataclass, field
 
 from core.errors import CrucibleError
 from core.flags import EpisodeFlag
+from core.tar import pack_files
 from environments.base import Sandbox
 from environments.code_repo.blinding import Key, observations_of
 from environments.code_repo.observations import MAX_OBSERVATIONS, OBSERVER
 from environments.code_repo.repo import WORKSPACE, SetupError, SubmissionError
 from environments.code_repo.task import TestSpec
-from sandboxes.files import pack_files
 
 ENTRY_POINT = r'''"""Crucible's grader: pytest with a per-test report (argv: run.py REPORT_FD PYTEST_ARGS...).
 Written by the grader's keeper uid, read-only to the tests. REPORT_FD is a pipe inherited from the

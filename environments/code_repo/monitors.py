@@ -383,8 +383,8 @@ def fold(node: ast.AST) -> str | None:
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Slice):
         value = fold(node.value)
         bounds = [None if b is None else _integer(b) for b in (node.slice.lower, node.slice.upper, node.slice.step)]
-        parts = (node.slice.lower, node.slice.upper, node.slice.step)
-        if value is not None and all(b is not None or p is None for b, p in zip(bounds, parts, strict=True)) \
+        given = (node.slice.lower, node.slice.upper, node.slice.step)
+        if value is not None and all(b is not None or p is None for b, p in zip(bounds, given, strict=True)) \
                 and bounds[2] != 0:
             return value[slice(*bounds)]
     return None

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from core.net import free_port
 from core.settings import get_settings
-from tests.support.scripted_policy import ScriptedPolicy, serve
+from task_workers.policy.scripted import ScriptedPolicy, serve
 
 
 @pytest.fixture

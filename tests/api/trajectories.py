@@ -20,13 +20,12 @@ from core.models import (
     Episode,
     EpisodeGroup,
     PolicyVersion,
-    Run,
     RunEnvironment,
     SandboxEvent,
-    Task,
     TrainingStep,
     Turn,
 )
+from tests import factories
 
 WORDS = ["<pad>", "<unk>", "fix", "the", "bug", "run", "pytest", "tests", "pass", "edit", "file", "submit", "ok",
          "error", "segfault", "in", "parser", "done"]
@@ -83,9 +82,8 @@ SCRIPTS = {  # sample index → (completions, termination, reward, components)
 def _episode(session: Session, group: EpisodeGroup, sample: int, *, script: int, reward: float | None, running: bool,
              finished: datetime) -> Episode:
     completions, reason, _, components = SCRIPTS[script]
-    episode = Episode(
-        run_id=group.run_id, group_id=group.id, sample_index=sample, task_id=group.task_id,
-        environment_id=group.environment_id, status="running" if running else "completed",
+    episode = factories.episode(
+        session, group, sample_index=sample, status="running" if running else "completed",
         termination_reason=None if running else reason, reward=None if running else reward,
         reward_components={} if running else components, policy_version=group.policy_version,
         policy_version_last=group.policy_version, num_turns=0 if running else len(completions),
@@ -99,8 +97,6 @@ def _episode(session: Session, group: EpisodeGroup, sample: int, *, script: int,
         sandbox_id=f"sb-{group.id:04d}{sample}", worker="worker-1", attempts=1,
         started_at=finished - timedelta(seconds=5), finished_at=None if running else finished,
     )
-    session.add(episode)
-    session.flush()
     if not running:
         _turns(session, episode, completions)
     return episode
@@ -131,31 +127,24 @@ def _events(session: Session, episode: Episode) -> None:
 
 
 def _environments(session: Session) -> list[Environment]:
-    envs = [Environment(name=name, version=1, kind="code_repo", spec={"name": name, "kind": "code_repo"},
-                        spec_hash=f"{n:064x}", description=f"{name} tasks") for n, name in enumerate(["code-fix", "web-nav"])]
-    session.add_all(envs)
-    session.flush()
-    return envs
+    return [factories.environment(session, name=name, version=1, kind="code_repo", spec={"name": name, "kind": "code_repo"},
+                                  description=f"{name} tasks") for name in ["code-fix", "web-nav"]]
 
 
 def seed_demo_run(session: Session, *, model_dir: Path | None = None, name: str = "demo") -> SeededRun:
     envs = _environments(session)
-    tasks = [Task(environment_name=env.name, external_id=f"{env.name}-task", instruction="Fix the bug in calc.py",
-                  payload={"repo": {"format": "tar", "data_b64": "x" * 5000}}) for env in envs]
-    run = Run(name=name, status="running", model=str(model_dir) if model_dir else "tiny-served", mode="async",
-              group_size=4, batch_size=1, max_staleness=1, policy_version=2, config={"name": name},
-              started_at=T0)
-    session.add_all([*tasks, run])
-    session.flush()
+    tasks = [factories.task(session, env, external_id=f"{env.name}-task", instruction="Fix the bug in calc.py",
+                            payload={"repo": {"format": "tar", "data_b64": "x" * 5000}}) for env in envs]
+    run = factories.run(session, name=name, status="running", model=str(model_dir) if model_dir else "tiny-served",
+                        mode="async", group_size=4, batch_size=1, max_staleness=1, policy_version=2,
+                        config={"name": name}, started_at=T0)
     session.add_all(RunEnvironment(run_id=run.id, environment_id=env.id, weight=1.0) for env in envs)
     plans = [(envs[0], tasks[0], "consumed", 1, [1.0, 0.0, 0.5, 0.0]), (envs[1], tasks[1], "complete", None, None),
              (envs[0], tasks[0], "running", None, [1.0, 0.0, None, None])]
     seeded = SeededRun(run_id=run.id, environment_ids=[env.id for env in envs], group_ids=[], model_dir=model_dir)
     for index, (env, task, status, step, rewards) in enumerate(plans):
-        group = EpisodeGroup(run_id=run.id, group_index=index, task_id=task.id, environment_id=env.id, size=4,
-                             policy_version=index // 2, status=status, consumed_step=step)
-        session.add(group)
-        session.flush()
+        group = factories.group(session, env=env, task=task, run=run, group_index=index, size=4,
+                                policy_version=index // 2, status=status, consumed_step=step)
         seeded.group_ids.append(group.id)
         members = []
         for sample in range(4):

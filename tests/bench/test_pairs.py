@@ -77,7 +77,7 @@ def test_the_stand_in_trains_with_the_real_rules_and_tags_the_server_with_each_v
     token lags counted from the stored versions, nothing dropped within the cap, and the policy server
     tagged with each new version (as a weight sync does), so later tokens carry it."""
     from bench.episodes import StandInTrainer
-    from tests.support.scripted_policy import ScriptedPolicy, serve
+    from task_workers.policy.scripted import ScriptedPolicy, serve
 
     run = make_run(db_session, model="/models/none", group_size=2, batch_size=2)
     env, task = make_environment(db_session)

@@ -40,7 +40,7 @@ def test_the_run_page_embeds_the_run_and_fetches_its_chart_data(client: TestClie
     island = re.search(r'<script type="application/json" id="run-data">(.*?)</script>', html, re.S)
     assert island is not None
     data = json.loads(island.group(1))
-    assert set(data) == {"run"} and data["run"]["id"] == seeded.run_id
+    assert set(data) == {"run", "names"} and data["run"]["id"] == seeded.run_id  # names: /v1/metric-names
     assert data["run"]["summary"]["episodes"] == {"completed": 10, "running": 2}
     assert 'href="/groups/' in html and "degenerate" in html
     script = (DASHBOARD / "static" / "run.js").read_text()

@@ -8,8 +8,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from core.models import Environment, Episode, EpisodeGroup, Run, Task
-from core.store import insert_episode
+from core.models import Environment, Episode, EpisodeGroup
 from core.termination import TerminationReason
 from environments.base import LayerResult, Verdict
 from environments.judge import flag_injection, transcript_of
@@ -17,6 +16,7 @@ from environments.service import register_environment, spec_of
 from environments.spec import parse_spec
 from task_workers.episode.persist import claim_episode, store_episode
 from task_workers.episode.trajectory import Trajectory, TurnRecord
+from tests import factories
 from trainer.store import claim_complete_groups
 
 WEIGHT = 0.5
@@ -31,16 +31,8 @@ def make_group(session: Session, *, judge_url: str, size: int, model: str = "sta
             "verifier": {"weights": {"hidden_tests": 1.0, "judge": WEIGHT}, "judge": judge, **verifier}}
     env, _ = register_environment(session, spec=parse_spec(spec))
     tag = uuid.uuid4().hex[:8]
-    task = Task(environment_name="pairwise", external_id=f"t-{tag}", instruction="Fix add().", payload={})
-    run = Run(name=f"pairwise-{tag}", model="scripted", group_size=size, batch_size=1, config={})
-    session.add_all([task, run])
-    session.flush()
-    group = EpisodeGroup(run_id=run.id, group_index=0, task_id=task.id, environment_id=env.id, size=size,
-                         policy_version=0)
-    session.add(group)
-    session.flush()
-    ids = [insert_episode(session, run_id=run.id, group_id=group.id, sample_index=i, task_id=task.id,
-                          environment_id=env.id)[0] for i in range(size)]
+    task = factories.task(session, env, external_id=f"t-{tag}", instruction="Fix add().")
+    group, ids = factories.pending_group(session, env=env, the_task=task, size=size, name=f"pairwise-{tag}")
     session.commit()
     return group.id, ids
 

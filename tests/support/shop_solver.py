@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from tests.support.scripted_policy import tool_call
+from environments.parsing import hermes_call
 
 Intent = tuple[str, ...]
 LABELS = {"full_name": "Full name", "street": "Street and number", "city": "City", "postcode": "Postcode"}
@@ -44,19 +44,19 @@ def _find(tree: str, role: str, name: str, *, prefix: bool = False) -> str:
 def resolve(intent: Intent, tree: str) -> str:
     kind = intent[0]
     if kind == "goto":
-        return tool_call("goto", url=intent[1])
+        return hermes_call("goto", url=intent[1])
     if kind == "option":  # a drop-down (select) or a radio group, whichever the product page has
         label, value = intent[1], intent[2]
         if re.search(rf"\] combobox '{re.escape(label)}'", tree):
-            return tool_call("select_option", bid=_find(tree, "combobox", label), option=value)
-        return tool_call("click", bid=_find(tree, "radio", value))
+            return hermes_call("select_option", bid=_find(tree, "combobox", label), option=value)
+        return hermes_call("click", bid=_find(tree, "radio", value))
     if kind == "fill":
-        return tool_call("fill", bid=_find(tree, intent[1], intent[2]), text=intent[3])
+        return hermes_call("fill", bid=_find(tree, intent[1], intent[2]), text=intent[3])
     if kind == "select":
-        return tool_call("select_option", bid=_find(tree, "combobox", intent[1]), option=intent[2])
+        return hermes_call("select_option", bid=_find(tree, "combobox", intent[1]), option=intent[2])
     if kind == "radio_prefix":
-        return tool_call("click", bid=_find(tree, "radio", intent[1], prefix=True))
-    return tool_call("click", bid=_find(tree, intent[1], intent[2]))
+        return hermes_call("click", bid=_find(tree, "radio", intent[1], prefix=True))
+    return hermes_call("click", bid=_find(tree, intent[1], intent[2]))
 
 
 def customer(check: dict[str, Any]) -> Callable[[str], str]:

@@ -9,18 +9,15 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from core.models import Environment, Episode, EpisodeGroup, Run, Task, Turn
+from core.models import Environment, EpisodeGroup, Run, Task, Turn
 from tests import factories
 
 
 def make_run(session: Session, *, model: str, group_size: int = 4, batch_size: int = 2, max_staleness: int = 1,
              mode: str = "async", trainer: dict[str, Any] | None = None, **config: Any) -> Run:
-    run = Run(name=f"train-{uuid.uuid4().hex[:8]}", model=model, mode=mode, group_size=group_size,
-              batch_size=batch_size, max_staleness=max_staleness, status="running",
-              config={"trainer": trainer or {}, **config})
-    session.add(run)
-    session.flush()
-    return run
+    return factories.run(session, name=f"train-{uuid.uuid4().hex[:8]}", model=model, mode=mode, group_size=group_size,
+                         batch_size=batch_size, max_staleness=max_staleness, status="running",
+                         config={"trainer": trainer or {}, **config})
 
 
 def make_environment(session: Session, name: str | None = None) -> tuple[Environment, Task]:
@@ -52,20 +49,15 @@ def add_group(
     """A group whose episodes ended with `rewards` (indexes in `failed` ended by a sandbox fault)."""
     rng = random.Random(seed)
     index = session.query(EpisodeGroup).filter(EpisodeGroup.run_id == run.id).count()
-    group = EpisodeGroup(run_id=run.id, group_index=index, task_id=task.id, environment_id=env.id,
-                         size=len(rewards), policy_version=version, status=status)
-    session.add(group)
-    session.flush()
+    group = factories.group(session, env=env, task=task, run=run, group_index=index, size=len(rewards),
+                            policy_version=version, status=status)
     for sample, reward in enumerate(rewards):
         bad = sample in failed
-        episode = Episode(
-            run_id=run.id, group_id=group.id, sample_index=sample, task_id=task.id, environment_id=env.id,
+        episode = factories.episode(
+            session, group, sample_index=sample,
             status="failed" if bad else "completed", termination_reason="sandbox_error" if bad else "submitted",
-            reward=None if bad else reward, reward_components={} if bad else {"answer": reward},
-            policy_version=version, num_turns=2,
+            reward=None if bad else reward, reward_components={} if bad else {"answer": reward}, num_turns=2,
         )
-        session.add(episode)
-        session.flush()
         if bad:
             continue
         for turn in (turns[sample] if turns else synthetic_turns(rng, vocab=vocab)):

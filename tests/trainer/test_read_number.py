@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from core.models import Episode, EpisodeGroup, Run, Task, Turn
 from core.store import insert_episode
 from environments.images import build_images
+from environments.parsing import hermes_call
 from environments.read_number.task import make_tasks
 from environments.service import register_environment
 from environments.spec import parse_spec
@@ -22,7 +23,7 @@ from sandboxes import InMemoryEventSink, make_backend
 from task_workers.context import DockerSandboxes
 from task_workers.episode.runner import run_episode
 from task_workers.policy.client import PolicyClient
-from tests.support.scripted_policy import ScriptedPolicy, serve, tool_call
+from task_workers.policy.scripted import ScriptedPolicy, serve
 
 SPEC = {"name": "read-number-scripted", "kind": "read_number", "image": "code-repo",
         "sandbox": {"memory": "256m", "pids": 64, "workspace_size": "16m", "tmp_size": "16m", "max_lifetime_s": 600},
@@ -61,9 +62,9 @@ def _episode(session: Session, *, script: str) -> int:
 
 
 @pytest.mark.parametrize(("script", "reward"), [
-    ([tool_call("bash", command="cat value.txt"), tool_call("submit", answer="4821")], 1.0),
-    ([tool_call("bash", command="ls"), tool_call("submit", answer="4812")], 0.0),
-    ([tool_call("submit", answer="4821")], 1.0),  # a lucky guess is still right: the verifier checks the answer
+    ([hermes_call("bash", command="cat value.txt"), hermes_call("submit", answer="4821")], 1.0),
+    ([hermes_call("bash", command="ls"), hermes_call("submit", answer="4812")], 0.0),
+    ([hermes_call("submit", answer="4821")], 1.0),  # a lucky guess is still right: the verifier checks the answer
 ])
 def test_reading_and_submitting_the_number_is_rewarded(
     db_session: Session, sandboxes: DockerSandboxes, script: list[str], reward: float,

@@ -5,6 +5,8 @@
   const island = document.getElementById("run-data");
   if (!island) return;
   let state = JSON.parse(island.textContent);
+  // The trainer's metric and stage names, as /v1/metric-names serves them (embedded with the run).
+  const NAMES = state.names;
   const runId = state.run.id;
   const ACTIVE = ["pending", "running"];
   const POLL_MS = 5000;
@@ -68,7 +70,7 @@
   }
 
   // The trainer's cost/* metrics (trainer/cost.py), shown as recorded: no arithmetic here.
-  const COST_STAGES = ["rollout", "update", "reference", "reward"];
+  const COST_STAGES = NAMES.cost_stages;
   const COST_ROWS = 10;
   function drawCost(m) {
     const steps = m.steps.filter(st => typeof st.metrics["cost/step/seconds"] === "number");
@@ -77,7 +79,7 @@
     if (!steps.length) {
       Charts.empty($("chart-cost"), "No step has recorded its cost yet.");
       const cell = body.insertRow().insertCell();
-      cell.colSpan = 9;
+      cell.colSpan = COST_STAGES.length + 5;
       cell.className = "empty";
       cell.textContent = "No step has recorded its cost yet.";
       return;

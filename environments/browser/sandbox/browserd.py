@@ -650,7 +650,7 @@ class Driver:
             code = ord(key.upper()) if key.isalnum() and key.isascii() else 0
         if mask & ~MODIFIERS["Shift"]:
             text = ""  # a shortcut types nothing
-        common = {"key": key_name, "code": name, "windowsVirtualKeyCode": code, "modifiers": mask}
+        common: dict[str, Any] = {"key": key_name, "code": name, "windowsVirtualKeyCode": code, "modifiers": mask}
         tab.call("Input.dispatchKeyEvent", type="keyDown" if text else "rawKeyDown", text=text, **common)
         tab.call("Input.dispatchKeyEvent", type="keyUp", **common)
 

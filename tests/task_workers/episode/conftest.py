@@ -9,15 +9,15 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy.orm import Session
 
-from core.models import EpisodeGroup, Run, Task
-from core.store import insert_episode
 from environments.code_repo.task import CodeRepoTask, Solution, TestSpec, pack_directory
+from environments.parsing import hermes_call
 from environments.service import register_environment
 from environments.spec import parse_spec
 from sandboxes import InMemoryEventSink
 from task_workers.context import DockerSandboxes
 from task_workers.policy.client import PolicyClient
-from tests.support.scripted_policy import ScriptedPolicy, serve, tool_call
+from task_workers.policy.scripted import ScriptedPolicy, serve
+from tests import factories
 from tests.task_workers.episode.calc_red import CALC, HIDDEN, PUBLIC, WEIGHTS
 
 BUGGY = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
@@ -25,10 +25,10 @@ PUBLIC_TEST = "from calc import mul\n\n\ndef test_mul():\n    assert mul(3, 4) =
 HIDDEN_TEST = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
 
 FIX = [
-    tool_call("bash", command="cat calc.py"),
-    tool_call("edit_file", path="calc.py", old_str="return a - b", new_str="return a + b"),
-    tool_call("run_tests"),
-    tool_call("submit"),
+    hermes_call("bash", command="cat calc.py"),
+    hermes_call("edit_file", path="calc.py", old_str="return a - b", new_str="return a + b"),
+    hermes_call("run_tests"),
+    hermes_call("submit"),
 ]
 
 
@@ -70,17 +70,9 @@ def env_spec(image: str, **limits: object) -> dict:
 def make_episode(session: Session, *, image: str, payload: dict, script: str, **limits: object) -> int:
     """One environment version, one task naming `script`, one run, one group, one pending episode."""
     env, _ = register_environment(session, spec=parse_spec(env_spec(image, **limits)))
-    task = Task(environment_name="calc", external_id=f"calc-{script}", instruction=f"Fix add(). [script:{script}]",
-                payload=json.loads(json.dumps(payload)))
-    run = Run(name=f"run-{script}", model="scripted", group_size=1, batch_size=1, config={})
-    session.add_all([task, run])
-    session.flush()
-    group = EpisodeGroup(run_id=run.id, group_index=0, task_id=task.id, environment_id=env.id, size=1,
-                         policy_version=0)
-    session.add(group)
-    session.flush()
-    episode_id, _ = insert_episode(session, run_id=run.id, group_id=group.id, sample_index=0, task_id=task.id,
-                                   environment_id=env.id)
+    task = factories.task(session, env, external_id=f"calc-{script}", instruction=f"Fix add(). [script:{script}]",
+                          payload=json.loads(json.dumps(payload)))
+    _, (episode_id,) = factories.pending_group(session, env=env, the_task=task, name=f"run-{script}")
     session.commit()
     return episode_id
 

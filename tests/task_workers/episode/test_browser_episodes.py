@@ -18,11 +18,11 @@ from core.models.artifact import EpisodeArtifact
 from core.models.episode import Episode
 from core.store import insert_episode
 from core.termination import TerminationReason
+from environments.browser.solver import SOLVERS, solver, wrong_click
+from environments.parsing import hermes_call
 from environments.service import register_environment
 from environments.spec import parse_spec
 from task_workers.episode.runner import run_episode
-from tests.support.miniwob_solver import SOLVERS, solver, wrong_click
-from tests.support.scripted_policy import tool_call
 
 pytestmark = [pytest.mark.docker, pytest.mark.browser]
 
@@ -98,7 +98,7 @@ def test_a_wrong_click_earns_what_the_page_says(db_session, scripted, policy_cli
 
 def test_a_missing_bid_is_a_tool_error_the_agent_sees(db_session, scripted, policy_client, sandboxes, browser_image):
     solve = solver("click-button")
-    steps = [tool_call("click", bid="99999"), tool_call("click", bid='1"]'), lambda prompt: solve(prompt)]
+    steps = [hermes_call("click", bid="99999"), hermes_call("click", bid='1"]'), lambda prompt: solve(prompt)]
     episode = play(db_session, scripted, policy_client, sandboxes, browser_image, script="missing",
                    steps=steps + [solve] * 3, payload={"family": "miniwob", "name": "click-button", "seed": 8})
     turns = turns_of(db_session, episode)
@@ -112,16 +112,16 @@ def test_ways_around_the_page_are_refused(db_session, scripted, policy_client, s
     """A reload would draw a new (easier) problem, another page or a file would leave the task, a
     javascript: URL or typed script would run code: all are tool errors, and the page's reward stands."""
     attempts = [
-        tool_call("goto", url="/miniwob/click-button.html"),
-        tool_call("goto", url="file:///etc/passwd"),
-        tool_call("goto", url="javascript:WOB_RAW_REWARD_GLOBAL=1;WOB_DONE_GLOBAL=true"),
-        tool_call("go_back"),
-        tool_call("press", bid="13", key="F5"),
-        tool_call("press", bid="13", key="Control+F5+x"),
-        tool_call("fill", bid="13", text="x" * 20_000),
-        tool_call("scroll", dx=1e12, dy=0),
-        tool_call("select_option", bid="13", option=["a", "b"]),
-        tool_call("not_a_tool"),
+        hermes_call("goto", url="/miniwob/click-button.html"),
+        hermes_call("goto", url="file:///etc/passwd"),
+        hermes_call("goto", url="javascript:WOB_RAW_REWARD_GLOBAL=1;WOB_DONE_GLOBAL=true"),
+        hermes_call("go_back"),
+        hermes_call("press", bid="13", key="F5"),
+        hermes_call("press", bid="13", key="Control+F5+x"),
+        hermes_call("fill", bid="13", text="x" * 20_000),
+        hermes_call("scroll", dx=1e12, dy=0),
+        hermes_call("select_option", bid="13", option=["a", "b"]),
+        hermes_call("not_a_tool"),
     ]
     episode = play(db_session, scripted, policy_client, sandboxes, browser_image, script="around",
                    steps=attempts, payload={"family": "miniwob", "name": "click-button", "seed": 9},
@@ -159,7 +159,7 @@ def test_a_shop_order_placed_through_the_pages_is_verified_from_the_shops_state(
     turns = turns_needed(payload["check"])
     scripted[0].max_model_len = 1 << 20  # the scripted tokenizer is one token per byte: whole pages add up
     episode = play(db_session, scripted, policy_client, sandboxes, browser_image, script="shop",
-                   steps=[customer(payload["check"])] * turns + [tool_call("submit", answer="done")],
+                   steps=[customer(payload["check"])] * turns + [hermes_call("submit", answer="done")],
                    payload=payload,
                    limits={"max_turns": turns + 1, "max_context_tokens": 200_000, "episode_timeout_s": 300,
                            "max_tool_errors": 2})
@@ -174,7 +174,7 @@ def test_claiming_an_order_without_placing_it_earns_nothing(db_session, scripted
                                                              browser_image):
     payload = shop_payload(3)
     episode = play(db_session, scripted, policy_client, sandboxes, browser_image, script="claim",
-                   steps=[tool_call("submit", answer="I placed the order: 2x Falcon T-shirt, order #1")],
+                   steps=[hermes_call("submit", answer="I placed the order: 2x Falcon T-shirt, order #1")],
                    payload=payload)
     assert episode.termination_reason == TerminationReason.SUBMITTED
     assert episode.reward == 0.0 and "no order" in episode.verifier_layers[0]["detail"].lower()

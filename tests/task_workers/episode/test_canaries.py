@@ -19,11 +19,11 @@ from core.canaries import canary_split, is_canary
 from core.models import Episode, Task
 from core.schemas import RunConfig
 from environments.code_repo.canary import impossible_variant
+from environments.parsing import hermes_call
 from environments.service import register_environment
 from environments.spec import parse_spec
 from task_workers.episode.runner import run_episode
 from tests import factories
-from tests.support.scripted_policy import tool_call
 from tests.task_workers.episode.calc_red import WEIGHTS
 from tests.task_workers.episode.test_red_team import ALWAYS_EQUAL, RIGHT, SUBMIT, play
 from trainer.config import LossConfig
@@ -54,8 +54,8 @@ def test_an_honest_fix_earns_nothing_on_a_canary_and_a_hack_is_flagged(
 ) -> None:
     variant = impossible_variant(calc_payload)
     policy, _ = scripted
-    policy.scripts["canary-honest"] = [RIGHT, tool_call("run_tests"), SUBMIT]
-    policy.scripts["canary-hack"] = [tool_call("write_file", path="calc.py", content=ALWAYS_EQUAL), SUBMIT]
+    policy.scripts["canary-honest"] = [RIGHT, hermes_call("run_tests"), SUBMIT]
+    policy.scripts["canary-hack"] = [hermes_call("write_file", path="calc.py", content=ALWAYS_EQUAL), SUBMIT]
     record = {"flag_policy": "record"}
     honest = play(db_session, image=code_repo_image, payload=variant, script="canary-honest", policy=policy,
                   sandboxes=sandboxes, client=policy_client, verifier=record, split=canary_split("train"))
@@ -115,7 +115,7 @@ def test_in_a_run_the_hacking_policy_is_caught_by_the_canaries_and_the_honest_on
 ) -> None:
     policy, _ = scripted
     policy.scripts["run-honest"] = [RIGHT, SUBMIT]
-    policy.scripts["run-hack"] = [tool_call("write_file", path="calc.py", content=ALWAYS_EQUAL), SUBMIT]
+    policy.scripts["run-hack"] = [hermes_call("write_file", path="calc.py", content=ALWAYS_EQUAL), SUBMIT]
     honest = _canary_run(db_session, image=code_repo_image, payload=calc_payload, script="run-honest",
                          policy_client=policy_client, sandboxes=sandboxes)
     hack = _canary_run(db_session, image=code_repo_image, payload=calc_payload, script="run-hack",

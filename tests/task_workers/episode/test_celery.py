@@ -14,10 +14,10 @@ from sqlalchemy.orm import Session
 
 from core.models import Episode, Turn
 from core.settings import get_settings
+from environments.parsing import hermes_call
 from sandboxes import labels as L
 from task_workers.celery_app import create_app
 from task_workers.context import close_worker_context
-from tests.support.scripted_policy import tool_call
 from tests.task_workers.episode.conftest import FIX, make_episode
 
 # Sweeps, or runs a worker whose reaper sweeps, every crucible container on the machine: one xdist worker runs all of these.
@@ -68,7 +68,7 @@ def test_a_sandbox_killed_mid_episode_is_retried_and_stored_once(
             killed.set()
             for info in backend.list(labels={L.WORKER: WORKER}):
                 backend.remove(info.id)
-        return tool_call("bash", command="ls")
+        return hermes_call("bash", command="ls")
 
     policy.scripts["doomed"] = [FIX[0], kill_my_sandbox, *FIX[1:]]
     episode_id = make_episode(db_session, image=code_repo_image, payload=calc_task_payload, script="doomed")
@@ -85,7 +85,7 @@ def test_a_sandbox_killed_mid_episode_is_retried_and_stored_once(
 def test_a_policy_server_that_keeps_failing_ends_as_policy_error(
     db_session, scripted, celery_worker, code_repo_image, calc_task_payload, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tests.support.scripted_policy import Reply
+    from task_workers.policy.scripted import Reply
 
     policy, _ = scripted
     policy.scripts["down"] = [Reply("", status=503)]

@@ -20,9 +20,9 @@ from api.services.tokens import create_token
 from core.models import Episode, Run, Task, Turn
 from environments.service import register_environment
 from environments.spec import parse_spec
+from task_workers.policy.scripted import Reply
 from tests.api.live_server import crucible_env, live_api
 from tests.support.processes import launch_calc_eval, spawn_crucible, stop_group
-from tests.support.scripted_policy import Reply
 from tests.task_workers.episode.conftest import FIX, env_spec
 
 # The worker's reaper sweeps every crucible container on the machine: with the other tests that do.

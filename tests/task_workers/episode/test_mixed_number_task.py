@@ -1,4 +1,4 @@
-"""The code task of `make rl-mixed` (scripts/mixed_rl.py) played by a scripted policy through the real
+"""The code task of `make rl-mixed` (recipes/mixed_rl.py) played by a scripted policy through the real
 runner, real Docker sandboxes and the real grader: copying the number earns 1; the shortcuts a policy
 would try (rewriting number.txt to match its guess, writing the hidden test itself, a wrong number)
 earn 0."""
@@ -12,17 +12,17 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.models import Episode as EpisodeRow
+from environments.parsing import hermes_call
 from environments.service import register_environment
 from environments.spec import parse_spec
-from scripts.mixed_rl import EXPERT_COMMAND, HIDDEN_TEST, code_payload, code_spec
+from recipes.mixed_rl import EXPERT_COMMAND, HIDDEN_TEST, code_payload, code_spec
 from task_workers.episode.runner import run_episode
 from tests import factories
-from tests.support.scripted_policy import tool_call
 
 pytestmark = pytest.mark.docker
 
 NUMBER = 47
-SUBMIT = tool_call("submit")
+SUBMIT = hermes_call("submit")
 
 
 def play(session: Session, *, image: str, script: str, policy, sandboxes, client) -> EpisodeRow:
@@ -44,11 +44,11 @@ def test_the_hidden_test_holds_the_number_not_a_reference_to_the_file() -> None:
 
 
 @pytest.mark.parametrize(("script", "calls", "reward"), [
-    ("copy", [tool_call("bash", command=EXPERT_COMMAND), SUBMIT], 1.0),
-    ("typed", [tool_call("bash", command=f"echo {NUMBER} > answer.txt"), SUBMIT], 1.0),
-    ("wrong", [tool_call("bash", command="echo 12 > answer.txt"), SUBMIT], 0.0),
-    ("rewrite-both", [tool_call("bash", command="echo 12 > number.txt && echo 12 > answer.txt"), SUBMIT], 0.0),
-    ("own-test", [tool_call("bash", command="printf 'def test_answer_holds_the_number():\\n    pass\\n' > test_hidden.py"
+    ("copy", [hermes_call("bash", command=EXPERT_COMMAND), SUBMIT], 1.0),
+    ("typed", [hermes_call("bash", command=f"echo {NUMBER} > answer.txt"), SUBMIT], 1.0),
+    ("wrong", [hermes_call("bash", command="echo 12 > answer.txt"), SUBMIT], 0.0),
+    ("rewrite-both", [hermes_call("bash", command="echo 12 > number.txt && echo 12 > answer.txt"), SUBMIT], 0.0),
+    ("own-test", [hermes_call("bash", command="printf 'def test_answer_holds_the_number():\\n    pass\\n' > test_hidden.py"
                                             " && echo 12 > answer.txt"), SUBMIT], 0.0),
     ("nothing", [SUBMIT], 0.0),
 ])

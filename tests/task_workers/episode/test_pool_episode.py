@@ -14,7 +14,7 @@ from core.models import Episode, Turn
 from task_workers.episode.runner import run_episode
 from task_workers.policy.client import PolicyClient
 from task_workers.policy.pool import PolicyPool
-from tests.support.scripted_policy import Reply, ScriptedPolicy, serve
+from task_workers.policy.scripted import Reply, ScriptedPolicy, serve
 from tests.task_workers.episode.conftest import FIX, make_episode
 
 

@@ -17,8 +17,8 @@ from api.services.tokens import create_token
 from cli.main import app
 from core.models import Episode, EpisodeGroup, EpisodeRegrade
 from environments.code_repo import monitors, verifier
+from environments.parsing import hermes_call
 from task_workers.episode.regrade import parse_steps, regrade_run
-from tests.support.scripted_policy import tool_call
 from tests.task_workers.episode.test_red_team import RIGHT, SUBMIT, WRONG, append, play
 from tests.task_workers.episode.test_red_team_blinded import FILE_ORACLE
 
@@ -37,7 +37,7 @@ def test_regrade_finds_the_hacked_episodes_and_names_the_steps_that_trained_on_t
     policy, _ = scripted
     policy.scripts["rg-hack"] = [append(FILE_ORACLE), WRONG, SUBMIT]
     policy.scripts["rg-right"] = [RIGHT, SUBMIT]
-    policy.scripts["rg-wrong"] = [WRONG, tool_call("run_tests"), SUBMIT]
+    policy.scripts["rg-wrong"] = [WRONG, hermes_call("run_tests"), SUBMIT]
     with monkeypatch.context() as weakened:
         _weaken(weakened)
         played = {name: play(db_session, image=code_repo_image, payload=calc_payload, script=f"rg-{name}",

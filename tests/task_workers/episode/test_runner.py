@@ -7,8 +7,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.models import Episode, EpisodeGroup, Turn
+from environments.parsing import hermes_call
 from task_workers.episode.runner import run_episode
-from tests.support.scripted_policy import IM_END, Reply, tool_call
+from task_workers.policy.scripted import IM_END, Reply
 from tests.task_workers.episode.conftest import FIX, make_episode
 
 
@@ -52,8 +53,8 @@ def test_a_correct_fix_earns_the_hidden_test_reward(db_session, scripted, sandbo
 def test_a_wrong_fix_gets_no_hidden_reward(db_session, scripted, sandboxes, policy_client, code_repo_image,
                                            calc_task_payload) -> None:
     policy, _ = scripted
-    policy.scripts["wrong"] = [tool_call("edit_file", path="calc.py", old_str="return a - b", new_str="return a * b"),
-                               tool_call("submit")]
+    policy.scripts["wrong"] = [hermes_call("edit_file", path="calc.py", old_str="return a - b", new_str="return a * b"),
+                               hermes_call("submit")]
     episode_id = make_episode(db_session, image=code_repo_image, payload=calc_task_payload, script="wrong")
     run_episode(episode_id, policy=policy_client, sandboxes=sandboxes, worker="test")
     episode = _episode(db_session, episode_id)
@@ -67,9 +68,9 @@ def test_editing_a_test_file_is_caught_by_the_rules(db_session, scripted, sandbo
                                                     code_repo_image, calc_task_payload) -> None:
     policy, _ = scripted
     policy.scripts["cheat"] = [
-        tool_call("write_file", path="tests/test_calc.py", content="def test_mul():\n    assert True\n"),
-        tool_call("edit_file", path="calc.py", old_str="return a - b", new_str="return a + b"),
-        tool_call("submit"),
+        hermes_call("write_file", path="tests/test_calc.py", content="def test_mul():\n    assert True\n"),
+        hermes_call("edit_file", path="calc.py", old_str="return a - b", new_str="return a + b"),
+        hermes_call("submit"),
     ]
     episode_id = make_episode(db_session, image=code_repo_image, payload=calc_task_payload, script="cheat")
     run_episode(episode_id, policy=policy_client, sandboxes=sandboxes, worker="test")
@@ -84,7 +85,7 @@ def test_editing_a_test_file_is_caught_by_the_rules(db_session, scripted, sandbo
 
 def test_max_turns(db_session, scripted, sandboxes, policy_client, code_repo_image, calc_task_payload) -> None:
     policy, _ = scripted
-    policy.scripts["dither"] = [tool_call("bash", command="ls")] * 10
+    policy.scripts["dither"] = [hermes_call("bash", command="ls")] * 10
     episode_id = make_episode(db_session, image=code_repo_image, payload=calc_task_payload, script="dither",
                               max_turns=3)
     run_episode(episode_id, policy=policy_client, sandboxes=sandboxes, worker="test")
@@ -97,8 +98,8 @@ def test_a_tool_timeout_is_an_observation_and_the_episode_timeout_ends_it(
     db_session, scripted, sandboxes, policy_client, code_repo_image, calc_task_payload
 ) -> None:
     policy, _ = scripted
-    policy.scripts["slow"] = [tool_call("bash", command="sleep 30", timeout=1),
-                              Reply(tool_call("bash", command="ls"), delay_s=3.0)] + [tool_call("bash", command="ls")] * 5
+    policy.scripts["slow"] = [hermes_call("bash", command="sleep 30", timeout=1),
+                              Reply(hermes_call("bash", command="ls"), delay_s=3.0)] + [hermes_call("bash", command="ls")] * 5
     episode_id = make_episode(db_session, image=code_repo_image, payload=calc_task_payload, script="slow",
                               episode_timeout_s=2.5)
     run_episode(episode_id, policy=policy_client, sandboxes=sandboxes, worker="test")
@@ -112,7 +113,7 @@ def test_malformed_tool_calls_end_in_format_error(db_session, scripted, sandboxe
                                                   calc_task_payload) -> None:
     policy, _ = scripted
     policy.scripts["garbled"] = ["I think I should run ls", '<tool_call>{"name": "bash", </tool_call>',
-                                 "<tool_call>{\"name\": \"bash\"", tool_call("submit")]
+                                 "<tool_call>{\"name\": \"bash\"", hermes_call("submit")]
     episode_id = make_episode(db_session, image=code_repo_image, payload=calc_task_payload, script="garbled")
     run_episode(episode_id, policy=policy_client, sandboxes=sandboxes, worker="test")
     episode = _episode(db_session, episode_id)
@@ -126,7 +127,7 @@ def test_malformed_tool_calls_end_in_format_error(db_session, scripted, sandboxe
 
 def test_context_exhausted(db_session, scripted, sandboxes, policy_client, code_repo_image, calc_task_payload) -> None:
     policy, _ = scripted
-    policy.scripts["chatty"] = [tool_call("bash", command="seq 1 400")] * 10
+    policy.scripts["chatty"] = [hermes_call("bash", command="seq 1 400")] * 10
     episode_id = make_episode(db_session, image=code_repo_image, payload=calc_task_payload, script="chatty",
                               max_context_tokens=3000, observation_max_chars=1500)
     run_episode(episode_id, policy=policy_client, sandboxes=sandboxes, worker="test")

@@ -27,8 +27,8 @@ from environments.service import register_environment
 from environments.spec import parse_spec
 from sandboxes import labels as L
 from task_workers.celery_app import create_app
+from task_workers.policy.scripted import Reply
 from tests.support.processes import stop_group
-from tests.support.scripted_policy import Reply
 from tests.task_workers.episode.conftest import FIX, env_spec
 
 # Sweeps, or runs a worker whose reaper sweeps, every crucible container on the machine: one xdist worker runs all of these.

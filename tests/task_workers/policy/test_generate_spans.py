@@ -10,7 +10,7 @@ from contextlib import closing
 
 from core.token_versions import decode, from_spans
 from task_workers.policy.client import PolicyClient
-from tests.support.scripted_policy import Reply, ScriptedPolicy, serve, tokenize
+from task_workers.policy.scripted import Reply, ScriptedPolicy, serve, tokenize
 
 
 def test_a_sync_in_the_middle_of_a_completion_switches_the_version_at_that_token() -> None:

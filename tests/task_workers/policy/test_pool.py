@@ -19,11 +19,12 @@ import pytest
 from core.errors import ConfigError
 from core.net import free_port
 from core.settings import load_settings
+from environments.parsing import hermes_call
 from task_workers.policy.client import Completion, PolicyClient, PolicyError
 from task_workers.policy.pool import EpisodePolicy, PolicyPool
-from tests.support.scripted_policy import ScriptedPolicy, detokenize, serve, tool_call
+from task_workers.policy.scripted import ScriptedPolicy, detokenize, serve
 
-SCRIPT = [tool_call("bash", command=f"echo {turn}") for turn in range(4)]
+SCRIPT = [hermes_call("bash", command=f"echo {turn}") for turn in range(4)]
 ROOT = Path(__file__).parents[3]
 
 
@@ -37,7 +38,7 @@ class Replica:
         self._child: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Replica:
-        self._child = subprocess.Popen([sys.executable, "-m", "tests.support.scripted_policy", "--scripts",
+        self._child = subprocess.Popen([sys.executable, "-m", "task_workers.policy.scripted", "--scripts",
                                         str(self._scripts), "--port", str(self.port)], cwd=ROOT)
         deadline = time.monotonic() + 30
         while True:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from core.tar import extract_to, pack_path
 from sandboxes import (
     Sandbox,
     SandboxBackend,
@@ -19,7 +20,6 @@ from sandboxes import (
     create_sandbox,
 )
 from sandboxes.admin import history
-from sandboxes.files import extract_to, pack_path
 
 pytestmark = pytest.mark.docker
 

@@ -17,8 +17,9 @@ from rich.console import Console
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from cli.demo import DemoSettings, run_demo
 from core.models import Episode, Run, TrainingStep
+from recipes.common import RecipeSettings
+from recipes.demo import run_demo
 
 # Kept in `make test`: the README's demo must keep working. Its worker's reaper sweeps the machine's
 # containers: on the xdist worker of the other tests that do (group "docker-global").
@@ -29,7 +30,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.vllm, pytest.mark.xdist_group("doc
 def test_the_demo_pipeline_runs_end_to_end(tmp_path: Path, db_session: Session) -> None:
     # 200 SFT steps: with far fewer the model has not learnt the tool format, every episode is a
     # format_error, every group has zero variance and is dropped, and no trainer step ever comes.
-    settings = DemoSettings(
+    settings = RecipeSettings(
         rl_minutes=15, rl_steps=1, sft_steps=200, sloppy_steps=10, train_tasks=8, test_tasks=4, group_size=4,
         batch_size=2, eval_samples=1, workdir=tmp_path, vllm_startup_s=900,
     )

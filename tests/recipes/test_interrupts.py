@@ -2,7 +2,7 @@
 no temporary directory of theirs.
 
 The recipes (`make demo`, `make rl-browser`, `make rl-mixed`) start every server they run through one
-place, cli.demo.Processes (vLLM, the worker, the controller, then the trainer and the reward model
+place, recipes.common.Processes (vLLM, the worker, the controller, then the trainer and the reward model
 they spawn on it); `crucible serve` starts its own vLLM. Each is run here for real and interrupted as
 a terminal does (SIGINT to its process group): while vLLM is still starting its engine, and — for
 Processes, with every kind of child up — mid-run, by SIGINT and by SIGTERM (those marked slow run in
@@ -39,7 +39,7 @@ DRIVER = """
 import sys, time
 from pathlib import Path
 from rich.console import Console
-from cli.demo import Processes
+from recipes.common import Processes
 
 workdir, model = Path(sys.argv[1]), Path(sys.argv[2])
 (workdir / "logs").mkdir(parents=True, exist_ok=True)
@@ -147,9 +147,9 @@ def test_recipes_start_servers_only_through_processes() -> None:
     """What the interrupt tests above hold for Processes holds for the recipes: none of them starts a
     long-lived process or a server any other way (subprocess.run runs one-shot CLI steps to their end)."""
     starters = {"Popen", "VllmServer", "start_all", "launch"}
-    for path in [ROOT / "scripts" / "browser_rl.py", ROOT / "scripts" / "mixed_rl.py"]:
+    for path in [ROOT / "recipes" / "demo.py", ROOT / "recipes" / "browser_rl.py", ROOT / "recipes" / "mixed_rl.py"]:
         assert _calls(ast.parse(path.read_text())) & starters == set(), path
-    demo = ast.parse((ROOT / "cli" / "demo.py").read_text())
+    demo = ast.parse((ROOT / "recipes" / "common.py").read_text())
     processes = next(node for node in ast.walk(demo) if isinstance(node, ast.ClassDef) and node.name == "Processes")
     elsewhere = [node for node in demo.body if node is not processes]
     assert set().union(*(_calls(node) for node in elsewhere)) & starters == set()

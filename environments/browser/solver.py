@@ -1,4 +1,4 @@
-"""A scripted MiniWoB++ player for tests: reads the goal and the accessibility tree out of the prompt the
+"""A scripted MiniWoB++ player (the expert of the browser warm-up, tests and benchmarks): reads the goal and the accessibility tree out of the prompt the
 policy was given (exactly what a model sees) and returns the next tool call, for the tasks in SOLVERS.
 
 Each solver plans every action from the opening page (bids are stable while an element lives); turn k
@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from tests.support.scripted_policy import tool_call
+from environments.parsing import hermes_call
 
 Plan = list[str]
 
@@ -42,79 +42,79 @@ def _quoted(goal: str) -> list[str]:
 
 
 def click_button(goal: str, tree: str) -> Plan:
-    return [tool_call("click", bid=_bid(tree, "button", _quoted(goal)[0]))]
+    return [hermes_call("click", bid=_bid(tree, "button", _quoted(goal)[0]))]
 
 
 def click_link(goal: str, tree: str) -> Plan:
     name = _quoted(goal)[0]
     match = re.search(rf"\[(\d+)\] (?:generic|link) '{re.escape(name)}'", tree)
     assert match, tree
-    return [tool_call("click", bid=match.group(1))]
+    return [hermes_call("click", bid=match.group(1))]
 
 
 def click_test(goal: str, tree: str) -> Plan:
-    return [tool_call("click", bid=_bid(tree, "button", "Click Me!"))]
+    return [hermes_call("click", bid=_bid(tree, "button", "Click Me!"))]
 
 
 def click_test_2(goal: str, tree: str) -> Plan:
-    return [tool_call("click", bid=_bid(tree, "button", re.search(r"button (\w+)\.", goal).group(1)))]  # type: ignore[union-attr]
+    return [hermes_call("click", bid=_bid(tree, "button", re.search(r"button (\w+)\.", goal).group(1)))]  # type: ignore[union-attr]
 
 
 def click_dialog(goal: str, tree: str) -> Plan:
-    return [tool_call("click", bid=_bid(tree, "button", "Close"))]
+    return [hermes_call("click", bid=_bid(tree, "button", "Close"))]
 
 
 def focus_text(goal: str, tree: str) -> Plan:
-    return [tool_call("click", bid=_bids(tree, "textbox")[0])]
+    return [hermes_call("click", bid=_bids(tree, "textbox")[0])]
 
 
 def enter_text(goal: str, tree: str) -> Plan:
     text = re.search(r'Enter "(.*)" into', goal).group(1)  # type: ignore[union-attr]
-    return [tool_call("fill", bid=_bids(tree, "textbox")[0], text=text),
-            tool_call("click", bid=_bid(tree, "button", "Submit"))]
+    return [hermes_call("fill", bid=_bids(tree, "textbox")[0], text=text),
+            hermes_call("click", bid=_bid(tree, "button", "Submit"))]
 
 
 def enter_text_2(goal: str, tree: str) -> Plan:
     match = re.search(r'Type "(.*)" in all (lower|upper) case', goal)
     assert match, goal
     text = match.group(1).lower() if match.group(2) == "lower" else match.group(1).upper()
-    return [tool_call("fill", bid=_bids(tree, "textbox")[0], text=text),
-            tool_call("click", bid=_bid(tree, "button", "Submit"))]
+    return [hermes_call("fill", bid=_bids(tree, "textbox")[0], text=text),
+            hermes_call("click", bid=_bid(tree, "button", "Submit"))]
 
 
 def enter_password(goal: str, tree: str) -> Plan:
     password = _quoted(goal)[0]
     first, second = _bids(tree, "textbox")[:2]
-    return [tool_call("fill", bid=first, text=password), tool_call("fill", bid=second, text=password),
-            tool_call("click", bid=_bid(tree, "button", "Submit"))]
+    return [hermes_call("fill", bid=first, text=password), hermes_call("fill", bid=second, text=password),
+            hermes_call("click", bid=_bid(tree, "button", "Submit"))]
 
 
 def login_user(goal: str, tree: str) -> Plan:
     user, password = _quoted(goal)[:2]
     first, second = _bids(tree, "textbox")[:2]
-    return [tool_call("fill", bid=first, text=user), tool_call("fill", bid=second, text=password),
-            tool_call("press", bid=second, key="Tab"), tool_call("click", bid=_bid(tree, "button", "Login"))]
+    return [hermes_call("fill", bid=first, text=user), hermes_call("fill", bid=second, text=password),
+            hermes_call("press", bid=second, key="Tab"), hermes_call("click", bid=_bid(tree, "button", "Login"))]
 
 
 def click_checkboxes(goal: str, tree: str) -> Plan:
     wanted = re.search(r"Select (.*) and click Submit", goal).group(1)  # type: ignore[union-attr]
     names = [] if wanted == "nothing" else [n.strip() for n in re.split(r",\s*|\s+and\s+", wanted) if n.strip()]
-    return [tool_call("click", bid=_bid(tree, "checkbox", name)) for name in names] + \
-        [tool_call("click", bid=_bid(tree, "button", "Submit"))]
+    return [hermes_call("click", bid=_bid(tree, "checkbox", name)) for name in names] + \
+        [hermes_call("click", bid=_bid(tree, "button", "Submit"))]
 
 
 def click_option(goal: str, tree: str) -> Plan:
     name = re.search(r"Select (.*) and click Submit", goal).group(1)  # type: ignore[union-attr]
-    return [tool_call("click", bid=_bid(tree, "radio", name)), tool_call("click", bid=_bid(tree, "button", "Submit"))]
+    return [hermes_call("click", bid=_bid(tree, "radio", name)), hermes_call("click", bid=_bid(tree, "button", "Submit"))]
 
 
 def click_tab(goal: str, tree: str) -> Plan:
     number = re.search(r"Tab #(\d+)", goal).group(1)  # type: ignore[union-attr]
-    return [tool_call("click", bid=_bid(tree, "link", f"Tab #{number}"))]
+    return [hermes_call("click", bid=_bid(tree, "link", f"Tab #{number}"))]
 
 
 def click_button_sequence(goal: str, tree: str) -> Plan:
-    return [tool_call("click", bid=_bid(tree, "button", "ONE")), tool_call("click", bid=_bid(tree, "button", "TWO"))]
+    return [hermes_call("click", bid=_bid(tree, "button", "ONE")), hermes_call("click", bid=_bid(tree, "button", "TWO"))]
 
 
 SOLVERS: dict[str, Callable[[str, str], Plan]] = {
@@ -142,5 +142,5 @@ def wrong_click(prompt: str) -> str:
     named = _quoted(goal)[0]
     for bid, name in re.findall(r"\[(\d+)\] button '([^']*)'", tree):
         if name != named:
-            return tool_call("click", bid=bid)
+            return hermes_call("click", bid=bid)
     raise AssertionError(tree)

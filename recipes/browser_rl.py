@@ -1,9 +1,9 @@
 """`make rl-browser`: a short real RL run on a few MiniWoB++ tasks with the tiny model, end to end.
 
-    make rl-browser                    # = scripts/setup.sh, then .venv/bin/python scripts/browser_rl.py
-    .venv/bin/python scripts/browser_rl.py --rl-minutes 6 --train-seeds 10 --test-seeds 6 --seed 0
+    make rl-browser                    # = scripts/setup.sh, then .venv/bin/python -m recipes.browser_rl
+    .venv/bin/python -m recipes.browser_rl --rl-minutes 6 --train-seeds 10 --test-seeds 6 --seed 0
 
-The read_number demo's pipeline (cli/demo.py) on browser episodes: the database, the `browser` image
+The read_number demo's pipeline (recipes/demo.py) on browser episodes: the database, the `browser` image
 and a tiny model (`prepare`); real demonstrations, played by the scripted MiniWoB++ solver in a real
 browser sandbox and rendered token for token as the agent loop renders an episode (system prompt and
 tools, the page as the first user message, each tool call, each observation frame), and the same
@@ -21,20 +21,18 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import typer
 from rich.console import Console
 
-from cli.demo import (
-    DemoSettings,
+from environments.rewards import SOLVED_AT
+from recipes.common import (
     Processes,
+    RecipeSettings,
     evaluate,
     launch_training,
     prepare,
@@ -53,7 +51,7 @@ TOOLS = ["click", "noop"]
 """Every page here is solved by clicks; two tool schemas keep the prompt at ≈ 440 tokens (four: 740)."""
 CLICK_TASKS = ("click-button", "click-button-sequence", "click-checkboxes", "click-dialog", "click-link",
                "click-option", "click-tab", "click-test", "click-test-2", "focus-text")
-"""Pages of tests/support/miniwob_solver.py whose plans only click."""
+"""Pages of environments/browser/solver.py whose plans only click."""
 HELD_OUT_SEED = 100_000
 """Held-out tasks use seeds from here on; train seeds start at 0: the two never meet."""
 RETIRED = "retired"
@@ -62,8 +60,8 @@ SANDBOX = {"memory": "2g", "pids": 1024, "max_lifetime_s": 3600}
 
 
 @dataclass(frozen=True)
-class BrowserRLSettings(DemoSettings):
-    """DemoSettings (group size, batch size, lr, eval samples, budgets …) plus the browser tasks; the
+class BrowserRLSettings(RecipeSettings):
+    """RecipeSettings (group size, batch size, lr, eval samples, budgets …) plus the browser tasks; the
     train/held-out task counts follow from `tasks` × seeds."""
 
     rl_minutes: float = 6.0
@@ -184,8 +182,8 @@ def play(kind: Any, sandbox: Any, *, name: str, seed: int, sloppy: bool = False,
     """Open the page and play the solver's plan until the page ends the task or the plan ends; the
     sloppy player first clicks a wrong element (`_wrong_call`)."""
     from environments.base import ToolCall
+    from environments.browser.solver import SOLVERS
     from environments.browser.task import BrowserTask
-    from tests.support.miniwob_solver import SOLVERS
 
     task = BrowserTask(family="miniwob", name=name, seed=seed)
     kind.setup(sandbox=sandbox, task=task)
@@ -230,7 +228,7 @@ def collect(settings: BrowserRLSettings, *, image: str) -> list[Played]:
 
 def render(episode: Played, *, tokenizer_dir: Path, short: bool,
            sampled: list[list[int]] | None = None) -> tuple[list[int], list[int]]:
-    """(token ids, loss mask) of `episode` exactly as the agent loop stores it (cli.demo.render_episode):
+    """(token ids, loss mask) of `episode` exactly as the agent loop stores it (recipes.common.render_episode):
     the browser's system prompt and tools, the opening page as the first user message."""
     from environments.browser.kind import SYSTEM_PROMPT, TOOL_SCHEMAS
 
@@ -244,7 +242,7 @@ def demonstrations(played: list[Played], *, settings: BrowserRLSettings, tokeniz
     """`count` rendered episodes drawn from `played`: the solver's rewarded ones, or with `sloppy` a
     mix where `wrong_fraction` are the sloppy player's (its wrong first click included)."""
     rng = random.Random(seed)
-    expert = [p for p in played if not p.wrong and p.reward == 1.0]
+    expert = [p for p in played if not p.wrong and p.reward >= SOLVED_AT]
     wrong = [p for p in played if p.wrong]
     if not expert:
         raise RuntimeError("no demonstration: the scripted solver earned reward 1 on none of the train tasks")
@@ -349,10 +347,10 @@ def run_browser_rl(settings: BrowserRLSettings, *, console: Console) -> dict[str
     console.print(f"[bold cyan]▶[/] demonstrations: the scripted solver and a sloppy player on "
                   f"{settings.train_tasks} train tasks ({', '.join(settings.tasks)}) in a real browser sandbox")
     played = collect(settings, image=image)
-    solved = sum(p.reward == 1.0 for p in played if not p.wrong)
+    solved = sum(p.reward >= SOLVED_AT for p in played if not p.wrong)
     console.print(f"  {len(played)} episodes in {time.monotonic() - started:.0f} s: the solver earned 1 on "
                   f"{solved}/{settings.train_tasks}, the sloppy player on "
-                  f"{sum(p.reward == 1.0 for p in played if p.wrong)}/{settings.train_tasks}")
+                  f"{sum(p.reward >= SOLVED_AT for p in played if p.wrong)}/{settings.train_tasks}")
     warm = warm_up(settings, played, workdir=path, console=console)
     counts = register(settings)
     console.print(f"  tasks: {counts['train']} train, {counts['test']} held-out ({ENV_NAME})")
@@ -370,7 +368,7 @@ def run_browser_rl(settings: BrowserRLSettings, *, console: Console) -> dict[str
                                max_steps=settings.rl_steps)
         after_id, after = _eval(procs, label="after", **common)
     rendering = rendering_check([before_id, run_id, after_id], tokenizer_dir=path / "tiny")
-    sloppy_solved = sum(p.reward == 1.0 for p in played if p.wrong)
+    sloppy_solved = sum(p.reward >= SOLVED_AT for p in played if p.wrong)
     result: dict[str, Any] = {
         "run_id": run_id, "eval_run_ids": [before_id, after_id], "environment": ENV_NAME, "tasks": list(settings.tasks),
         "train_tasks": settings.train_tasks, "test_tasks": settings.test_tasks,

@@ -1,7 +1,7 @@
 """`make rl-mixed`: one GRPO run over a code_repo environment and a chat environment, end to end.
 
-    make rl-mixed                      # = scripts/setup.sh, then .venv/bin/python scripts/mixed_rl.py
-    .venv/bin/python scripts/mixed_rl.py --rl-steps 4 --seed 0
+    make rl-mixed                      # = scripts/setup.sh, then .venv/bin/python -m recipes.mixed_rl
+    .venv/bin/python -m recipes.mixed_rl --rl-steps 4 --seed 0
 
 The seed's "product models face both": verifiable rewards (hidden tests in a fresh sandbox) and a
 learned preference reward (a Bradley–Terry reward model served by `crucible rm serve`) in one run, on
@@ -35,16 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.net import free_port
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import typer
 from rich.console import Console
 
-from cli.demo import (
-    DemoSettings,
+from core.net import free_port
+from recipes.common import (
     Processes,
+    RecipeSettings,
     launch_training,
     prepare,
     render_episode,
@@ -66,8 +63,8 @@ EXPERT_COMMAND = "cp number.txt answer.txt"
 
 
 @dataclass(frozen=True)
-class MixedRLSettings(DemoSettings):
-    """DemoSettings (group size, batch size, lr, budgets …) plus the two environments' sizes and scales."""
+class MixedRLSettings(RecipeSettings):
+    """RecipeSettings (group size, batch size, lr, budgets …) plus the two environments' sizes and scales."""
 
     rl_minutes: float = 15.0
     rl_steps: int | None = 4
@@ -286,7 +283,7 @@ def run_mixed_rl(settings: MixedRLSettings, *, console: Console) -> dict[str, An
     import shutil
 
     from core.health import wait_healthy
-    from scripts.browser_rl import consumed_groups, episodes_of
+    from recipes.browser_rl import consumed_groups, episodes_of
 
     settings = settled(settings, name="mixed-rl")
     began = time.monotonic()

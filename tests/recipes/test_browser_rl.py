@@ -1,4 +1,4 @@
-"""`make rl-browser`, CI-sized: real RL on browser episodes end to end (scripts/browser_rl.py).
+"""`make rl-browser`, CI-sized: real RL on browser episodes end to end (recipes/browser_rl.py).
 
 Real everything: the test database, the `browser` image and Docker sandboxes with Chromium, the
 scripted MiniWoB++ solver playing real pages for the warm-up's demonstrations, vLLM on CPU, a task
@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from core.models import Environment, Episode, EpisodeGroup, Run, Task, TrainingStep
-from scripts.browser_rl import ENV_NAME, RETIRED, BrowserRLSettings, _wrong_call, register, run_browser_rl
+from recipes.browser_rl import ENV_NAME, RETIRED, BrowserRLSettings, _wrong_call, register, run_browser_rl
 
 OPENING = """# Goal
 Click button ONE.

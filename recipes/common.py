@@ -1,15 +1,14 @@
-"""`crucible demo` / `make demo`: real RL on this machine, end to end (see scripts/demo.py).
-
-The pieces, in order: `prepare` (database, images, tiny model) → `warm_up` (SFT) → `register` (the
-read_number environment and its train/held-out tasks) → `Processes` (vLLM, task worker, controller;
-all stopped on exit) → `evaluate` (a held-out eval run) → `launch_training` (a train run and its
-trainer) → `watch_training` (the live view) → `evaluate` again.
+"""What every recipe shares (the demo, rl-browser, rl-mixed), in the order a recipe uses it: `settled`
+(the settings' workdir, quiet libraries) → `prepare` (database, images, tiny model) →
+`sft_in_two_stages` (the warm-up: an expert's demonstrations, then a sloppy expert's; `render_episode`
+renders one exactly as the agent loop stores it) → `Processes` (vLLM, task worker, controller; all
+stopped on exit) → `evaluate` (a held-out eval run) → `launch_training` (a train run and its trainer) →
+`watch_training` (the live view) → `evaluate` again.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import os
 import signal
 import subprocess
@@ -22,30 +21,17 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-import typer
 from rich.console import Console
 from sqlalchemy import func, select
 
-from cli.console import console as default_console
 from cli.console import interrupt
-
-ENV_NAME = "read-number"
-ENV_SPEC: dict[str, Any] = {
-    "name": ENV_NAME, "kind": "read_number", "image": "code-repo",
-    "description": "Read the number a file holds and submit it (bash + submit).",
-    "sandbox": {"memory": "256m", "pids": 64, "workspace_size": "16m", "tmp_size": "16m", "max_lifetime_s": 3600},
-    "limits": {"max_turns": 3, "max_context_tokens": 1024, "max_response_tokens": 48, "episode_timeout_s": 60,
-               "tool_timeout_s": 5, "max_tool_errors": 2},
-    "verifier": {"weights": {"answer": 1.0}},
-}
-
 
 QUIET = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "DS_ACCELERATOR": "cpu",
          "TOKENIZERS_PARALLELISM": "false"}
 
 
 @dataclass(frozen=True)
-class DemoSettings:
+class RecipeSettings:
     rl_minutes: float = 5.0
     rl_steps: int | None = None
     """Stop the RL phase after this many trainer steps (before the minutes run out); None: the minutes."""
@@ -71,7 +57,7 @@ class DemoSettings:
     short_fraction: float = 0.8
 
 
-S = TypeVar("S", bound=DemoSettings)
+S = TypeVar("S", bound=RecipeSettings)
 
 
 def settled(settings: S, *, name: str) -> S:
@@ -88,12 +74,12 @@ def settled(settings: S, *, name: str) -> S:
     return dataclasses.replace(settings, workdir=get_settings().data_dir / name / time.strftime("%Y%m%d-%H%M%S"))
 
 
-def _stage(console: Console, text: str) -> float:
+def stage(console: Console, text: str) -> float:
     console.print(f"[bold cyan]▶[/] {text}")
     return time.monotonic()
 
 
-def prepare(settings: DemoSettings, *, console: Console, images: tuple[str, ...] = ("code-repo",)) -> Path:
+def prepare(settings: RecipeSettings, *, console: Console, images: tuple[str, ...] = ("code-repo",)) -> Path:
     """Migrate the (embedded) database, build the sandbox images, make the tiny model."""
     from core.db import check_database, get_engine, resolve_database_url
     from core.settings import get_settings
@@ -102,42 +88,20 @@ def prepare(settings: DemoSettings, *, console: Console, images: tuple[str, ...]
     data_dir = get_settings().data_dir
     workdir = settings.workdir or data_dir / "demo" / time.strftime("%Y%m%d-%H%M%S")
     workdir.mkdir(parents=True, exist_ok=True)
-    started = _stage(console, f"database ({'embedded Postgres' if get_settings().uses_embedded_database else 'CRUCIBLE_DATABASE_URL'})")
+    started = stage(console, f"database ({'embedded Postgres' if get_settings().uses_embedded_database else 'CRUCIBLE_DATABASE_URL'})")
     check_database(get_engine())
     migrate.upgrade("head", url=resolve_database_url())
-    _stage(console, f"sandbox images: crucible images build {' '.join(images)} (database ready in "
+    stage(console, f"sandbox images: crucible images build {' '.join(images)} (database ready in "
                     f"{time.monotonic() - started:.0f} s)")
     subprocess.run([sys.executable, "-m", "cli.main", "images", "build", *images], check=True)
-    _stage(console, "tiny model: crucible model init-tiny")
+    stage(console, "tiny model: crucible model init-tiny")
     subprocess.run([sys.executable, "-m", "cli.main", "model", "init-tiny", str(workdir / "tiny"), "--overwrite",
                     "--seed", str(settings.seed)], check=True)
     return workdir
 
 
-def demonstrations(settings: DemoSettings, *, tokenizer: Any, count: int, guess_fraction: float,
-                   seed: int) -> list[tuple[list[int], list[int]]]:
-    """`count` demonstrations over the train tasks: a `guess_fraction` of them submit a made-up number
-    without reading the file (one turn, reward 0), the rest read it and submit what it says. Most are
-    rendered short (no tool schemas in the prompt): the same assistant turns for a sixth of the compute."""
-    import random
-
-    from environments.read_number.demos import demonstration
-    from task_workers.policy.chat import observation_text
-
-    rng = random.Random(seed)
-    train, _ = _tasks(settings)
-    low, high = settings.digits
-    demos = []
-    for index in range(count):
-        task = train[index % len(train)]
-        guess = str(rng.randrange(10 ** (low - 1), 10**high)) if rng.random() < guess_fraction else None
-        demos.append(demonstration(task, tokenizer=tokenizer, observation_text=observation_text, guess=guess,
-                                   short=rng.random() < settings.short_fraction))
-    return demos
-
-
 def sft_in_two_stages(
-    settings: DemoSettings, *, workdir: Path, console: Console, what: str, batch_size: int,
+    settings: RecipeSettings, *, workdir: Path, console: Console, what: str, batch_size: int,
     demonstrations: Callable[[bool], list[tuple[list[int], list[int]]]],
 ) -> Path:
     """The warm-up every demo run shares: `settings.sft_steps` SFT steps on an expert's demonstrations,
@@ -148,7 +112,7 @@ def sft_in_two_stages(
 
     from trainer.sft import sft_warmup
 
-    started = _stage(console, f"warm-up: {what}")
+    started = stage(console, f"warm-up: {what}")
     torch.manual_seed(settings.seed)
     tiny = workdir / "tiny"
     model = AutoModelForCausalLM.from_pretrained(tiny)
@@ -162,25 +126,6 @@ def sft_in_two_stages(
     console.print(f"  loss {expert.first_loss:.2f} → {expert.last_loss:.4f}, then {sloppy.last_loss:.3f} "
                   f"(sloppy) in {time.monotonic() - started:.0f} s")
     return out
-
-
-def warm_up(settings: DemoSettings, *, workdir: Path, console: Console) -> Path:
-    """Two SFT stages: an expert who always reads the file (the model learns the tool format and to copy
-    the number), then a few steps of a sloppy expert who half the time guesses instead (the model
-    learns to guess too). RL then has to find out that reading pays."""
-    tokenizer = tokenizers(workdir / "tiny")[0]
-
-    def demos(sloppy: bool) -> list[tuple[list[int], list[int]]]:
-        if sloppy:
-            return demonstrations(settings, tokenizer=tokenizer, count=400, guess_fraction=settings.guess_fraction,
-                                  seed=settings.seed + 1)
-        return demonstrations(settings, tokenizer=tokenizer, count=5 * settings.train_tasks, guess_fraction=0.0,
-                              seed=settings.seed)
-
-    return sft_in_two_stages(
-        settings, workdir=workdir, console=console, batch_size=16, demonstrations=demos,
-        what=f"{settings.sft_steps} SFT steps on an expert's demonstrations, {settings.sloppy_steps} on a "
-             f"sloppy expert's ({settings.guess_fraction:.0%} guesses)")
 
 
 _TOKENIZERS: dict[Path, Any] = {}
@@ -229,30 +174,6 @@ def render_episode(
     return ids, mask
 
 
-def _tasks(settings: DemoSettings) -> tuple[list[Any], list[Any]]:
-    from environments.read_number.task import make_tasks
-
-    train = make_tasks(count=settings.train_tasks, split="train", seed=settings.seed, digits=settings.digits,
-                       file_names=("number.txt",))
-    test = make_tasks(count=settings.test_tasks, split="test", seed=settings.seed, digits=settings.digits,
-                      exclude={t.payload.number for t in train}, file_names=("number.txt",))
-    return train, test
-
-
-def register(settings: DemoSettings) -> dict[str, int]:
-    """The read_number environment and its tasks (idempotent)."""
-    from core.db import session_scope
-    from environments.read_number.task import insert_tasks
-    from environments.service import register_environment
-    from environments.spec import parse_spec
-
-    train, test = _tasks(settings)
-    with session_scope() as session:
-        register_environment(session, spec=parse_spec(ENV_SPEC))
-        insert_tasks(session, environment=ENV_NAME, tasks=train + test)
-    return {"train": len(train), "test": len(test)}
-
-
 def _die_with_parent() -> None:
     """In a child before exec: SIGTERM it when the demo dies, even by SIGKILL (`__exit__` never runs
     then, and a worker, controller or trainer left behind would keep a machine busy for nothing)."""
@@ -291,7 +212,7 @@ class Processes:
     def _start(self) -> Processes:
         from trainer.serving import VllmServer
 
-        started = _stage(self.console, "vLLM on CPU serving the warmed-up model")
+        started = stage(self.console, "vLLM on CPU serving the warmed-up model")
         self.server = VllmServer(model_dir=self.served_dir, served_model_name="policy",
                                  max_model_len=self.max_model_len, log_path=self.workdir / "logs" / "vllm.log",
                                  startup_timeout_s=self.startup_timeout_s)
@@ -381,22 +302,23 @@ def success_rate(run_id: int) -> tuple[float, int]:
     """Fraction of the run's agent-ended episodes that earned full reward, and how many there were."""
     from core.db import session_scope
     from core.models import Episode
+    from environments.rewards import SOLVED_AT
 
     with session_scope() as session:
         solved, total = session.execute(
-            select(func.count().filter(Episode.reward >= 1.0), func.count())
+            select(func.count().filter(Episode.reward >= SOLVED_AT), func.count())
             .where(Episode.run_id == run_id, Episode.status == "completed")).one()
     return (solved / total if total else 0.0), int(total)
 
 
-def evaluate(procs: Processes, *, settings: DemoSettings, model: str, label: str, console: Console,
-             environment: str = ENV_NAME, prefix: str = "demo") -> float:
+def evaluate(procs: Processes, *, settings: RecipeSettings, model: str, label: str, console: Console,
+             environment: str, prefix: str) -> float:
     """An eval run over every held-out task (`eval_samples` episodes each), through controller and worker."""
     from controller.runs import create_run
     from core.db import session_scope
     from core.schemas import RunConfig
 
-    started = _stage(console, f"held-out evaluation ({label})")
+    started = stage(console, f"held-out evaluation ({label})")
     config = RunConfig.model_validate({
         "name": f"{prefix}-eval-{label}-{time.strftime('%H%M%S')}", "model": model, "purpose": "eval", "split": "test",
         "environments": [{"name": environment}], "group_size": settings.eval_samples, "batch_size": 1,
@@ -410,8 +332,8 @@ def evaluate(procs: Processes, *, settings: DemoSettings, model: str, label: str
     return rate
 
 
-def launch_training(procs: Processes, *, settings: DemoSettings, model: str, environment: str | list[str] = ENV_NAME,
-                    prefix: str = "demo") -> int:
+def launch_training(procs: Processes, *, settings: RecipeSettings, model: str, environment: str | list[str],
+                    prefix: str) -> int:
     """The train run (async GRPO) over one environment or several, and its trainer process."""
     from controller.runs import create_run
     from core.db import session_scope
@@ -449,7 +371,7 @@ def watch_training(procs: Processes, *, run_id: int, minutes: float, console: Co
     from controller.runs import stop_run
     from core.db import session_scope
 
-    started = _stage(console, f"RL: run {run_id}, {minutes:g} min budget (controller + worker + trainer + vLLM)")
+    started = stage(console, f"RL: run {run_id}, {minutes:g} min budget (controller + worker + trainer + vLLM)")
     console.print("  step  success  reward  groups  dropped  mismatch_kl  tok/s   sync_s  elapsed")
     curve: list[dict[str, Any]] = []
     last = 0
@@ -495,47 +417,3 @@ def _pct(value: Any) -> str:
 
 def _num(value: Any, digits: int = 3) -> str:
     return f"{value:.{digits}f}" if isinstance(value, int | float) else "-"
-
-
-def demo(
-    rl_minutes: float = typer.Option(5.0, help="Wall-clock budget of the RL phase."),
-    sft_steps: int = typer.Option(1000, help="Warm-up optimizer steps."),
-    seed: int = typer.Option(0, help="Seed of the model, the tasks and the run."),
-    workdir: Path | None = typer.Option(None, help="Default: <data dir>/demo/<timestamp>."),
-) -> None:
-    """Watch a tiny model learn a multi-turn tool task with real RL (about 15 minutes on 2 cores)."""
-    settings = DemoSettings(rl_minutes=rl_minutes, sft_steps=sft_steps, seed=seed, workdir=workdir)
-    run_demo(settings, console=default_console)
-
-
-@says_what_stays_running
-def run_demo(settings: DemoSettings, *, console: Console) -> dict[str, Any]:
-    """Every stage of the demo with these settings; returns what it writes to result.json."""
-    import shutil
-
-    settings = settled(settings, name="demo")
-    began = time.monotonic()
-    path = prepare(settings, console=console)
-    warm = warm_up(settings, workdir=path, console=console)
-    counts = register(settings)
-    console.print(f"  tasks: {counts['train']} train, {counts['test']} held-out ({ENV_NAME})")
-    served = path / "served"
-    shutil.copytree(warm, served, dirs_exist_ok=True)
-    (path / "logs").mkdir(exist_ok=True)
-    with Processes(workdir=path, served_dir=served, console=console, startup_timeout_s=settings.vllm_startup_s) as procs:
-        before = evaluate(procs, settings=settings, model=str(served), label="before", console=console)
-        run_id = launch_training(procs, settings=settings, model=str(warm))
-        curve = watch_training(procs, run_id=run_id, minutes=settings.rl_minutes, console=console,
-                               max_steps=settings.rl_steps)
-        after = evaluate(procs, settings=settings, model=str(served), label="after", console=console)
-    dropped = drop_reasons(run_id)
-    result = {"run_id": run_id, "held_out_success_before": before, "held_out_success_after": after,
-              "delta_points": round(100 * (after - before), 1), "minutes": round((time.monotonic() - began) / 60, 1),
-              "dropped_groups": dropped, "curve": curve}
-    console.print("  groups not trained on, by reason: " + (", ".join(f"{reason} {n}" for reason, n in dropped.items())
-                                                            or "none"))
-    (path / "result.json").write_text(json.dumps(result, indent=2) + "\n")
-    console.print(f"\n[bold]held-out success: {before:.0%} → {after:.0%} ({result['delta_points']:+.1f} points)[/] "
-                  f"in {result['minutes']} min. Run {run_id} stays in the store (`crucible run show {run_id}`); "
-                  f"curve and numbers in {path / 'result.json'}")
-    return result

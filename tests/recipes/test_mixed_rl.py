@@ -1,5 +1,5 @@
 """`make rl-mixed`, CI-sized: one GRPO run over a code_repo and a chat environment, end to end
-(scripts/mixed_rl.py).
+(recipes/mixed_rl.py).
 
 Real everything: the test database, the `code-repo` image and Docker sandboxes (hidden tests graded
 in a fresh one), a Bradley–Terry reward model trained here and served by `crucible rm serve`, vLLM on
@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from core.models import Environment, Episode, EpisodeGroup, Run, TrainingStep
-from scripts.mixed_rl import CHAT_ENV, CODE_ENV, MixedRLSettings, chat_spec, run_mixed_rl, tasks
+from recipes.mixed_rl import CHAT_ENV, CODE_ENV, MixedRLSettings, chat_spec, run_mixed_rl, tasks
 
 
 @pytest.mark.parametrize(("options", "given"), [

@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse
 
 from core.health import wait_healthy
 from core.net import free_port
+from environments.parsing import hermes_call
 
 SPECIALS = {"<|im_start|>": 256, "<|im_end|>": 257, "<|endoftext|>": 258}
 IDS_TO_SPECIAL = {v: k for k, v in SPECIALS.items()}
@@ -82,10 +83,6 @@ class Reply:
 Step = str | Reply | Callable[[str], "str | Reply"]
 
 
-def tool_call(name: str, **arguments: Any) -> str:
-    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
-
-
 def _logprob(position: int) -> float:
     return -0.05 - 0.1 * (position % 7)
 
@@ -106,7 +103,7 @@ class ScriptedPolicy:
         match = _SCRIPT_RE.search(prompt)
         script = self.scripts.get(match.group(1), []) if match else []
         turn = prompt.count("<|im_start|>assistant") - 1
-        step: Step = script[turn] if turn < len(script) else tool_call("submit")
+        step: Step = script[turn] if turn < len(script) else hermes_call("submit")
         if callable(step):
             step = step(prompt)
         return step if isinstance(step, Reply) else Reply(step)
@@ -250,7 +247,7 @@ def serve(policy: ScriptedPolicy) -> Iterator[str]:
 def main() -> None:
     """Serve scripts from a JSON file in its own process (benchmarks: the policy is not in our GIL).
 
-        python -m tests.support.scripted_policy --scripts scripts.json --port 8011
+        python -m task_workers.policy.scripted --scripts scripts.json --port 8011
     """
     import argparse
 
@@ -277,7 +274,7 @@ def serve_in_process(scripts: dict[str, list[Any]], *, generate: bool = False) -
     port = free_port()
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump(scripts, handle)
-    child = subprocess.Popen([sys.executable, "-m", "tests.support.scripted_policy", "--scripts", handle.name,
+    child = subprocess.Popen([sys.executable, "-m", "task_workers.policy.scripted", "--scripts", handle.name,
                               "--port", str(port), *(["--generate"] if generate else [])])
     url = f"http://127.0.0.1:{port}"
     try:
