@@ -6,7 +6,7 @@ import logging
 
 import typer
 
-from cli import db, environments, episodes, services, tokens
+from cli import db, environments, episodes, evals, services, tokens
 from cli import open as open_
 from cli.console import CrucibleGroup, readable_errors, set_debug
 from cli.controller import controller, runs_app
@@ -39,6 +39,7 @@ app.add_typer(runs_app, name="runs", hidden=True)  # `crucible runs archive 42` 
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(images_app, name="images")
 app.add_typer(episodes.app, name="episodes")
+app.add_typer(evals.app, name="eval")
 app.add_typer(tokens.app, name="token")
 app.command("open")(open_.open_)
 runs_app.command("follow")(follow)

@@ -5,6 +5,9 @@
    bucket weights among the buckets that hold an eligible task;
 3. within it, a task least used so far in this run (coverage), ties broken by a seeded hash.
 
+A measurement (an eval or pass-rate run) skips step 2: its groups take the least-used eligible task of
+any bucket, so they cover every task of the split once before any twice.
+
 A task is eligible when it is in the run's split and has no measured pass rate or one inside the
 curriculum's band. A share of groups (`curriculum.readmit_rate`, drawn by its own seeded coin) goes to
 a task outside the band instead, least used first, when there is one: the trainer's online update
@@ -24,7 +27,7 @@ from controller.errors import NoEligibleTask
 from controller.progress import run_environments
 from core.models import Environment, EpisodeGroup, Task
 from core.schemas.run import Curriculum, RunConfig
-from core.termination import MEASURED_BUCKETS, Bucket
+from core.termination import MEASURED_BUCKETS, Bucket, RunPurpose
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,9 @@ def pick_task(session: Session, *, run_id: int, config: RunConfig, group_index: 
     buckets = eligible_buckets(session, environment_name=environment.name, split=config.split, curriculum=curriculum)
     if not buckets:
         check_eligible(session, environment_name=environment.name, split=config.split, curriculum=curriculum)
+    if config.purpose != RunPurpose.TRAIN:  # a measurement: every eligible task once before any twice
+        return _covering_pick(session, run_id=run_id, environment=environment, split=config.split,
+                              curriculum=curriculum, token=token)
     names = [name for name in Bucket if name in buckets]
     weights = [_bucket_weights(curriculum)[name] for name in names]
     bucket = rng.choices(names, weights=weights)[0]
@@ -111,6 +117,18 @@ def pick_task(session: Session, *, run_id: int, config: RunConfig, group_index: 
                                                 curriculum=curriculum), bucket=bucket, token=token,
     )
     assert task_id is not None  # the bucket holds an eligible task
+    return Pick(environment=environment, task_id=task_id, bucket=bucket)
+
+
+def _covering_pick(session: Session, *, run_id: int, environment: Environment, split: str, curriculum: Curriculum,
+                   token: str) -> Pick:
+    """The least-used eligible task of any bucket: an eval or pass-rate run's groups cover every task of the
+    split once before any task twice, whatever the buckets hold (drawing a bucket first would sample a
+    small bucket's tasks again before a large bucket's were all drawn)."""
+    where = eligible(environment_name=environment.name, split=split, curriculum=curriculum)
+    task_id = _least_used_task(session, run_id=run_id, where=where, bucket=None, token=token)
+    assert task_id is not None  # check_eligible found an eligible task
+    bucket = session.execute(select(bucket_of()).where(Task.id == task_id)).scalar_one()
     return Pick(environment=environment, task_id=task_id, bucket=bucket)
 
 

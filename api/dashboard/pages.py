@@ -13,6 +13,7 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import FileResponse, Response
 from fastapi.routing import APIRoute
+from sqlalchemy.orm import Session
 
 from api.dashboard.rendering import STATIC_DIR, render
 from api.deps import CurrentToken, PageToken, SessionDep
@@ -21,12 +22,13 @@ from api.pagination import DEFAULT_LIMIT, Cursor
 from api.params import EpisodeId, GroupId, RunId
 from api.routes.episodes import episode_filters
 from api.schemas.episodes import ArtifactPublic
-from api.services import episodes, groups, run_grading, run_staleness, runs, sandboxes
+from api.schemas.runs import RunDetail
+from api.services import episodes, groups, run_eval, run_grading, run_staleness, runs, sandboxes
 from api.services.episodes import EpisodeFilters
 from api.services.metric_names import metric_names
 from core.errors import CrucibleError
 from core.flags import EpisodeFlag
-from core.termination import EpisodeStatus, TerminationReason
+from core.termination import EpisodeStatus, RunPurpose, TerminationReason
 
 STATIC_FILES = {"app.css": "text/css", "charts.js": "text/javascript", "run.js": "text/javascript",
                 "episode.js": "text/javascript", "live.js": "text/javascript",
@@ -86,7 +88,18 @@ def run_page(request: Request, run_id: RunId, session: SessionDep, _: PageToken)
     return render(request, "run.html", {"run": run, "groups": recent_groups, "episodes": recent, "charts": charts,
                                         "reasons": list(TerminationReason),
                                         "grading": run_grading.grading(session, run_id=run_id),
-                                        "staleness": run_staleness.staleness(session, run_id=run_id)})
+                                        "staleness": run_staleness.staleness(session, run_id=run_id),
+                                        "evaluation": _evaluation(session, run)})
+
+
+def _evaluation(session: Session, run: RunDetail) -> dict[str, Any] | None:
+    """An eval run's report and its table rows (all, each environment, each bucket); None for other runs."""
+    if run.purpose != RunPurpose.EVAL:
+        return None
+    report = run_eval.eval_report(session, run_id=run.id)
+    rows = [("all", report.overall), *((f"environment {name}", cell) for name, cell in report.by_environment.items()),
+            *((f"bucket {name}", cell) for name, cell in report.by_bucket.items())]
+    return {"report": report, "rows": rows}
 
 
 @router.get("/groups/{group_id}")

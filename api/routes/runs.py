@@ -10,8 +10,9 @@ from api.deps import SessionDep, current_token
 from api.pagination import DEFAULT_LIMIT, Cursor, Limit
 from api.params import RunId
 from api.schemas.common import ERROR_RESPONSES, MUTATION_RESPONSES
+from api.schemas.evals import EvalReport
 from api.schemas.runs import RunDetail, RunGrading, RunMetrics, RunPublic, RunsPublic, RunStaleness, RunStats
-from api.services import run_charts, run_grading, run_staleness, run_stats, runs
+from api.services import run_charts, run_eval, run_grading, run_staleness, run_stats, runs
 from core.schemas import RunConfig
 from core.termination import RunPurpose, RunStatus
 
@@ -76,6 +77,13 @@ def show_run_metrics(
 def show_run_stats(run_id: RunId, session: SessionDep) -> RunStats:
     """Staleness histogram, throughput per minute and where the time goes."""
     return run_stats.stats(session, run_id=run_id)
+
+
+@router.get("/{run_id}/eval", response_model=EvalReport)
+def show_run_eval(run_id: RunId, session: SessionDep) -> EvalReport:
+    """pass@1 and pass@k with 95 % intervals over tasks, overall, per environment and per difficulty bucket
+    (made for eval runs: `crucible eval launch`; any run's ended episodes can be counted)."""
+    return run_eval.eval_report(session, run_id=run_id)
 
 
 @router.get("/{run_id}/staleness", response_model=RunStaleness)

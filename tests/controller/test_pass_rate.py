@@ -101,3 +101,25 @@ def test_only_pass_rate_runs_are_recorded(db_session: Session) -> None:
     run = f.launch(db_session, env)
     with pytest.raises(InvalidRunState, match=r"has purpose 'train'; expected a 'pass_rate' run"):
         record_pass_rates(db_session, run_id=run.id)
+
+
+@pytest.mark.parametrize("purpose", ["pass_rate", "eval"])
+def test_a_measurement_covers_every_task_once_whatever_the_buckets(
+    db_session: Session, controller: Controller, purpose: str,
+) -> None:
+    """Measuring again after a first measurement: one task is `easy`, five are not measured. Drawing a bucket
+    first (as a train run's curriculum does) would give the lone easy task about half the groups; a
+    measurement takes the least-used task of any bucket instead, so each task gets exactly one group."""
+    from controller.evaluation import launch_eval
+
+    env = f.environment(db_session, name="remeasured")
+    tasks = f.tasks(db_session, env, 6, split="test")
+    tasks[0].difficulty, tasks[0].pass_rate = "easy", 0.9
+    db_session.commit()
+    if purpose == "eval":
+        run = launch_eval(db_session, model="tiny", environment="remeasured", samples_per_task=2)
+    else:
+        run = launch_pass_rate_job(db_session, environment="remeasured", split="test", samples_per_task=2, model="tiny")
+    db_session.commit()
+    assert controller.step().dispatched == {run.id: 6}
+    assert sorted(g.task_id for g in f.groups(db_session, run.id)) == sorted(t.id for t in tasks)
