@@ -102,8 +102,8 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="Address to bind."),
 ) -> None:
     """Serve a reward model: POST /v1/score scores (prompt, response) items for the reward_model layer."""
+    from api.reward_model_server import create_app
     from api.server import listening_socket, serve
-    from trainer.reward_model_server import create_app
 
     with readable_errors():
         listening_socket(host=host, port=port).close()  # a port in use: one line before the model loads
