@@ -31,6 +31,7 @@ from rich.console import Console
 
 from environments.rewards import SOLVED_AT
 from recipes.common import (
+    Held,
     Processes,
     RecipeSettings,
     evaluate,
@@ -359,21 +360,25 @@ def run_browser_rl(settings: BrowserRLSettings, *, console: Console) -> dict[str
     (path / "logs").mkdir(exist_ok=True)
     with Processes(workdir=path, served_dir=served, console=console, startup_timeout_s=settings.vllm_startup_s,
                    max_model_len=settings.max_context_tokens, queues="celery,browser") as procs:
-        common = {"settings": settings, "model": str(served), "console": console, "environment": ENV_NAME,
-                  "prefix": "browser-rl"}
-        before_id, before = _eval(procs, label="before", **common)
+        def held_out(label: str) -> Held:
+            return evaluate(procs, settings=settings, model=str(served), label=label, console=console,
+                            environment=ENV_NAME, prefix="browser-rl")
+
+        before = held_out("before")
         run_id = launch_training(procs, settings=settings, model=str(warm), environment=ENV_NAME,
                                  prefix="browser-rl")
         curve = watch_training(procs, run_id=run_id, minutes=settings.rl_minutes, console=console,
                                max_steps=settings.rl_steps)
-        after_id, after = _eval(procs, label="after", **common)
-    rendering = rendering_check([before_id, run_id, after_id], tokenizer_dir=path / "tiny")
+        after = held_out("after")
+    rendering = rendering_check([before.run_id, run_id, after.run_id], tokenizer_dir=path / "tiny")
     sloppy_solved = sum(p.reward >= SOLVED_AT for p in played if p.wrong)
     result: dict[str, Any] = {
-        "run_id": run_id, "eval_run_ids": [before_id, after_id], "environment": ENV_NAME, "tasks": list(settings.tasks),
+        "run_id": run_id, "eval_run_ids": [before.run_id, after.run_id], "environment": ENV_NAME, "tasks": list(settings.tasks),
         "train_tasks": settings.train_tasks, "test_tasks": settings.test_tasks,
-        "held_out_success_before": before, "held_out_success_after": after,
-        "delta_points": round(100 * (after - before), 1), "episodes": episodes_of([before_id, run_id, after_id]),
+        "held_out_success_before": before.success, "held_out_success_after": after.success,
+        "held_out_interval_before": before.interval(), "held_out_interval_after": after.interval(),
+        "delta_points": round(100 * (after.success - before.success), 1),
+        "episodes": episodes_of([before.run_id, run_id, after.run_id]),
         "consumed_groups": consumed_groups(run_id), "rendering": rendering,
         "demonstrations": {"solver_solved": solved, "sloppy_solved": sloppy_solved, "train_tasks": settings.train_tasks},
         "minutes": round((time.monotonic() - began) / 60, 1), "curve": curve,
@@ -387,26 +392,12 @@ def run_browser_rl(settings: BrowserRLSettings, *, console: Console) -> dict[str
     for point in curve:
         console.print(f"  {point['step']:>4}  {point['success']:.0%}" if point["success"] is not None
                       else f"  {point['step']:>4}  -")
-    console.print(f"\n[bold]held-out success: {before:.0%} → {after:.0%} ({result['delta_points']:+.1f} points)[/] "
+    console.print(f"\n[bold]held-out success: {before.success:.0%} [{before.low:.0%}–{before.high:.0%}] → "
+                  f"{after.success:.0%} [{after.low:.0%}–{after.high:.0%}] ({result['delta_points']:+.1f} points)[/] "
                   f"in {result['minutes']} min. Run {run_id} stays in the store (`crucible run show {run_id}`); "
                   f"curve and numbers in {path / 'result.json'}")
     return result
 
-
-def _eval(procs: Processes, **kwargs: Any) -> tuple[int, float]:
-    """`evaluate`, and the id of the eval run it made (the newest eval run of this environment)."""
-    from sqlalchemy import select
-
-    from core.db import session_scope
-    from core.models import Run
-    from core.termination import RunPurpose
-
-    rate = evaluate(procs, **kwargs)
-    with session_scope() as session:
-        run_id = session.execute(select(Run.id).where(Run.purpose == RunPurpose.EVAL,
-                                                      Run.name.like(f"browser-rl-eval-{kwargs['label']}-%"))
-                                 .order_by(Run.id.desc()).limit(1)).scalar_one()
-    return int(run_id), rate
 
 
 def main(

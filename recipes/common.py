@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from rich.console import Console
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from cli.console import interrupt
 
@@ -298,38 +298,43 @@ def _wait_run(run_id: int, *, procs: Processes, timeout_s: float) -> None:
     raise TimeoutError(f"run {run_id} did not complete within {timeout_s:.0f} s")
 
 
-def success_rate(run_id: int) -> tuple[float, int]:
-    """Fraction of the run's agent-ended episodes that earned full reward, and how many there were."""
-    from core.db import session_scope
-    from core.models import Episode
-    from environments.rewards import SOLVED_AT
+@dataclass(frozen=True)
+class Held:
+    """A held-out evaluation's pass@1 (`crucible eval`'s report: the mean over tasks) and its 95 % interval."""
 
-    with session_scope() as session:
-        solved, total = session.execute(
-            select(func.count().filter(Episode.reward >= SOLVED_AT), func.count())
-            .where(Episode.run_id == run_id, Episode.status == "completed")).one()
-    return (solved / total if total else 0.0), int(total)
+    run_id: int
+    success: float
+    low: float
+    high: float
+    episodes: int
+
+    def interval(self) -> list[float]:
+        return [round(self.low, 4), round(self.high, 4)]
 
 
 def evaluate(procs: Processes, *, settings: RecipeSettings, model: str, label: str, console: Console,
-             environment: str, prefix: str) -> float:
-    """An eval run over every held-out task (`eval_samples` episodes each), through controller and worker."""
-    from controller.runs import create_run
+             environment: str, prefix: str) -> Held:
+    """An eval run over every held-out task (`eval_samples` episodes each: controller.evaluation.launch_eval),
+    through controller and worker; its report is api.services.run_eval's, as `crucible eval show` prints it."""
+    from api.services.run_eval import eval_report
+    from controller.evaluation import launch_eval
     from core.db import session_scope
-    from core.schemas import RunConfig
 
     started = stage(console, f"held-out evaluation ({label})")
-    config = RunConfig.model_validate({
-        "name": f"{prefix}-eval-{label}-{time.strftime('%H%M%S')}", "model": model, "purpose": "eval", "split": "test",
-        "environments": [{"name": environment}], "group_size": settings.eval_samples, "batch_size": 1,
-        "max_groups": settings.test_tasks, "max_inflight_groups": 8, "seed": settings.seed})
     with session_scope() as session:
-        run_id = create_run(session, config=config).id
+        run_id = launch_eval(session, model=model, environment=environment, samples_per_task=settings.eval_samples,
+                             seed=settings.seed, name=f"{prefix}-eval-{label}-{time.strftime('%H%M%S')}",
+                             max_inflight_groups=8).id
     _wait_run(run_id, procs=procs, timeout_s=600)
-    rate, episodes = success_rate(run_id)
-    console.print(f"  [bold]{label}: {rate:.0%}[/] of {episodes} episodes (run {run_id}, "
-                  f"{time.monotonic() - started:.0f} s)")
-    return rate
+    with session_scope() as session:
+        overall = eval_report(session, run_id=run_id).overall
+    rate = overall.pass_at_1
+    held = Held(run_id=run_id, success=rate.value if rate else 0.0, low=rate.low if rate else 0.0,
+                high=rate.high if rate else 0.0, episodes=overall.episodes)
+    console.print(f"  [bold]{label}: {held.success:.0%}[/] [95 % interval {held.low:.0%}–{held.high:.0%}, tasks "
+                  f"resampled] of {held.episodes} episodes (run {run_id}, {time.monotonic() - started:.0f} s; "
+                  f"`crucible eval show {run_id}`)")
+    return held
 
 
 def launch_training(procs: Processes, *, settings: RecipeSettings, model: str, environment: str | list[str],

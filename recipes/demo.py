@@ -146,13 +146,16 @@ def run_demo(settings: RecipeSettings, *, console: Console) -> dict[str, Any]:
         after = evaluate(procs, settings=settings, model=str(served), label="after", console=console,
                          environment=ENV_NAME, prefix="demo")
     dropped = drop_reasons(run_id)
-    result = {"run_id": run_id, "held_out_success_before": before, "held_out_success_after": after,
-              "delta_points": round(100 * (after - before), 1), "minutes": round((time.monotonic() - began) / 60, 1),
-              "dropped_groups": dropped, "curve": curve}
+    result = {"run_id": run_id, "eval_run_ids": [before.run_id, after.run_id],
+              "held_out_success_before": before.success, "held_out_success_after": after.success,
+              "held_out_interval_before": before.interval(), "held_out_interval_after": after.interval(),
+              "delta_points": round(100 * (after.success - before.success), 1),
+              "minutes": round((time.monotonic() - began) / 60, 1), "dropped_groups": dropped, "curve": curve}
     console.print("  groups not trained on, by reason: " + (", ".join(f"{reason} {n}" for reason, n in dropped.items())
                                                             or "none"))
     (path / "result.json").write_text(json.dumps(result, indent=2) + "\n")
-    console.print(f"\n[bold]held-out success: {before:.0%} → {after:.0%} ({result['delta_points']:+.1f} points)[/] "
+    console.print(f"\n[bold]held-out success: {before.success:.0%} [{before.low:.0%}–{before.high:.0%}] → "
+                  f"{after.success:.0%} [{after.low:.0%}–{after.high:.0%}] ({result['delta_points']:+.1f} points)[/] "
                   f"in {result['minutes']} min. Run {run_id} stays in the store (`crucible run show {run_id}`); "
                   f"curve and numbers in {path / 'result.json'}")
     return result

@@ -79,5 +79,4 @@ def _estimate(tasks: list[tuple[int, int]], *, k: int) -> RateEstimate | None:
     if not tasks:
         return None
     estimate = task_rate(tasks, k)
-    return RateEstimate(value=round(estimate.value, 6), low=round(estimate.low, 6), high=round(estimate.high, 6),
-                        tasks=estimate.units)
+    return RateEstimate(value=estimate.value, low=estimate.low, high=estimate.high, tasks=estimate.units)

@@ -48,6 +48,10 @@ def test_the_demo_pipeline_runs_end_to_end(tmp_path: Path, db_session: Session) 
                                                                  Episode.status == "completed")).scalars().all()
         assert len(rewards) == settings.test_tasks * settings.eval_samples, (run.id, rewards)
         assert figure == sum(reward >= 1.0 for reward in rewards) / len(rewards), (run.id, figure, rewards)
+    assert result["eval_run_ids"] == [r.id for r in evals]
+    for when in ("before", "after"):  # each figure inside its interval (`crucible eval`'s report, tasks resampled)
+        low, high = result[f"held_out_interval_{when}"]
+        assert low - 1e-4 <= result[f"held_out_success_{when}"] <= high + 1e-4, result
     assert result["delta_points"] == round(100 * (result["held_out_success_after"] - result["held_out_success_before"]), 1)
     assert [point["step"] for point in result["curve"]][:1] == [1], out.getvalue()[-3000:]
 

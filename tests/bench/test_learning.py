@@ -1,0 +1,58 @@
+"""bench/learning.py's bookkeeping: each seed runs in a scratch database of its own (one seed's tasks and
+runs never count in another's evaluation), and the summary's gain is the mean over seeds with an interval
+that resamples seeds. The recipe itself is tests/recipes/test_demo.py's."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, func, select
+
+from bench.learning import over_seeds, summary
+from core.models import Run
+
+
+def _result(before: float, after: float) -> dict[str, Any]:
+    return {"held_out_success_before": before, "held_out_success_after": after,
+            "held_out_interval_before": [before - 0.1, before + 0.1], "held_out_interval_after": [after - 0.1, after + 0.1],
+            "delta_points": round(100 * (after - before), 1), "minutes": 1.0}
+
+
+def test_the_gain_is_the_mean_over_seeds_with_an_interval_over_seeds() -> None:
+    out = summary([{**_result(0.5, 0.9), "seed": 0}, {**_result(0.6, 0.8), "seed": 1}, {**_result(0.5, 0.5), "seed": 2}])
+    assert out["seeds"] == 3 and out["gain_points_by_seed"] == [40.0, 20.0, 0.0]
+    assert out["gain_points"]["mean"] == 20.0
+    assert 0.0 <= out["gain_points"]["low"] < 20.0 < out["gain_points"]["high"] <= 40.0
+    assert [run["seed"] for run in out["per_seed"]] == [0, 1, 2]
+    single = summary([{**_result(0.5, 0.7), "seed": 4}])
+    assert single["gain_points"] == {"mean": 20.0, "low": 20.0, "high": 20.0}  # one seed: no spread to resample
+
+
+def test_each_seed_runs_in_a_database_of_its_own() -> None:
+    seen: list[tuple[str, int]] = []
+
+    def run_one(seed: int) -> dict[str, Any]:
+        url = os.environ["CRUCIBLE_DATABASE_URL"]
+        engine = create_engine(url)
+        with engine.begin() as connection:
+            runs = connection.execute(select(func.count()).select_from(Run)).scalar_one()
+            connection.execute(Run.__table__.insert().values(name=f"seed-{seed}", model="m", group_size=1,
+                                                             batch_size=1, config={}))
+        engine.dispose()
+        seen.append((url, runs))
+        return _result(0.5, 0.5 + seed / 10)
+
+    out = over_seeds([3, 4], run_one)
+    assert len({url for url, _ in seen}) == 2 and [runs for _, runs in seen] == [0, 0]
+    assert out["gain_points_by_seed"] == [30.0, 40.0]
+    assert all(run["wall_s"] >= 0 for run in out["per_seed"])
+
+
+@pytest.fixture(autouse=True)
+def _restore_settings():  # type: ignore[no-untyped-def]
+    from core.settings import get_settings
+
+    yield
+    get_settings.cache_clear()
