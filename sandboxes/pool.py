@@ -25,12 +25,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandboxes.backend import SandboxBackend
-from sandboxes.errors import AcquireTimeout, PoolClosed
+from sandboxes.errors import AcquireTimeout, PoolClosed, SandboxDead
 from sandboxes.events import EventKind, EventSink, NullEventSink
 from sandboxes.labels import Owner
 from sandboxes.sandbox import DEFAULT_LEASE_TTL_S, Sandbox, create_sandbox
 from sandboxes.spec import SandboxSpec
 
+CREATE_ATTEMPTS = 2
+"""Inline creates: a sandbox that never became ready is replaced once (`_create_inline`)."""
 log = logging.getLogger(__name__)
 
 
@@ -138,7 +140,7 @@ class SandboxPool:
     @contextmanager
     def open_fresh(self) -> Iterator[Sandbox]:
         """A brand-new sandbox outside the pool (e.g. to grade a diff untouched by the agent)."""
-        sandbox = self._create_one()
+        sandbox = self._create_inline()
         try:
             yield sandbox
         finally:
@@ -222,10 +224,24 @@ class SandboxPool:
                 except RuntimeError:  # the pool closed meanwhile: retire here
                     self._retire(sandbox, "lifetime")
 
+    def _create_inline(self) -> Sandbox:
+        """A new sandbox for a caller that waits on it: one whose shell did not come up (SandboxDead; it is
+        destroyed already) is replaced once, since on a loaded host a driver can miss its start deadline
+        and the episode waiting on it should not pay for that. A second failure is raised: then the image
+        or the host is at fault. (The background refill backs off and retries on its own.)"""
+        for attempt in range(1, CREATE_ATTEMPTS + 1):
+            try:
+                return self._create_one()
+            except SandboxDead as error:
+                if attempt == CREATE_ATTEMPTS:
+                    raise
+                log.warning("a new %s sandbox never became ready (%s); creating another", self.spec.image, error)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
     def _create_reserved(self) -> Sandbox:
         sandbox: Sandbox | None = None
         try:
-            sandbox = self._create_one()
+            sandbox = self._create_inline()
             return sandbox
         finally:
             with self._cond:

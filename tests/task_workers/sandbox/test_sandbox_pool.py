@@ -170,3 +170,49 @@ def test_pool_set_shares_a_pool_between_equal_specs(backend: SandboxBackend, bas
         assert pools.pool(base_spec) is not pools.pool(base_spec.model_copy(update={"cpus": 0.5}))
     finally:
         pools.close()
+
+
+def _failing_first(monkeypatch: pytest.MonkeyPatch, failures: int) -> list[str]:
+    """Make the pool's first `failures` creates behave as a sandbox whose shell missed its start deadline on
+    a loaded host: the real container is created, then destroyed, and SandboxDead raised (as
+    create_sandbox does). Returns the ids created, in order."""
+    from sandboxes import pool as pool_module
+    from sandboxes.errors import SandboxDead
+
+    real = pool_module.create_sandbox
+    created: list[str] = []
+
+    def create(**kwargs: object) -> object:
+        sandbox = real(**kwargs)  # type: ignore[arg-type]
+        created.append(sandbox.id)
+        if len(created) <= failures:
+            sandbox.destroy(reason="create_failed: SessionError")
+            raise SandboxDead(f"sandbox {sandbox.id}: expected a ready shell, got shell session: expected a reply "
+                              "before the deadline, got none")
+        return sandbox
+
+    monkeypatch.setattr(pool_module, "create_sandbox", create)
+    return created
+
+
+def test_a_sandbox_that_never_became_ready_is_replaced_once(make_pool, monkeypatch: pytest.MonkeyPatch,
+                                                             backend: SandboxBackend) -> None:
+    created = _failing_first(monkeypatch, failures=1)
+    pool = make_pool(min_size=0, max_size=2)
+    with pool.lease(run_id=None, episode_id=None) as sandbox:
+        assert sandbox.step("echo up").stdout == "up\n"
+        assert created == [created[0], sandbox.id]  # the first one failed, the second is the one handed out
+    with pool.open_fresh() as fresh:  # the grader's fresh sandbox: the same rule
+        assert fresh.step("echo fresh").stdout == "fresh\n"
+    assert backend.list(labels={"crucible.sandbox_id": created[0]}) == []  # nothing of the failed one is left
+
+
+def test_a_second_failure_is_raised(make_pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandboxes.errors import SandboxDead
+
+    created = _failing_first(monkeypatch, failures=2)
+    pool = make_pool(min_size=0, max_size=2)
+    with pytest.raises(SandboxDead, match="expected a ready shell"):
+        pool.acquire(run_id=None, episode_id=None)
+    assert len(created) == 2  # tried twice, not forever
+    assert pool.stats().leased == 0 and pool.stats().creating == 0
