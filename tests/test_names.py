@@ -6,7 +6,8 @@
 - the step's timing stages (`trainer.metrics.STAGES`) and the cost stages (`trainer.cost.STAGES`; the run
   page is given them by the API's /v1/metric-names);
 - the trainer's crash points (`trainer.faults.POINTS`): each is passed in a step, none other is named;
-- run purposes and difficulty buckets (`core.termination.RunPurpose`, `Bucket`). The reward rules have
+- run purposes and difficulty buckets (`core.termination.RunPurpose`, `Bucket`), and the hack monitors' flags
+  (`core.flags.EpisodeFlag`). The reward rules have
   their own test (tests/environments/test_rewards.py).
 """
 
@@ -145,3 +146,19 @@ def test_run_purposes_and_buckets_are_named_by_their_enums() -> None:
             found += [f"{path.relative_to(ROOT)}: {what}: {match.group(0)}"
                       for what, pattern in VOCABULARY.items() for match in pattern.finditer(text)]
     assert found == []
+
+
+def test_episode_flags_are_named_by_their_enum() -> None:
+    """The hack monitors' flags live in core/flags.py (EpisodeFlag); no shipped module or dashboard page
+    spells one out. (`protected_paths` is left out of the scan: it is also the task payload's field.)"""
+    from core.flags import EpisodeFlag
+
+    spelled = re.compile("[\"'](?:" + "|".join(f for f in EpisodeFlag if f != EpisodeFlag.PROTECTED_PATHS) + ")[\"']")
+    found = []
+    for folder in SHIPPED:
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix in {".py", ".js", ".html"} and path != ROOT / "core" / "flags.py":
+                found += [f"{path.relative_to(ROOT)}: {m.group(0)}" for m in spelled.finditer(path.read_text())]
+    assert found == []
+    assert spelled.search('flags == ["forged_exit"]')  # the scan sees a spelling
+

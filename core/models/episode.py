@@ -105,7 +105,7 @@ class Episode(Base):
     final_diff: Mapped[str | None] = mapped_column(Text, deferred=True)
     """What the agent changed (code tasks), as a binary-safe diff: exactly what was graded."""
     flags: Mapped[list[str]] = mapped_column(ARRAY(String(32)), default=list, server_default="{}")
-    """What the hack monitors saw (core.flags.EpisodeFlag values), e.g. ["forged_exit"]."""
+    """What the hack monitors saw: core.flags.EpisodeFlag values."""
     sandbox_id: Mapped[str | None] = mapped_column(String(64))
     worker: Mapped[str | None] = mapped_column(String(128))
     worker_incarnation: Mapped[str | None] = mapped_column(String(64))
