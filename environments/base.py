@@ -135,6 +135,11 @@ class EnvironmentKind(Protocol):
 
     def __init__(self, spec: EnvironmentSpec) -> None: ...
 
+    @staticmethod
+    def parse_task(payload: dict[str, Any]) -> Any:
+        """The task a stored payload describes (a pydantic model); raises pydantic's ValidationError."""
+        ...
+
     def tools(self) -> list[dict[str, Any]]:
         """OpenAI function schemas offered to the policy."""
         ...

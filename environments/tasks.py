@@ -4,8 +4,9 @@
     import_uploaded(session, environment="calc", lines=handle, repos_root=None)  # server: data only
     import_generated(session, environment="miniwob", format="miniwob", tasks="all", seeds=10)  # browser
 
-A code_repo environment imports `crucible` and `swebench` files; a browser environment `crucible` files
-and the generated formats of environments.browser.importing (`miniwob`, and one per self-hosted site).
+A code_repo environment imports `crucible` and `swebench` files; the kinds whose tasks are payloads
+(browser, chat, read_number) `crucible` files of environments.task_lines; a browser environment also
+the generated formats of environments.browser.importing (`miniwob`, and one per self-hosted site).
 
 Both store records one at a time as they are read (an upload is never held whole), inside the caller's
 transaction: a bad line anywhere stores nothing.
@@ -24,12 +25,14 @@ from core.errors import ConfigError
 from core.models import Task
 from environments.browser.importing import GENERATED_FORMATS
 from environments.service import get_environment
+from environments.task_lines import PAYLOAD_KINDS, payload_records, read_payload_file
 
 if TYPE_CHECKING:
     from environments.code_repo.importing import TaskRecord
 
 TaskFormat = Literal["crucible", "swebench"]
-FORMATS = {"code_repo": ("crucible", "swebench"), "browser": ("crucible", *GENERATED_FORMATS)}
+FORMATS = {"code_repo": ("crucible", "swebench"), "browser": ("crucible", *GENERATED_FORMATS),
+           "chat": ("crucible",), "read_number": ("crucible",)}
 """Environment kind -> the task formats it imports."""
 
 
@@ -67,10 +70,8 @@ def import_tasks(
     kind = _check_kind(session, environment, format)
     from environments.code_repo import importing
 
-    if kind == "browser":
-        from environments.browser.importing import read_jsonl
-
-        records: Iterable[TaskRecord] = read_jsonl(path)
+    if kind in PAYLOAD_KINDS:
+        records: Iterable[TaskRecord] = read_payload_file(path, kind=kind)
     elif format == "swebench":
         records = importing.read_swebench_jsonl(path, repos_dir=repos_dir or path.parent)
     else:
@@ -88,12 +89,10 @@ def import_uploaded(
     from environments.code_repo import importing
 
     parsed = importing.json_lines(lines, source=source)
-    if kind == "browser":
+    if kind in PAYLOAD_KINDS:
         if repos_dir is not None:
-            raise ConfigError(f"repos_dir: expected none for a browser environment, got {repos_dir[:200]!r}")
-        from environments.browser.importing import jsonl_records
-
-        records: Iterable[TaskRecord] = jsonl_records(parsed)
+            raise ConfigError(f"repos_dir: expected none for a {kind} environment, got {repos_dir[:200]!r}")
+        records: Iterable[TaskRecord] = payload_records(parsed, kind=kind)
     elif format == "swebench":
         if repos_dir is None:
             raise ConfigError("repos_dir: expected the directory (inside CRUCIBLE_TASK_REPOS_ROOT) holding the "

@@ -3,7 +3,7 @@ from a Crucible JSONL file.
 
     crucible tasks import miniwob --format miniwob --tasks click-button,enter-text --seeds 10
     crucible tasks import shop --format shop --count 5000
-    crucible tasks import shop tasks.jsonl          # {"id": ..., "instruction": ..., "split": ..., "payload": {...}}
+    crucible tasks import shop tasks.jsonl          # Crucible JSONL: environments/task_lines.py
 
 External ids: `miniwob/<name>/<seed>` and `<site>/<index>`, so a re-import updates the same rows. Every
 payload is a validated BrowserTask. The options are checked before anything is generated: a bad one
@@ -13,24 +13,15 @@ stores nothing.
 from __future__ import annotations
 
 import difflib
-import re
-from collections.abc import Iterable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
-
-from pydantic import ValidationError
 
 from core.errors import ConfigError
 from environments.browser.sandbox.sites import NAMES as SITE_NAMES
 from environments.browser.sandbox.sites import site_module
 from environments.browser.task import BrowserTask, miniwob_names
-from environments.code_repo.importing import (
-    MAX_ID_CHARS,
-    MAX_INSTRUCTION_CHARS,
-    MAX_SPLIT_CHARS,
-    TaskRecord,
-    json_lines,
-)
+from environments.code_repo.importing import TaskRecord
+from environments.task_lines import check_split, parse_payload
 
 GENERATED_FORMATS = ("miniwob", *SITE_NAMES)
 MAX_SEEDS = 100_000
@@ -38,13 +29,6 @@ MAX_COUNT = 100_000
 MAX_TASKS = 1_000_000
 """Tasks one import may generate (names × seeds, or a site's count)."""
 MAX_SEED = 2**31 - 1  # BrowserTask's bound: the page's seed is a 31-bit int
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def _check_split(split: str) -> str:
-    if not split.strip() or len(split) > MAX_SPLIT_CHARS or _CONTROL.search(split):
-        raise ConfigError(f"split: expected a name of 1 to {MAX_SPLIT_CHARS} printable characters, got {split[:80]!r}")
-    return split
 
 
 def _check_range(field: str, value: int, *, low: int, high: int) -> int:
@@ -54,12 +38,7 @@ def _check_range(field: str, value: int, *, low: int, high: int) -> int:
 
 
 def _task(payload: dict[str, Any], where: str) -> BrowserTask:
-    try:
-        return BrowserTask.model_validate(payload)
-    except ValidationError as error:
-        first = error.errors()[0]
-        loc, message = ".".join(map(str, first["loc"])), first["msg"].removeprefix("Value error, ")
-        raise ConfigError(f"{where}: payload{'.' + loc if loc else ''}: {message}") from None
+    return parse_payload("browser", payload, where)  # type: ignore[no-any-return]
 
 
 def miniwob_task_names(tasks: str) -> list[str]:
@@ -93,7 +72,7 @@ def miniwob_records(*, tasks: str = "all", seeds: int = 10, seed_start: int = 0,
     if len(names) * seeds > MAX_TASKS:
         raise ConfigError(f"tasks × seeds: expected at most {MAX_TASKS} tasks in one import, got "
                           f"{len(names)} × {seeds} = {len(names) * seeds}")
-    _check_split(split)
+    check_split(split)
     return _miniwob(names, range(seed_start, seed_start + seeds), split)
 
 
@@ -112,7 +91,7 @@ def site_records(site: str, *, count: int, start: int = 0, split: str = "train")
         raise ConfigError(f"format: expected miniwob or a site ({', '.join(SITE_NAMES)}), got {site[:80]!r}")
     _check_range("count", count, low=1, high=MAX_COUNT)
     _check_range("start", start, low=0, high=MAX_SEED - count + 1)
-    _check_split(split)
+    check_split(split)
     generate = site_module(site).generate_task
     last = start + count - 1
     _task({"family": "site", "navigation": True, **generate(last)}, f"{site}/{last}")
@@ -145,42 +124,3 @@ def generated_records(
     if count is None:
         raise ConfigError(f"count: expected how many {format} tasks to generate (1 to {MAX_COUNT}), got none")
     return site_records(format, count=count, start=start or 0, split=split)
-
-
-def jsonl_records(lines: Iterable[tuple[int, str, dict[str, Any]]]) -> Iterator[TaskRecord]:
-    """Crucible JSONL for a browser environment, one task a line (what `code_repo.importing.json_lines`
-    yields): `{"id", "payload": {BrowserTask}, "instruction"?, "split"?}`. The instruction defaults to a
-    site task's goal (a MiniWoB++ page states its own); the split to train."""
-    for _, where, data in lines:
-        extra = sorted(set(data) - {"id", "instruction", "split", "payload"})
-        if extra:
-            raise ConfigError(f"{where}: expected only id, instruction, split and payload, got {extra[:5]}")
-        external_id = _line_text(data, "id", where, limit=MAX_ID_CHARS)
-        if not isinstance(data.get("payload"), dict):
-            raise ConfigError(f"{where}: payload: expected a browser task object like "
-                              f'{{"family": "miniwob", "name": "click-button", "seed": 0}}, got {data.get("payload")!r:.80}')
-        task = _task(data["payload"], where)
-        default = task.goal or f"MiniWoB++ task {task.name} (seed {task.seed}); the page states the goal."
-        instruction = _line_text(data, "instruction", where, limit=MAX_INSTRUCTION_CHARS, default=default)
-        split = _check_split(_line_text(data, "split", where, limit=MAX_SPLIT_CHARS, default="train"))
-        yield TaskRecord(external_id, instruction, split, task.model_dump(mode="json"))
-
-
-def _line_text(data: dict[str, Any], key: str, where: str, *, limit: int, default: str | None = None) -> str:
-    value = data.get(key, default)
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{where}: {key}: expected a non-empty string, got {value!r:.80}")
-    if len(value) > limit:
-        raise ConfigError(f"{where}: {key}: expected at most {limit} characters, got {len(value)}")
-    return value
-
-
-def read_jsonl(path: Path) -> list[TaskRecord]:
-    """Client side: a local Crucible JSONL file of browser tasks."""
-    try:
-        with path.open(encoding="utf-8", errors="strict", newline="") as handle:
-            return list(jsonl_records(json_lines(handle, source=str(path))))
-    except OSError as error:
-        raise ConfigError(f"{path}: cannot read the task file ({error.strerror})") from None
-    except UnicodeDecodeError as error:
-        raise ConfigError(f"{path}: expected UTF-8 JSONL, got a byte that is not at {error.start}") from None

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -40,7 +40,8 @@ TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
 class ChatTask(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    follow_ups: list[str] = Field(default_factory=list, max_length=32)
+    follow_ups: list[Annotated[str, Field(min_length=1, max_length=MAX_MESSAGE_CHARS)]] = Field(
+        default_factory=list, max_length=32)
     """What the user says after each of the agent's replies, in order (the instruction is the first message)."""
 
 

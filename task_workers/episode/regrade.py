@@ -112,7 +112,7 @@ def _regrade(session: Session, episode: Episode, *, sandboxes: SandboxProvider,
         report.skipped["a learned layer (judge, reward model) is not re-graded here"] += 1
         return None
     kind = get_kind(spec.kind)(spec)
-    task = kind.parse_task(task_row.payload)  # type: ignore[attr-defined]  # as the runner does
+    task = kind.parse_task(task_row.payload)  # as the runner does
     turns = session.execute(select(Turn.tool_call).where(Turn.run_id == episode.run_id, Turn.episode_id == episode.id)
                             .order_by(Turn.index)).scalars()
     actions = [ToolCall(call["name"], call.get("arguments", {})) for call in turns if isinstance(call, dict)]

@@ -120,7 +120,7 @@ def run_episode(
         logger.info("episode %s already ended; %s", episode_id, f"judged group {group_id}" if grouped else "nothing to do")
         return EpisodeOutcome(episode_id, False, None, None)
     kind = get_kind(loaded.spec.kind)(loaded.spec)
-    task = kind.parse_task(loaded.payload)  # type: ignore[attr-defined]
+    task = kind.parse_task(loaded.payload)
     with ExitStack() as stack:
         episode_policy = stack.enter_context(policy.episode()) if isinstance(policy, PolicyPool) else policy
         try:
