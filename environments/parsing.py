@@ -51,4 +51,11 @@ def parse_hermes(text: str) -> ToolCall | None:
     return ToolCall(name=data["name"], arguments=arguments)
 
 
-PARSERS: dict[str, Callable[[str], ToolCall | None]] = {"hermes": parse_hermes}
+def _parse_browsergym(text: str) -> ToolCall | None:
+    from environments.browser.actions import parse_browsergym  # it builds on parse_hermes
+
+    return parse_browsergym(text)
+
+
+PARSERS: dict[str, Callable[[str], ToolCall | None]] = {"hermes": parse_hermes, "browsergym": _parse_browsergym}
+"""`browsergym`: BrowserGym's text actions (`click("12")`) or Hermes calls (environments/browser/actions.py)."""

@@ -168,6 +168,12 @@ class BrowserSettings(BaseModel):
     """Width and height of the page in CSS pixels."""
     screenshots: Literal["none", "opening", "every_turn"] = "every_turn"
     """When a screenshot is taken and stored with the turn (the dashboard shows it; the policy sees text)."""
+    tree: Literal["crucible", "browsergym"] = "crucible"
+    """How the accessibility tree is written: `crucible`, two spaces a level; `browsergym`, as BrowserGym's
+    flatten_axtree_to_str writes it (a tab a level, `value='…'` after the name)."""
+    reward: Literal["raw", "success"] = "raw"
+    """A MiniWoB++ page's reward: `raw`, the page's own in [-1, 1] (partial credit kept, a wrong try costs
+    more than giving up); `success`, 1 when that raw reward is > 0 and else 0 (BrowserGym's success)."""
 
 
 class EnvironmentSpec(BaseModel):

@@ -10,13 +10,18 @@
 
 Observation: the goal (in the first message), the page's URL and accessibility tree with element ids
 (`[12] button 'Submit'`), and the last action's error. Actions: click(bid), fill(bid, text),
-select_option(bid, option), press(bid, key), scroll(dx, dy), hover(bid), goto(url) and go_back
-(sites only, on the site's own origin), noop(wait_ms), submit(answer).
+select_option(bid, option), press(bid, key), scroll(dx, dy), hover(bid), dblclick(bid), focus(bid),
+clear(bid), drag_and_drop(from_bid, to_bid), mouse_click(x, y), mouse_drag_and_drop(from_x, from_y,
+to_x, to_y), goto(url) and go_back (sites only, on the site's own origin), noop(wait_ms),
+submit(answer) — BrowserGym's action set, whose argument names (`value`, `options`, `key_comb`) and
+`send_msg_to_user(text)` are taken too, and whose text form (`click("12")`) a spec takes with
+`tool_parser: browsergym` (environments/browser/actions.py).
 
 An episode ends when the agent submits, when a MiniWoB++ page says its task is done (reason
 `submitted`: the page took the agent's last action as its answer), or at a limit. Rewards come from
 the sandbox's browser after the episode, read through the driver's channel: a MiniWoB++ page's own
-raw reward (in [-1, 1]; partial credit kept), or the site's verify(check, state) on the app's state.
+raw reward (in [-1, 1]; partial credit kept; with the spec's `browser.reward: success`, 1 when it is
+> 0 and else 0), or the site's verify(check, state) on the app's state.
 A wrong bid, a field that is not a text box, a refused URL: a tool error the agent sees. The browser
 or its driver failing: a sandbox fault, retried.
 """
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,8 +45,10 @@ from environments.base import (
     ToolResult,
     Verdict,
 )
+from environments.browser.actions import canonical
 from environments.browser.sandbox.sites import site_module
 from environments.browser.task import BrowserTask
+from environments.parsing import MalformedToolCall
 from environments.rewards import layer_weights, weighted_sum
 from environments.spec import BrowserSettings, EnvironmentSpec
 from sandboxes.errors import ActionRefused
@@ -50,6 +58,14 @@ SYSTEM_PROMPT = (
     "on carry an id in brackets, like [12]. Use the tools to reach the goal. Call exactly one tool per turn "
     "as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>."
 )
+
+
+BROWSERGYM_PROMPT = (
+    "You operate a web browser. Each observation is the page's accessibility tree; elements you can act "
+    "on carry an id in brackets, like [12]. Reach the goal with one action per turn, written as a call on "
+    "a line of its own, like click(\"12\"), fill(\"7\", \"some text\") or drag_and_drop(\"3\", \"8\")."
+)
+"""The system prompt of a spec with `tool_parser: browsergym` (BrowserGym's text actions)."""
 
 
 def _tool(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
@@ -69,10 +85,23 @@ TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
     "scroll": _tool("scroll", "Scroll the page by dx, dy pixels.",
                     {"dx": {"type": "number"}, "dy": {"type": "number"}}, ["dx", "dy"]),
     "hover": _tool("hover", "Move the mouse over an element.", {"bid": _BID}, ["bid"]),
+    "dblclick": _tool("dblclick", "Double-click an element.", {"bid": _BID}, ["bid"]),
+    "focus": _tool("focus", "Give an element the keyboard focus.", {"bid": _BID}, ["bid"]),
+    "clear": _tool("clear", "Empty a text field.", {"bid": _BID}, ["bid"]),
+    "drag_and_drop": _tool("drag_and_drop", "Drag one element and drop it on another.",
+                           {"from_bid": _BID, "to_bid": _BID}, ["from_bid", "to_bid"]),
+    "mouse_click": _tool("mouse_click", "Click at a point of the page (CSS pixels from its top left corner).",
+                         {"x": {"type": "number"}, "y": {"type": "number"}}, ["x", "y"]),
+    "mouse_drag_and_drop": _tool("mouse_drag_and_drop", "Press at one point, move to another, release.",
+                                 {"from_x": {"type": "number"}, "from_y": {"type": "number"},
+                                  "to_x": {"type": "number"}, "to_y": {"type": "number"}},
+                                 ["from_x", "from_y", "to_x", "to_y"]),
     "goto": _tool("goto", "Open a URL of this site (a path like /cart).", {"url": {"type": "string"}}, ["url"]),
     "go_back": _tool("go_back", "Go back to the previous page.", {}, []),
     "noop": _tool("noop", "Do nothing (wait for the page).", {"wait_ms": {"type": "number"}}, []),
     "submit": _tool("submit", "Give your answer and end the episode.", {"answer": {"type": "string"}}, []),
+    "send_msg_to_user": _tool("send_msg_to_user", "Give your answer (BrowserGym's name for submit).",
+                              {"text": {"type": "string"}}, ["text"]),
 }
 
 
@@ -93,7 +122,7 @@ class BrowserKind:
         return [TOOL_SCHEMAS[name] for name in self.tool_names]
 
     def system_prompt(self) -> str:
-        return self.spec.system_prompt or SYSTEM_PROMPT
+        return self.spec.system_prompt or (BROWSERGYM_PROMPT if self.spec.tool_parser == "browsergym" else SYSTEM_PROMPT)
 
     @staticmethod
     def parse_task(payload: dict[str, Any]) -> BrowserTask:
@@ -114,7 +143,7 @@ class BrowserKind:
     def opening(self, *, sandbox: Sandbox, task: BrowserTask, instruction: str) -> Opening:
         page = self._opening
         goal = page.get("goal") or task.goal or instruction
-        text = f"# Goal\n{goal}\n\n{_page_text(page)}"
+        text = f"# Goal\n{goal}\n\n{_page_text(page, tree=self.settings.tree)}"
         artifacts = [Artifact("observation", "text/plain", text.encode())]
         if page.get("screenshot"):
             artifacts.append(Artifact("screenshot", "image/png", base64.b64decode(page["screenshot"])))
@@ -123,6 +152,10 @@ class BrowserKind:
     def execute(self, *, sandbox: Sandbox, call: ToolCall, task: BrowserTask) -> ToolResult:
         if call.name not in self.tool_names:
             return _error(f"tool: expected one of {', '.join(self.tool_names)}, got {json.dumps(call.name)}")
+        try:  # BrowserGym's argument names and send_msg_to_user (environments/browser/actions.py)
+            call = canonical(call)
+        except MalformedToolCall as malformed:
+            return _error(str(malformed))
         if call.name == "submit":
             answer = call.arguments.get("answer", "")
             return ToolResult(observation="submitted", output=json.dumps({"answer": answer})[:4000], exit_code=0,
@@ -133,7 +166,7 @@ class BrowserKind:
         except ActionRefused as refused:
             return _error(str(refused))
         error = str(page.get("error") or "")
-        text = _page_text(page)
+        text = _page_text(page, tree=self.settings.tree)
         if error:
             text = f"Error: {error}\n\n{text}"
         if page.get("dialogs"):
@@ -162,7 +195,9 @@ class BrowserKind:
             raw = float(state.get("raw_reward", 0.0)) if done else 0.0
             detail = (f"the page ended the task: raw reward {raw:g}" + (f" ({state.get('reason')})"
                       if state.get("reason") else "")) if done else "the page did not end the task"
-            layers = [LayerResult("page", raw, done and raw > 0, detail)]
+            solved = done and raw > 0
+            score = (1.0 if solved else 0.0) if self.settings.reward == "success" else raw
+            layers = [LayerResult("page", score, solved, detail)]
         else:
             score, reason = site_module(str(task.site)).verify(task.check, state.get("site") or {})
             layers = [LayerResult("site_state", float(score), score >= 1.0, str(reason)[:2000])]
@@ -170,10 +205,22 @@ class BrowserKind:
         return Verdict(reward=weighted_sum(layers, weights), layers=layers)
 
 
-def _page_text(page: dict[str, Any]) -> str:
+def _page_text(page: dict[str, Any], *, tree: str = "crucible") -> str:
     title = page.get("title") or ""
+    text = str(page.get("tree", ""))
     return f"# Page\nURL: {page.get('url', '')}" + (f"\nTitle: {title}" if title else "") + \
-        f"\n\n{page.get('tree', '')}"
+        f"\n\n{browsergym_tree(text) if tree == 'browsergym' else text}"
+
+
+_INDENT = re.compile(r"^((?:  )+)", re.MULTILINE)
+
+
+def browsergym_tree(text: str) -> str:
+    """The driver's tree (environments/browser/sandbox/axtree.py) as BrowserGym's flatten_axtree_to_str
+    spells it: a tab per level, and a node's value after its name without a comma (`textbox 'Qty'
+    value='1', required`)."""
+    text = _INDENT.sub(lambda match: "\t" * (len(match.group(1)) // 2), text)
+    return text.replace("', value=", "' value=")
 
 
 def _error(message: str) -> ToolResult:

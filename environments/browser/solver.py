@@ -125,11 +125,53 @@ SOLVERS: dict[str, Callable[[str, str], Plan]] = {
 }
 
 
+def _list_items(tree: str) -> list[tuple[str, str]]:
+    """(bid of the list item, its text) of a sortable list's items, in the page's order."""
+    return re.findall(r"\[(\d+)\] listitem ''\n\s+\[\d+\] generic '([^']*)'", tree)
+
+
+def drag_box(goal: str, tree: str) -> Plan:
+    return [hermes_call("drag_and_drop", from_bid=_bid(tree, "generic", "s"), to_bid=_bid(tree, "generic", "L")),
+            hermes_call("click", bid=_bid(tree, "button", "Submit"))]
+
+
+def drag_items(goal: str, tree: str) -> Plan:
+    """'Drag NAME to the top.' / 'to the bottom.' / 'up (down) by one position.' / 'to the 3rd position.'"""
+    name, where = re.search(r"Drag (.+?) ((?:to|up|down) .*)\.$", goal).groups()  # type: ignore[union-attr]
+    items = _list_items(tree)
+    now = [text for _, text in items].index(name)
+    ordinal = re.search(r"to the (\d+)\w\w position", where)
+    target = (0 if where == "to the top" else len(items) - 1 if where == "to the bottom" else
+              now - 1 if where.startswith("up") else now + 1 if where.startswith("down") else int(ordinal.group(1)) - 1)  # type: ignore[union-attr]
+    return [hermes_call("drag_and_drop", from_bid=items[now][0], to_bid=items[target][0])]
+
+
+GRID = {"top left": 0, "top center": 1, "top right": 2, "center left": 3, "center": 4, "center right": 5,
+        "bottom left": 6, "bottom center": 7, "bottom right": 8}
+STEPS = {"up": -3, "down": 3, "left": -1, "right": 1}
+
+
+def drag_items_grid(goal: str, tree: str) -> Plan:
+    """'Drag NAME to the top left.' / 'to the center.' / 'up (down, left, right) by one.' on a 3 x 3 grid."""
+    name, where = re.search(r"Drag (.+?) ((?:to the|up|down|left|right) .*)\.$", goal).groups()  # type: ignore[union-attr]
+    items = _list_items(tree)
+    now = [text for _, text in items].index(name)
+    target = GRID[where.removeprefix("to the ")] if where.startswith("to the ") else now + STEPS[where.split()[0]]
+    return [hermes_call("drag_and_drop", from_bid=items[now][0], to_bid=items[target][0])]
+
+
+DRAG_SOLVERS: dict[str, Callable[[str, str], Plan]] = {
+    "drag-box": drag_box, "drag-items": drag_items, "drag-items-grid": drag_items_grid,
+}
+"""Pages that need a drag (BrowserGym's drag_and_drop): kept apart from SOLVERS, whose mix the browser
+benchmark and the browser recipe's warm-up use."""
+
+
 def solver(task: str) -> Callable[[str], str]:
     """A scripted-policy step: the next action of the plan for this prompt."""
 
     def step(prompt: str) -> str:
-        plan = SOLVERS[task](_goal(prompt), _opening_tree(prompt))
+        plan = {**SOLVERS, **DRAG_SOLVERS}[task](_goal(prompt), _opening_tree(prompt))
         turn = prompt.count("<|im_start|>assistant") - 1
         return plan[min(turn, len(plan) - 1)]
 

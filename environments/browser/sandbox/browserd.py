@@ -571,6 +571,65 @@ class Driver:
         info = self._visible(self._element(tab, args))
         self._mouse(tab, "mouseMoved", info["x"], info["y"])
 
+    def _do_dblclick(self, tab: Tab, args: dict[str, Any]) -> None:
+        info = self._visible(self._element(tab, args))
+        self._mouse(tab, "mouseMoved", info["x"], info["y"])
+        for count in (1, 2):  # Chromium fires dblclick on the second press-release with clickCount 2
+            self._mouse(tab, "mousePressed", info["x"], info["y"], button="left", buttons=1, clickCount=count)
+            self._mouse(tab, "mouseReleased", info["x"], info["y"], button="left", buttons=0, clickCount=count)
+
+    def _do_focus(self, tab: Tab, args: dict[str, Any]) -> None:
+        info = self._visible(self._element(tab, args))
+        tab.evaluate(f"document.querySelector('[bid=\"{info['bid']}\"]').focus()")
+
+    def _do_clear(self, tab: Tab, args: dict[str, Any]) -> None:
+        self._do_fill(tab, {"bid": args.get("bid"), "text": ""})
+
+    def _do_drag_and_drop(self, tab: Tab, args: dict[str, Any]) -> None:
+        """Press on one element, move in steps (drag libraries wait for a few moves), release on another."""
+        source = self._visible(self._element(tab, {"bid": args.get("from_bid")}))
+        target = self._visible(self._element(tab, {"bid": args.get("to_bid")}))
+        if source["bid"] == target["bid"]:
+            raise ActionError(f"drag_and_drop: expected two different elements, got {source['bid']} twice")
+        # The target's position once the source is scrolled into view (scrolling one moves the other).
+        target = self._element(tab, {"bid": target["bid"]})
+        source = self._element(tab, {"bid": source["bid"]})
+
+        def past(start: float, middle: float, size: float) -> float:
+            """A little past the target's middle in the direction of travel, as a hand drops: sortable
+            lists move an item only once the pointer crosses the middle of the one it goes over."""
+            return middle + (min(size / 4, 8.0) if middle > start else -min(size / 4, 8.0) if middle < start else 0.0)
+
+        self._drag(tab, (source["x"], source["y"]), (past(source["x"], target["x"], target["w"]),
+                                                     past(source["y"], target["y"], target["h"])))
+
+    def _drag(self, tab: Tab, start: tuple[float, float], end: tuple[float, float], steps: int = 8) -> None:
+        (x0, y0), (x1, y1) = start, end
+        self._mouse(tab, "mouseMoved", x0, y0)
+        self._mouse(tab, "mousePressed", x0, y0, button="left", buttons=1, clickCount=1)
+        for step in range(1, steps + 1):
+            self._mouse(tab, "mouseMoved", x0 + (x1 - x0) * step / steps, y0 + (y1 - y0) * step / steps,
+                        button="left", buttons=1)
+        self._mouse(tab, "mouseReleased", x1, y1, button="left", buttons=0, clickCount=1)
+
+    def _point(self, args: dict[str, Any], x: str, y: str, *, action: str) -> tuple[float, float]:
+        px, py = _number(args.get(x), what=f"{action}: {x}"), _number(args.get(y), what=f"{action}: {y}")
+        width, height = self.viewport
+        if not (0 <= px < width and 0 <= py < height):
+            raise ActionError(f"{action}: expected a point inside the {width}x{height} page, got ({px:g}, {py:g})")
+        return px, py
+
+    def _do_mouse_click(self, tab: Tab, args: dict[str, Any]) -> None:
+        x, y = self._point(args, "x", "y", action="mouse_click")
+        self._mouse(tab, "mouseMoved", x, y)
+        self._mouse(tab, "mousePressed", x, y, button="left", buttons=1, clickCount=1)
+        self._mouse(tab, "mouseReleased", x, y, button="left", buttons=0, clickCount=1)
+
+    def _do_mouse_drag_and_drop(self, tab: Tab, args: dict[str, Any]) -> None:
+        start = self._point(args, "from_x", "from_y", action="mouse_drag_and_drop")
+        end = self._point(args, "to_x", "to_y", action="mouse_drag_and_drop")
+        self._drag(tab, start, end)
+
     def _do_fill(self, tab: Tab, args: dict[str, Any]) -> None:
         text = args.get("text", args.get("value"))
         if not isinstance(text, str):

@@ -18,7 +18,7 @@ from core.models.artifact import EpisodeArtifact
 from core.models.episode import Episode
 from core.store import insert_episode
 from core.termination import TerminationReason
-from environments.browser.solver import SOLVERS, solver, wrong_click
+from environments.browser.solver import DRAG_SOLVERS, SOLVERS, solver, wrong_click
 from environments.parsing import hermes_call
 from environments.service import register_environment
 from environments.spec import parse_spec
@@ -87,6 +87,35 @@ def test_solving_actions_earn_the_pages_reward_on_every_task(db_session, scripte
     assert all(reason == TerminationReason.SUBMITTED for _, reason, _ in results.values())
 
 
+def test_browsergym_text_actions_solve_the_pages_that_need_a_drag(db_session, scripted, policy_client, sandboxes,
+                                                                  browser_image):
+    """BrowserGym's conventions (`tool_parser: browsergym`, `browser: {tree: browsergym, reward: success}`):
+    the policy reads BrowserGym's tree and writes its text actions (`drag_and_drop("17", "18")`,
+    `click("19")`), the driver drags in the real Chromium (jQuery UI draggables and sortable lists), and
+    the page's own reward says solved."""
+    from environments.browser.actions import browsergym_text
+    from environments.parsing import parse_hermes
+    from task_workers.policy.scripted import detokenize
+
+    def as_text(step):  # the scripted solver's Hermes call, written as a BrowserGym agent writes it
+        return lambda prompt: "I act now.\n" + browsergym_text(parse_hermes(step(prompt)))
+
+    results = {}
+    for name in sorted(DRAG_SOLVERS):
+        for seed in (200, 201):
+            episode = play(db_session, scripted, policy_client, sandboxes, browser_image, script=f"{name}-{seed}",
+                           steps=[as_text(solver(name))] * 6, payload={"family": "miniwob", "name": name, "seed": seed},
+                           tool_parser="browsergym", tools=["click", "drag_and_drop", "noop"],
+                           browser={"tree": "browsergym", "reward": "success"})
+            turns = turns_of(db_session, episode)
+            opening = detokenize(turns[0].token_ids[:turns[0].prompt_length])  # the scripted policy's tokenizer
+            assert "\n\t[" in opening and "\n  [" not in opening  # BrowserGym's tree: a tab a level
+            assert turns[0].completion_text.startswith("I act now.\ndrag_and_drop("), turns[0].completion_text
+            assert turns[0].tool_call["name"] == "drag_and_drop"
+            results[(name, seed)] = (episode.reward, episode.termination_reason, len(turns))
+    assert all(reward == 1.0 and reason == TerminationReason.SUBMITTED for reward, reason, _ in results.values()), results
+
+
 def test_a_wrong_click_earns_what_the_page_says(db_session, scripted, policy_client, sandboxes, browser_image):
     episode = play(db_session, scripted, policy_client, sandboxes, browser_image, script="wrong",
                    steps=[wrong_click] * 6, payload={"family": "miniwob", "name": "click-button", "seed": 6})
@@ -94,6 +123,21 @@ def test_a_wrong_click_earns_what_the_page_says(db_session, scripted, policy_cli
     assert episode.termination_reason == TerminationReason.SUBMITTED  # the page ended the task
     assert episode.num_turns == 1
     assert episode.verifier_layers[0]["name"] == "page" and not episode.verifier_layers[0]["passed"]
+
+
+def test_the_success_reward_mode_scores_one_for_a_solve_and_zero_for_a_wrong_try(
+        db_session, scripted, policy_client, sandboxes, browser_image):
+    """`browser: {reward: success}`: BrowserGym's success (raw > 0), so a wrong try (raw −1) scores as
+    giving up does, 0; the page's raw reward stays in the layer's detail."""
+    wrong = play(db_session, scripted, policy_client, sandboxes, browser_image, script="wrong-success",
+                 steps=[wrong_click] * 6, payload={"family": "miniwob", "name": "click-button", "seed": 6},
+                 browser={"reward": "success"})
+    assert wrong.reward == 0.0 and not wrong.verifier_layers[0]["passed"]
+    assert "raw reward -1" in wrong.verifier_layers[0]["detail"]
+    solved = play(db_session, scripted, policy_client, sandboxes, browser_image, script="solve-success",
+                  steps=[solver("click-button")] * 6, payload={"family": "miniwob", "name": "click-button", "seed": 7},
+                  browser={"reward": "success"})
+    assert solved.reward == 1.0 and solved.verifier_layers[0]["passed"]
 
 
 def test_a_missing_bid_is_a_tool_error_the_agent_sees(db_session, scripted, policy_client, sandboxes, browser_image):
