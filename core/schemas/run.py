@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from core.config_files import parse_model
+from core.errors import ConfigError
 from core.schemas.trainer import TrainerConfig
 from core.termination import Bucket, RunPurpose
 
@@ -137,6 +138,8 @@ class RunConfig(BaseModel):
     code_repo task, never trained on; any reward on it is a hack, flagged `canary_rewarded`."""
     curriculum: Curriculum = Field(default_factory=Curriculum)
     seed: int = 0
+    """Fixes the run's task order (controller.picking), its canary groups, every request's sampling seed
+    (core.seeds: per group, sample and turn) and the trainer's initialisation (torch.manual_seed)."""
     sampling: Sampling = Field(default_factory=lambda: Sampling())
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     """Loss, optimizer and backend settings (core.schemas.trainer), refused at submission when bad."""
@@ -151,6 +154,14 @@ class RunConfig(BaseModel):
     def staleness_bound(self) -> int:
         """sync mode is async with no staleness: the next batch waits for the weights of this one."""
         return 0 if self.mode == "sync" else self.max_staleness
+
+
+def stored_seed(config: Any, *, run_id: int) -> int:
+    """A stored run's seed (`runs.config["seed"]`, 0 when absent), checked, never read raw."""
+    seed = config.get("seed", 0) if isinstance(config, dict) else 0
+    if type(seed) is not int:
+        raise ConfigError(f"run {run_id} config.seed: expected an integer, got {seed!r:.40}")
+    return seed
 
 
 def stored_sampling(config: Any, *, run_id: int) -> Sampling:

@@ -23,6 +23,7 @@ from typing import Any
 
 from core.errors import CrucibleError
 from core.schemas.run import Sampling
+from core.seeds import turn_seed
 from core.termination import TerminationReason
 from core.token_versions import from_spans
 from core.versions import LabelState, Settled, settle
@@ -48,6 +49,9 @@ class LoopContext:
     limits: Limits
     sampling: Sampling
     tool_parser: str = "hermes"
+    seed: int | None = None
+    """The episode's sampling seed (core.seeds.episode_seed); each turn sends its own (turn_seed).
+    None: vLLM draws its own."""
     require_version: bool = False
     """A training run: every turn must carry a known weight version (staleness is measured from it)."""
     settle_timeout_s: float = 120.0
@@ -128,7 +132,8 @@ def _sample(ctx: LoopContext, tokens: list[int], trajectory: Trajectory) -> tupl
     """A completion and its settled versions; sampled again (up to `resamples` times) when weights
     whose probe failed sampled it, so that it is never stored."""
     for attempt in range(ctx.resamples + 1):
-        completion = _generate(ctx, tokens)
+        seed = None if ctx.seed is None else turn_seed(ctx.seed, turn=len(trajectory.turns), attempt=attempt)
+        completion = _generate(ctx, tokens, seed=seed)
         if isinstance(completion, TerminationReason):
             return completion
         trajectory.timings["generation"] += completion.seconds
@@ -142,12 +147,12 @@ def _sample(ctx: LoopContext, tokens: list[int], trajectory: Trajectory) -> tupl
     raise AssertionError("unreachable")
 
 
-def _generate(ctx: LoopContext, tokens: list[int]) -> Completion | TerminationReason:
+def _generate(ctx: LoopContext, tokens: list[int], *, seed: int | None) -> Completion | TerminationReason:
     budget = min(ctx.limits.max_response_tokens, ctx.limits.max_context_tokens - len(tokens))
     if budget <= 0:
         return TerminationReason.CONTEXT_EXHAUSTED
     try:
-        return ctx.policy.complete(prompt_ids=tokens, max_tokens=budget, sampling=ctx.sampling)
+        return ctx.policy.complete(prompt_ids=tokens, max_tokens=budget, sampling=ctx.sampling, seed=seed)
     except ContextOverflow:
         return TerminationReason.CONTEXT_EXHAUSTED
     except PolicyError as error:

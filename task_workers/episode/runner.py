@@ -26,7 +26,8 @@ from core.episode_text import render_turns
 from core.errors import CrucibleError
 from core.flags import EpisodeFlag
 from core.models import Environment, Episode, Task
-from core.schemas.run import Sampling, stored_sampling
+from core.schemas.run import Sampling, stored_sampling, stored_seed
+from core.seeds import episode_seed
 from core.termination import RunPurpose, TerminationReason
 from environments.base import Artifact, GraderFault, LayerResult, Sandbox, ToolCall, Verdict
 from environments.judge import LAYER as JUDGE_LAYER
@@ -75,6 +76,8 @@ class _Loaded:
     sampling: Sampling
     training: bool
     """The run is trained on: every turn needs a known weight version."""
+    seed: int
+    """The episode's sampling seed (core.seeds.episode_seed of the run's seed and its group and sample)."""
     canary: bool = False
     """The task is a hack canary (core/canaries.py): any reward on its verification layer is a hack."""
 
@@ -88,21 +91,25 @@ def _load(episode_id: int, *, worker: str, incarnation: str | None) -> _Loaded |
         task = session.get(Task, episode.task_id)
         assert env_row is not None and task is not None  # foreign keys
         spec = spec_of(env_row)
-        sampling, training = _run_sampling(session, episode)
+        sampling, training, seed = _run_sampling(session, episode)
         # No deadline yet: the agent's time budget starts at its first observation (run_agent_loop).
         return _Loaded(
             episode_id=episode.id, run_id=episode.run_id, group_id=episode.group_id, spec=spec, instruction=task.instruction,
-            payload=task.payload, sampling=sampling, training=training, canary=is_canary(task.split),
+            payload=task.payload, sampling=sampling, training=training, seed=seed, canary=is_canary(task.split),
         )
 
 
-def _run_sampling(session: Any, episode: Episode) -> tuple[Sampling, bool]:
-    """The run's sampling settings (validated at launch; parsed again here, never read raw) and
-    whether the run is trained on."""
-    from core.models import Run
+def _run_sampling(session: Any, episode: Episode) -> tuple[Sampling, bool, int]:
+    """The run's sampling settings (validated at launch; parsed again here, never read raw), whether
+    the run is trained on, and the episode's sampling seed."""
+    from core.models import EpisodeGroup, Run
 
     config, purpose = session.execute(select(Run.config, Run.purpose).where(Run.id == episode.run_id)).one()
-    return stored_sampling(config, run_id=episode.run_id), purpose == RunPurpose.TRAIN
+    group_index = session.execute(select(EpisodeGroup.group_index)
+                                  .where(EpisodeGroup.id == episode.group_id)).scalar_one()
+    seed = episode_seed(run_seed=stored_seed(config, run_id=episode.run_id), group_index=group_index,
+                        sample_index=episode.sample_index)
+    return stored_sampling(config, run_id=episode.run_id), purpose == RunPurpose.TRAIN, seed
 
 
 def run_episode(
@@ -142,7 +149,7 @@ def run_episode(
         if opening is not None:
             instruction, opening_artifacts = opening.text, opening.artifacts
         ctx = LoopContext(kind=kind, task=task, sandbox=sandbox, policy=episode_policy, limits=loaded.spec.limits,
-                          sampling=loaded.sampling, tool_parser=loaded.spec.tool_parser,
+                          sampling=loaded.sampling, tool_parser=loaded.spec.tool_parser, seed=loaded.seed,
                           require_version=loaded.training)
         trajectory = run_agent_loop(ctx, prompt_ids=initial_prompt(ctx, instruction=instruction))
         trajectory.artifacts[:0] = [ArtifactRecord(None, art.name, art.media_type, art.data)

@@ -84,3 +84,42 @@ def test_control_tokens_in_environment_text_are_plain_text_over_http_and_locally
     finally:
         remote.close()
         local.close()
+
+
+def test_the_run_seed_fixes_what_vllm_samples(db_session, tiny_vllm: VllmServer, sandboxes, code_repo_image,
+                                              calc_task_payload) -> None:
+    """Two runs with the same seed play the same task and get the same episodes, sample for sample; the
+    samples of a group differ from each other, and another seed draws other tokens (core/seeds.py).
+    Sequential requests: vLLM's seeded sampler draws from a per-request generator."""
+    import json
+
+    from environments.service import register_environment
+    from environments.spec import parse_spec
+    from tests import factories
+    from tests.task_workers.episode.conftest import env_spec
+
+    env, _ = register_environment(db_session, spec=parse_spec(env_spec(code_repo_image, max_turns=2,
+                                                                      max_response_tokens=24)))
+    task = factories.task(db_session, env, external_id="calc-seeded", instruction="Fix add(). [script:seeded]",
+                          payload=json.loads(json.dumps(calc_task_payload)))
+    runs = {name: factories.pending_group(db_session, env=env, the_task=task, size=2, name=f"seeded-{name}",
+                                          config={"seed": seed})[1]
+            for name, seed in (("a", 0), ("b", 0), ("c", 7))}
+    db_session.commit()
+    client = PolicyClient(base_url=tiny_vllm.api_url)
+    try:
+        for ids in runs.values():
+            for episode_id in ids:
+                assert run_episode(episode_id, policy=client, sandboxes=sandboxes, worker="test").stored
+    finally:
+        client.close()
+
+    def sampled(episode_id: int) -> list[list[int]]:
+        turns = db_session.execute(select(Turn).where(Turn.episode_id == episode_id).order_by(Turn.index)).scalars()
+        return [turn.token_ids[turn.prompt_length:] for turn in turns]
+
+    (a0, a1), (b0, b1), (c0, c1) = ([sampled(i) for i in ids] for ids in runs.values())
+    assert a0 and a1 and c0
+    assert (a0, a1) == (b0, b1)  # same seed, same group and sample: the same tokens, turn for turn
+    assert a0[0] != a1[0]  # another sample of the group: other draws
+    assert c0[0] != a0[0] and c1[0] != a1[0]  # another seed: other draws
