@@ -1,4 +1,4 @@
-.PHONY: test test-all demo rl-browser rl-mixed setup lint docs bench bench-api
+.PHONY: test test-all demo rl-discover rl-browser rl-mixed setup lint docs bench bench-api
 
 setup:
 	scripts/setup.sh
@@ -12,6 +12,11 @@ test-all:
 
 demo:
 	scripts/demo.sh
+
+# RL that learns what no demonstration showed: find the unnamed file (recipes/discover.py; ~15 min on 2 cores).
+rl-discover:
+	scripts/setup.sh
+	.venv/bin/python -m recipes.discover
 
 # A short real RL run on MiniWoB++ pages with the tiny model (recipes/browser_rl.py; ~20 min on 2 cores).
 rl-browser:

@@ -1,10 +1,12 @@
 """Does RL here learn, by more than the noise between seeds? A recipe run over several seeds, end to end.
 
     .venv/bin/python bench/learning.py                         # the demo recipe, seeds 0 1 2
+    .venv/bin/python bench/learning.py --recipe discover       # RL beyond the demonstrations (recipes/discover.py)
     .venv/bin/python bench/learning.py --seeds 0 1 2 3 4 --rl-minutes 5
 
-Each seed runs the whole recipe (`recipes.demo.run_demo`: warm-up, held-out evaluation, RL, held-out
-evaluation) in a scratch database of its own (bench/store.py), one seed after the other; the seed fixes
+Each seed runs the whole recipe (`recipes.demo.run_demo` or `recipes.discover.run_discover`: warm-up,
+held-out evaluation, RL, held-out evaluation) in a scratch database of its own (bench/store.py), one
+seed after the other; the seed fixes
 the tiny model's initialisation, the tasks and the sampling. Prints one JSON object: per seed the
 held-out success before and after with their 95 % intervals (tasks resampled, `crucible eval`'s report)
 and the wall-clock; over the seeds the mean gain in points with its 95 % interval (seeds resampled,
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import tempfile
 import time
@@ -32,6 +35,20 @@ from core.stats import mean_interval
 from recipes.common import RecipeSettings
 
 DEFAULT_SEEDS = (0, 1, 2)
+RECIPES = ("demo", "discover")
+
+
+def recipe(name: str) -> tuple[RecipeSettings, Callable[..., dict[str, Any]]]:
+    """A recipe's default settings and its run function (`run(settings, console=…)`)."""
+    if name == "demo":
+        from recipes.demo import run_demo
+
+        return RecipeSettings(), run_demo
+    if name == "discover":
+        from recipes.discover import SETTINGS, run_discover
+
+        return SETTINGS, run_discover
+    raise ValueError(f"recipe: expected one of {', '.join(RECIPES)}, got {name!r}")
 
 
 def summary(per_seed: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -44,7 +61,8 @@ def summary(per_seed: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "gain_points_by_seed": [round(g, 1) for g in gains],
         "per_seed": [{key: run[key] for key in ("seed", "held_out_success_before", "held_out_interval_before",
                                                  "held_out_success_after", "held_out_interval_after",
-                                                 "delta_points", "minutes", "wall_s") if key in run}
+                                                 "delta_points", "first_action_before", "first_action_after",
+                                                 "minutes", "wall_s") if key in run}
                      for run in per_seed],
     }
 
@@ -62,23 +80,33 @@ def over_seeds(seeds: Sequence[int], run_one: Callable[[int], dict[str, Any]]) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--recipe", choices=["demo"], default="demo")
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default="demo")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
-    parser.add_argument("--rl-minutes", type=float, default=RecipeSettings.rl_minutes)
+    parser.add_argument("--rl-minutes", type=float, default=None, help="Default: the recipe's own.")
     parser.add_argument("--workdir", type=Path, default=None, help="Default: a temporary directory.")
     args = parser.parse_args()
 
-    from recipes.demo import run_demo
-
+    defaults, run = recipe(args.recipe)
+    rl_minutes = defaults.rl_minutes if args.rl_minutes is None else args.rl_minutes
     root = args.workdir or Path(tempfile.mkdtemp(prefix="bench-learning-"))
     log = Console(file=sys.stderr, width=160)
 
     def run_one(seed: int) -> dict[str, Any]:
-        settings = dataclasses.replace(RecipeSettings(), seed=seed, rl_minutes=args.rl_minutes,
-                                       workdir=root / f"seed-{seed}")
-        return run_demo(settings, console=log)
+        settings = dataclasses.replace(defaults, seed=seed, rl_minutes=rl_minutes, workdir=root / f"seed-{seed}")
+        return run(settings, console=log)
 
-    out = {"recipe": args.recipe, "rl_minutes": args.rl_minutes, **over_seeds(args.seeds, run_one),
+    # Stdout carries the one JSON object: what the recipes' children print (image builds, the tiny
+    # model's summary) goes to stderr with the log.
+    sys.stdout.flush()
+    stdout = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        measured = over_seeds(args.seeds, run_one)
+    finally:
+        sys.stdout.flush()
+        os.dup2(stdout, 1)
+        os.close(stdout)
+    out = {"recipe": args.recipe, "rl_minutes": rl_minutes, **measured,
            "workdir": str(root)}
     print(json.dumps(out))
 

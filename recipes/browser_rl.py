@@ -31,17 +31,13 @@ from rich.console import Console
 
 from environments.rewards import SOLVED_AT
 from recipes.common import (
-    Held,
-    Processes,
     RecipeSettings,
-    evaluate,
-    launch_training,
+    learn,
     prepare,
     render_episode,
     says_what_stays_running,
     settled,
     sft_in_two_stages,
-    watch_training,
 )
 
 ENV_NAME = "miniwob-rl"
@@ -336,7 +332,6 @@ def rendering_check(run_ids: list[int], *, tokenizer_dir: Path, limit: int = 200
 @says_what_stays_running
 def run_browser_rl(settings: BrowserRLSettings, *, console: Console) -> dict[str, Any]:
     """Every stage with these settings; returns what it writes to result.json."""
-    import shutil
 
     from environments.images import build_images
 
@@ -355,29 +350,14 @@ def run_browser_rl(settings: BrowserRLSettings, *, console: Console) -> dict[str
     warm = warm_up(settings, played, workdir=path, console=console)
     counts = register(settings)
     console.print(f"  tasks: {counts['train']} train, {counts['test']} held-out ({ENV_NAME})")
-    served = path / "served"
-    shutil.copytree(warm, served, dirs_exist_ok=True)
-    (path / "logs").mkdir(exist_ok=True)
-    with Processes(workdir=path, served_dir=served, console=console, startup_timeout_s=settings.vllm_startup_s,
-                   max_model_len=settings.max_context_tokens, queues="celery,browser") as procs:
-        def held_out(label: str) -> Held:
-            return evaluate(procs, settings=settings, model=str(served), label=label, console=console,
-                            environment=ENV_NAME, prefix="browser-rl")
-
-        before = held_out("before")
-        run_id = launch_training(procs, settings=settings, model=str(warm), environment=ENV_NAME,
-                                 prefix="browser-rl")
-        curve = watch_training(procs, run_id=run_id, minutes=settings.rl_minutes, console=console,
-                               max_steps=settings.rl_steps)
-        after = held_out("after")
+    learned = learn(settings, path=path, warm=warm, environment=ENV_NAME, prefix="browser-rl", console=console,
+                    queues="celery,browser", max_model_len=settings.max_context_tokens)
+    before, after, run_id, curve = learned.before, learned.after, learned.run_id, learned.curve
     rendering = rendering_check([before.run_id, run_id, after.run_id], tokenizer_dir=path / "tiny")
     sloppy_solved = sum(p.reward >= SOLVED_AT for p in played if p.wrong)
     result: dict[str, Any] = {
-        "run_id": run_id, "eval_run_ids": [before.run_id, after.run_id], "environment": ENV_NAME, "tasks": list(settings.tasks),
+        **learned.figures(), "environment": ENV_NAME, "tasks": list(settings.tasks),
         "train_tasks": settings.train_tasks, "test_tasks": settings.test_tasks,
-        "held_out_success_before": before.success, "held_out_success_after": after.success,
-        "held_out_interval_before": before.interval(), "held_out_interval_after": after.interval(),
-        "delta_points": round(100 * (after.success - before.success), 1),
         "episodes": episodes_of([before.run_id, run_id, after.run_id]),
         "consumed_groups": consumed_groups(run_id), "rendering": rendering,
         "demonstrations": {"solver_solved": solved, "sloppy_solved": sloppy_solved, "train_tasks": settings.train_tasks},

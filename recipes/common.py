@@ -3,7 +3,7 @@
 `sft_in_two_stages` (the warm-up: an expert's demonstrations, then a sloppy expert's; `render_episode`
 renders one exactly as the agent loop stores it) → `Processes` (vLLM, task worker, controller; all
 stopped on exit) → `evaluate` (a held-out eval run) → `launch_training` (a train run and its trainer) →
-`watch_training` (the live view) → `evaluate` again.
+`watch_training` (the live view) → `evaluate` again; `learn` runs those last five in order.
 """
 
 from __future__ import annotations
@@ -105,8 +105,9 @@ def sft_in_two_stages(
     demonstrations: Callable[[bool], list[tuple[list[int], list[int]]]],
 ) -> Path:
     """The warm-up every demo run shares: `settings.sft_steps` SFT steps on an expert's demonstrations,
-    then `settings.sloppy_steps` on a sloppy one's (`demonstrations(sloppy)` makes each set), from the
-    tiny model in `workdir`; saves model and tokenizer to `workdir/warm`. `what` names both sets."""
+    then `settings.sloppy_steps` (none: no second stage) on a sloppy one's (`demonstrations(sloppy)` makes
+    each set), from the tiny model in `workdir`; saves model and tokenizer to `workdir/warm`. `what`
+    names both sets."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -118,14 +119,30 @@ def sft_in_two_stages(
     model = AutoModelForCausalLM.from_pretrained(tiny)
     expert = sft_warmup(model=model, steps=settings.sft_steps, lr=settings.sft_lr, batch_size=batch_size,
                         seed=settings.seed, demonstrations=demonstrations(False))
-    sloppy = sft_warmup(model=model, steps=settings.sloppy_steps, lr=settings.sloppy_lr, batch_size=batch_size,
-                        seed=settings.seed + 1, demonstrations=demonstrations(True))
+    then = ""
+    if settings.sloppy_steps:
+        sloppy = sft_warmup(model=model, steps=settings.sloppy_steps, lr=settings.sloppy_lr, batch_size=batch_size,
+                            seed=settings.seed + 1, demonstrations=demonstrations(True))
+        then = f", then {sloppy.last_loss:.3f} (sloppy)"
     out = workdir / "warm"
     model.save_pretrained(out)
     tokenizers(tiny)[0].save_pretrained(out)
-    console.print(f"  loss {expert.first_loss:.2f} → {expert.last_loss:.4f}, then {sloppy.last_loss:.3f} "
-                  f"(sloppy) in {time.monotonic() - started:.0f} s")
+    console.print(f"  loss {expert.first_loss:.2f} → {expert.last_loss:.4f}{then} in {time.monotonic() - started:.0f} s")
     return out
+
+
+def register(spec: dict[str, Any], tasks: tuple[list[Any], list[Any]]) -> dict[str, int]:
+    """Register `spec` and upsert its (train, test) read_number tasks (idempotent); how many of each."""
+    from core.db import session_scope
+    from environments.read_number.task import insert_tasks
+    from environments.service import register_environment
+    from environments.spec import parse_spec
+
+    train, test = tasks
+    with session_scope() as session:
+        register_environment(session, spec=parse_spec(spec))
+        insert_tasks(session, environment=spec["name"], tasks=train + test)
+    return {"train": len(train), "test": len(test)}
 
 
 _TOKENIZERS: dict[Path, Any] = {}
@@ -335,6 +352,47 @@ def evaluate(procs: Processes, *, settings: RecipeSettings, model: str, label: s
                   f"resampled] of {held.episodes} episodes (run {run_id}, {time.monotonic() - started:.0f} s; "
                   f"`crucible eval show {run_id}`)")
     return held
+
+
+@dataclass(frozen=True)
+class Learned:
+    """What `learn` measured: the held-out evaluations before and after, the train run and its curve."""
+
+    before: Held
+    after: Held
+    run_id: int
+    curve: list[dict[str, Any]]
+
+    def figures(self) -> dict[str, Any]:
+        """The figures every recipe's result.json opens with."""
+        return {"run_id": self.run_id, "eval_run_ids": [self.before.run_id, self.after.run_id],
+                "held_out_success_before": self.before.success, "held_out_success_after": self.after.success,
+                "held_out_interval_before": self.before.interval(), "held_out_interval_after": self.after.interval(),
+                "delta_points": round(100 * (self.after.success - self.before.success), 1)}
+
+
+def learn(settings: RecipeSettings, *, path: Path, warm: Path, environment: str, prefix: str, console: Console,
+          queues: str = "celery,read_number", max_model_len: int = 1024) -> Learned:
+    """After a recipe's warm-up: vLLM serving a copy of the warmed-up model (`path/served`, the trainer
+    pushes new weights into it), the worker and the controller; a held-out evaluation, RL for the
+    settings' budget, a held-out evaluation again."""
+    import shutil
+
+    served = path / "served"
+    shutil.copytree(warm, served, dirs_exist_ok=True)
+    (path / "logs").mkdir(exist_ok=True)
+    with Processes(workdir=path, served_dir=served, console=console, startup_timeout_s=settings.vllm_startup_s,
+                   max_model_len=max_model_len, queues=queues) as procs:
+        def held_out(label: str) -> Held:
+            return evaluate(procs, settings=settings, model=str(served), label=label, console=console,
+                            environment=environment, prefix=prefix)
+
+        before = held_out("before")
+        run_id = launch_training(procs, settings=settings, model=str(warm), environment=environment, prefix=prefix)
+        curve = watch_training(procs, run_id=run_id, minutes=settings.rl_minutes, console=console,
+                               max_steps=settings.rl_steps)
+        after = held_out("after")
+    return Learned(before=before, after=after, run_id=run_id, curve=curve)
 
 
 def launch_training(procs: Processes, *, settings: RecipeSettings, model: str, environment: str | list[str],

@@ -23,17 +23,15 @@ from rich.console import Console
 
 from cli.console import console as default_console
 from recipes.common import (
-    Processes,
     RecipeSettings,
     drop_reasons,
-    evaluate,
-    launch_training,
+    learn,
     prepare,
+    register,
     says_what_stays_running,
     settled,
     sft_in_two_stages,
     tokenizers,
-    watch_training,
 )
 
 ENV_NAME = "read-number"
@@ -89,27 +87,10 @@ def warm_up(settings: RecipeSettings, *, workdir: Path, console: Console) -> Pat
 
 
 def _tasks(settings: RecipeSettings) -> tuple[list[Any], list[Any]]:
-    from environments.read_number.task import make_tasks
+    from environments.read_number.task import make_splits
 
-    train = make_tasks(count=settings.train_tasks, split="train", seed=settings.seed, digits=settings.digits,
-                       file_names=("number.txt",))
-    test = make_tasks(count=settings.test_tasks, split="test", seed=settings.seed, digits=settings.digits,
-                      exclude={t.payload.number for t in train}, file_names=("number.txt",))
-    return train, test
-
-
-def register(settings: RecipeSettings) -> dict[str, int]:
-    """The read_number environment and its tasks (idempotent)."""
-    from core.db import session_scope
-    from environments.read_number.task import insert_tasks
-    from environments.service import register_environment
-    from environments.spec import parse_spec
-
-    train, test = _tasks(settings)
-    with session_scope() as session:
-        register_environment(session, spec=parse_spec(ENV_SPEC))
-        insert_tasks(session, environment=ENV_NAME, tasks=train + test)
-    return {"train": len(train), "test": len(test)}
+    return make_splits(train=settings.train_tasks, test=settings.test_tasks, seed=settings.seed,
+                       digits=settings.digits, file_names=("number.txt",))
 
 
 def demo(
@@ -126,31 +107,17 @@ def demo(
 @says_what_stays_running
 def run_demo(settings: RecipeSettings, *, console: Console) -> dict[str, Any]:
     """Every stage of the demo with these settings; returns what it writes to result.json."""
-    import shutil
-
     settings = settled(settings, name="demo")
     began = time.monotonic()
     path = prepare(settings, console=console)
     warm = warm_up(settings, workdir=path, console=console)
-    counts = register(settings)
+    counts = register(ENV_SPEC, _tasks(settings))
     console.print(f"  tasks: {counts['train']} train, {counts['test']} held-out ({ENV_NAME})")
-    served = path / "served"
-    shutil.copytree(warm, served, dirs_exist_ok=True)
-    (path / "logs").mkdir(exist_ok=True)
-    with Processes(workdir=path, served_dir=served, console=console, startup_timeout_s=settings.vllm_startup_s) as procs:
-        before = evaluate(procs, settings=settings, model=str(served), label="before", console=console,
-                          environment=ENV_NAME, prefix="demo")
-        run_id = launch_training(procs, settings=settings, model=str(warm), environment=ENV_NAME, prefix="demo")
-        curve = watch_training(procs, run_id=run_id, minutes=settings.rl_minutes, console=console,
-                               max_steps=settings.rl_steps)
-        after = evaluate(procs, settings=settings, model=str(served), label="after", console=console,
-                         environment=ENV_NAME, prefix="demo")
+    learned = learn(settings, path=path, warm=warm, environment=ENV_NAME, prefix="demo", console=console)
+    before, after, run_id = learned.before, learned.after, learned.run_id
     dropped = drop_reasons(run_id)
-    result = {"run_id": run_id, "eval_run_ids": [before.run_id, after.run_id],
-              "held_out_success_before": before.success, "held_out_success_after": after.success,
-              "held_out_interval_before": before.interval(), "held_out_interval_after": after.interval(),
-              "delta_points": round(100 * (after.success - before.success), 1),
-              "minutes": round((time.monotonic() - began) / 60, 1), "dropped_groups": dropped, "curve": curve}
+    result = {**learned.figures(), "minutes": round((time.monotonic() - began) / 60, 1), "dropped_groups": dropped,
+              "curve": learned.curve}
     console.print("  groups not trained on, by reason: " + (", ".join(f"{reason} {n}" for reason, n in dropped.items())
                                                             or "none"))
     (path / "result.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -26,3 +26,10 @@ def test_the_browser_examples_register(db_session: Session) -> None:
     for name in ("miniwob", "shop"):
         env, created = register_environment(db_session, spec=load_spec_file(EXAMPLES / f"{name}.yaml"))
         assert created and env.kind == "browser"
+
+
+def test_the_chat_and_read_number_examples_register_and_import(db_session: Session) -> None:
+    for spec, tasks in (("chat.yaml", "chat.jsonl"), ("read-number.yaml", "read-number.jsonl")):
+        env, created = register_environment(db_session, spec=load_spec_file(EXAMPLES / spec))
+        assert created and env.kind in ("chat", "read_number")
+        assert import_tasks(db_session, environment=env.name, path=EXAMPLES / tasks) == 3

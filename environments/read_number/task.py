@@ -2,6 +2,8 @@
 
     tasks = make_tasks(count=64, split="train", seed=0)    # (instruction, payload) pairs
     insert_tasks(session, environment="read-number", tasks=tasks)
+
+With `named=False` the instruction does not name the file (`UNNAMED`): the agent has to find it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from core.errors import ConfigError
 from core.models import Task
 
 FILE_NAMES = ("number.txt", "secret.txt", "answer.txt", "value.txt")
+UNNAMED = "A file in the workspace holds a number. Find it and submit it."
 
 
 class ReadNumberTask(BaseModel):
@@ -36,13 +39,15 @@ class NewTask:
     payload: ReadNumberTask
 
 
-def instruction_for(task: ReadNumberTask) -> str:
-    return f"The file {task.path} holds a number. Read it and submit it."
+def instruction_for(task: ReadNumberTask, *, named: bool = True) -> str:
+    return f"The file {task.path} holds a number. Read it and submit it." if named else UNNAMED
 
 
 def make_tasks(*, count: int, split: str, seed: int, digits: tuple[int, int] = (2, 4),
-               exclude: set[str] | None = None, file_names: tuple[str, ...] = FILE_NAMES) -> list[NewTask]:
-    """`count` distinct tasks; numbers in `exclude` are never used (keeps splits disjoint)."""
+               exclude: set[str] | None = None, file_names: tuple[str, ...] = FILE_NAMES,
+               named: bool = True) -> list[NewTask]:
+    """`count` distinct tasks; numbers in `exclude` are never used (keeps splits disjoint). `named`:
+    the instruction names the file (else it is `UNNAMED`, the same for every task)."""
     rng = random.Random(f"read_number:{split}:{seed}")
     taken = set(exclude or ())
     low, high = digits
@@ -57,9 +62,18 @@ def make_tasks(*, count: int, split: str, seed: int, digits: tuple[int, int] = (
             continue
         taken.add(number)
         payload = ReadNumberTask(path=rng.choice(file_names), number=number)
-        tasks.append(NewTask(external_id=f"{split}-{number}", split=split, instruction=instruction_for(payload),
+        tasks.append(NewTask(external_id=f"{split}-{number}", split=split, instruction=instruction_for(payload, named=named),
                              payload=payload))
     return tasks
+
+
+def make_splits(*, train: int, test: int, seed: int, digits: tuple[int, int], file_names: tuple[str, ...] = FILE_NAMES,
+                named: bool = True) -> tuple[list[NewTask], list[NewTask]]:
+    """`train` and `test` tasks whose numbers never coincide (a held-out task is never a trained one)."""
+    train_tasks = make_tasks(count=train, split="train", seed=seed, digits=digits, file_names=file_names, named=named)
+    test_tasks = make_tasks(count=test, split="test", seed=seed, digits=digits, file_names=file_names, named=named,
+                            exclude={t.payload.number for t in train_tasks})
+    return train_tasks, test_tasks
 
 
 def insert_tasks(session: Session, *, environment: str, tasks: list[NewTask]) -> int:

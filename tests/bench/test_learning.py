@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, func, select
 
-from bench.learning import over_seeds, summary
+from bench.learning import over_seeds, recipe, summary
 from core.models import Run
 
 
@@ -48,6 +48,17 @@ def test_each_seed_runs_in_a_database_of_its_own() -> None:
     assert len({url for url, _ in seen}) == 2 and [runs for _, runs in seen] == [0, 0]
     assert out["gain_points_by_seed"] == [30.0, 40.0]
     assert all(run["wall_s"] >= 0 for run in out["per_seed"])
+
+
+def test_each_recipe_runs_with_its_own_defaults() -> None:
+    from recipes.common import RecipeSettings
+    from recipes.demo import run_demo
+    from recipes.discover import SETTINGS, run_discover
+
+    assert recipe("demo") == (RecipeSettings(), run_demo)
+    assert recipe("discover") == (SETTINGS, run_discover)
+    with pytest.raises(ValueError, match="expected one of demo, discover, got 'browser'"):
+        recipe("browser")
 
 
 @pytest.fixture(autouse=True)

@@ -149,13 +149,3 @@ def test_the_cli_imports_chat_and_read_number_jsonl_and_refuses_a_bad_file_in_on
     assert sorted(_rows(db_session, "numbers")) == ["rn-42", "rn-7"]
     assert _rows(db_session, "numbers")["rn-7"].split == "test"  # the refused file changed nothing
 
-
-@pytest.mark.parametrize(("spec", "tasks", "count"), [("read-number.yaml", "read-number.jsonl", 3),
-                                                       ("chat.yaml", "chat.jsonl", 3)])
-def test_the_readme_examples_register_and_import(db_session: Session, spec: str, tasks: str, count: int) -> None:
-    from environments.spec import load_spec_file
-
-    loaded = load_spec_file(ROOT / "examples" / spec)
-    register_environment(db_session, spec=loaded)
-    assert import_tasks(db_session, environment=loaded.name, path=ROOT / "examples" / tasks) == count
-    assert {task.split for task in _rows(db_session, loaded.name).values()} == {"train", "test"}
