@@ -90,10 +90,12 @@ class Demonstration:
     turns: list[tuple[dict[str, Any], str | None]]
 
 
-def demonstrations(settings: RecipeSettings, *, count: int, look_fraction: float = 0.5) -> list[Demonstration]:
+def demonstrations(settings: RecipeSettings, *, count: int, look_fraction: float = 1.0) -> list[Demonstration]:
     """`count` episodes of the named family over the train tasks' numbers: the instruction names the
-    file; a `look_fraction` of them list the workspace first (the file and one or two others), then
-    read the named file; every one submits what the file holds."""
+    file; a `look_fraction` of them (all, by default: looking first is the convention) list the
+    workspace first (the file and one or two others), then read the named file; every one submits
+    what the file holds. (With half of them looking first, the model mostly guessed a name at once,
+    and 8 minutes of RL never found the listing: 14 % → 21 % held out, seed 0.)"""
     from environments.read_number.task import ReadNumberTask, instruction_for
 
     rng = random.Random(f"discover-demos:{settings.seed}")

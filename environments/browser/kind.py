@@ -105,6 +105,11 @@ TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
 }
 
 
+DEFAULT_TOOLS = ("click", "fill", "select_option", "press", "scroll", "hover", "goto", "go_back", "noop", "submit")
+"""What a spec without `tools` offers; BrowserGym's other actions (dblclick, drag_and_drop, …) are offered
+when `tools` names them: each schema lengthens every prompt."""
+
+
 class BrowserKind:
     name = "browser"
     default_weights = {"page": 1.0, "site_state": 1.0}
@@ -112,7 +117,7 @@ class BrowserKind:
 
     def __init__(self, spec: EnvironmentSpec) -> None:
         self.spec = spec
-        self.tool_names = spec.tools or list(TOOL_SCHEMAS)  # a subset: the spec checks (environments/spec.py)
+        self.tool_names = spec.tools or list(DEFAULT_TOOLS)  # a subset: the spec checks (environments/spec.py)
         self.settings = spec.browser or BrowserSettings()
         self._session: Any = None
         self._opening: dict[str, Any] = {}

@@ -138,7 +138,8 @@ def test_a_shop_task_kept_then_attached(images: dict[str, str], label: str, tmp_
     (["--shop", "-1"], "--shop: expected a task index from 0 to 1073741823, got -1"),
     (["--shop", str(2**30)], "--shop: expected a task index from 0 to 1073741823"),
     (["--shop", "1", "--act", "clik 3"], "--act: expected one of click, fill, select_option, press, scroll, hover, "
-                                         "goto, go_back, noop first, got 'clik'"),
+                                         "dblclick, focus, clear, drag_and_drop, mouse_click, mouse_drag_and_drop, "
+                                         "goto, go_back, noop, send_msg_to_user first, got 'clik'"),
     (["--shop", "1", "--act", ""], "got nothing"),
     (["--shop", "1", "--act", "submit 42"], "got 'submit'"),
     (["--shop", "1", "--act", "fill 3"], "--act fill: expected bid text, got 1 argument(s)"),

@@ -73,7 +73,15 @@ def test_browsergym_names_become_the_kinds_and_only_the_left_button_is_driven() 
 
 
 def test_every_browsergym_action_is_a_tool_of_the_kind() -> None:
-    assert set(SIGNATURES) == set(TOOL_SCHEMAS)
+    from environments.browser.kind import DEFAULT_TOOLS, BrowserKind
+    from environments.spec import parse_spec
+
+    assert set(SIGNATURES) == set(TOOL_SCHEMAS) and set(DEFAULT_TOOLS) < set(TOOL_SCHEMAS)
+    # A spec without `tools` keeps the short default set; one that names BrowserGym's actions gets them.
+    base = {"name": "web", "kind": "browser", "image": "browser"}
+    assert [t["function"]["name"] for t in BrowserKind(parse_spec(base)).tools()] == list(DEFAULT_TOOLS)
+    named = BrowserKind(parse_spec({**base, "tools": ["drag_and_drop", "send_msg_to_user"]}))
+    assert [t["function"]["name"] for t in named.tools()] == ["drag_and_drop", "send_msg_to_user"]
 
 
 @pytest.mark.parametrize("call", [
