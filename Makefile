@@ -13,7 +13,8 @@ test-all:
 demo:
 	scripts/demo.sh
 
-# RL that learns what no demonstration showed: find the unnamed file (recipes/discover.py; ~15 min on 2 cores).
+# RL asked to learn what no demonstration showed: find the unnamed file (recipes/discover.py; ~15 min on
+# 2 cores). Not learnt yet: docs/training/learning.md#discover.
 rl-discover:
 	scripts/setup.sh
 	.venv/bin/python -m recipes.discover

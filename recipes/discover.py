@@ -1,4 +1,5 @@
-"""`make rl-discover`: RL that learns what no demonstration showed.
+"""`make rl-discover`: RL asked to learn what no demonstration showed (it does not yet: the variants
+tried and what each measured are in docs/training/learning.md#discover).
 
     make rl-discover                                  # = .venv/bin/python -m recipes.discover
     .venv/bin/python -m recipes.discover --rl-minutes 8 --seed 1
@@ -59,7 +60,8 @@ ENV_SPEC: dict[str, Any] = {
     "verifier": {"weights": {"answer": 1.0}},
 }
 SETTINGS = RecipeSettings(sloppy_steps=0, rl_minutes=8.0)
-"""The demo's sizes, one warm-up stage (there is no sloppy expert), and a longer RL phase."""
+"""The demo's sizes, one warm-up stage (there is no sloppy expert), and a longer RL phase. Not yet
+enough: see docs/training/learning.md#discover for what each variant measured."""
 
 
 def tasks(settings: RecipeSettings) -> tuple[list[Any], list[Any]]:
