@@ -34,6 +34,7 @@ from cli.console import console, readable_errors
 
 if TYPE_CHECKING:
     from trainer.loop import Trainer
+    from trainer.sync import Publisher
 
 
 def _served_model(api_url: str) -> tuple[str, str | None]:
@@ -88,19 +89,13 @@ def _is_model_dir(root: str | None) -> bool:
         return False
 
 
-def build_trainer(
-    *, run_id: int, policy_urls: list[str], policy_dirs: list[Path], fallback_dir: Path | None = None,
-    checkpoint_dir: Path | None, poll: float,
-) -> Trainer:
-    """The Trainer for `run_id`, wired to every policy replica in `policy_urls` (each serving its own
-    directory: `replica_dirs`)."""
+def build_publisher(*, model: str, policy_urls: list[str], policy_dirs: list[Path],
+                    fallback_dir: Path | None = None) -> Publisher:
+    """What pushes `model`'s weights (the trainer's, or a checkpoint's) to every policy replica in
+    `policy_urls`, each serving its own directory (`replica_dirs`)."""
     from transformers import AutoTokenizer
 
-    from core.db import session_scope
-    from core.settings import get_settings
-    from trainer.loop import Trainer
     from trainer.probe import probe_token_ids
-    from trainer.store import get_run
     from trainer.sync import PolicyServer, Publisher, Replica
     from trainer.weight_sync import make_weight_syncer
 
@@ -113,10 +108,23 @@ def build_trainer(
         server = PolicyServer(api_url=api_url, base_url=base_url, model_name=name, model_dir=directory)
         replicas.append(Replica(server=server, syncer=make_weight_syncer("reload", base_url=base_url,
                                                                           model_dir=directory)))
+    return Publisher(replicas=replicas, probe_ids=probe_token_ids(AutoTokenizer.from_pretrained(model)))
+
+
+def build_trainer(
+    *, run_id: int, policy_urls: list[str], policy_dirs: list[Path], fallback_dir: Path | None = None,
+    checkpoint_dir: Path | None, poll: float,
+) -> Trainer:
+    """The Trainer for `run_id`, wired to every policy replica in `policy_urls` (`build_publisher`)."""
+    from core.db import session_scope
+    from core.settings import get_settings
+    from trainer.loop import Trainer
+    from trainer.store import get_run
+
     with session_scope() as session:
         model = get_run(session, run_id=run_id).model
-    probe_ids = probe_token_ids(AutoTokenizer.from_pretrained(model))
-    publisher = Publisher(replicas=replicas, probe_ids=probe_ids)
+    publisher = build_publisher(model=model, policy_urls=policy_urls, policy_dirs=policy_dirs,
+                                fallback_dir=fallback_dir)
     root = checkpoint_dir or get_settings().data_dir / "checkpoints" / f"run-{run_id}"
     return Trainer(run_id=run_id, publisher=publisher, checkpoint_root=root, poll_s=poll)
 

@@ -58,12 +58,19 @@ def _pin_environments(session: Session, config: RunConfig) -> list[Environment]:
     return pinned
 
 
-def create_run(session: Session, *, config: RunConfig, job: Mapping[str, Any] | None = None) -> Run:
+def create_run(
+    session: Session, *, config: RunConfig, job: Mapping[str, Any] | None = None, checkpoint_loaded: bool = False,
+) -> Run:
     """Create a pending run from `config`; `job` is stored beside it (e.g. a pass-rate job's threshold).
+    A config naming a checkpoint is refused unless `checkpoint_loaded` (controller.evaluation.launch_eval,
+    once the checkpoint serves): a run may not claim weights nobody loaded.
 
     Raises NotFound for an unknown environment or version, NoEligibleTask when an environment has no
     task the run could draw, ConfigError for a taken name.
     """
+    if config.checkpoint is not None and not checkpoint_loaded:
+        raise ConfigError("checkpoint: expected none in a run config (`crucible eval launch --run R --step S` "
+                          f"sets it once it has loaded the checkpoint into the policy servers), got {config.checkpoint}")
     existing = session.execute(select(Run.id).where(Run.name == config.name)).scalar_one_or_none()
     if existing is not None:
         raise ConfigError(f"name: a run named {config.name!r} exists (id {existing}); choose another name")

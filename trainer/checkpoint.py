@@ -48,10 +48,22 @@ def _fsync_tree(directory: Path) -> None:
     fsync_path(directory)
 
 
+def complete_steps(root: Path) -> list[int]:
+    """The steps of the complete checkpoints under `root`, ascending (none when it cannot be read)."""
+    try:
+        names = [_NAME.match(path.name) for path in Path(root).iterdir()]
+    except OSError:
+        return []
+    return sorted(int(match.group(1)) for match in names if match and not match.group(2))
+
+
 class CheckpointStore:
-    def __init__(self, root: Path, *, keep: int = 2) -> None:
+    def __init__(self, root: Path, *, keep: int = 2, keep_every: int | None = None) -> None:
+        """`keep`: the newest checkpoints kept; `keep_every`: every checkpoint whose step is a multiple
+        of it is kept too (for evaluating checkpoints later: `crucible eval launch --run R --step S`)."""
         self.root = Path(root)
         self.keep = keep
+        self.keep_every = keep_every
         self.root.mkdir(parents=True, exist_ok=True)
         for leftover in self.root.glob(".tmp-*"):
             shutil.rmtree(leftover, ignore_errors=True)  # a write that a crash interrupted
@@ -82,12 +94,14 @@ class CheckpointStore:
         return target
 
     def promote(self, step: int) -> Path:
-        """`step-N.pending` → `step-N`; then delete all but the newest `keep` checkpoints."""
+        """`step-N.pending` → `step-N`; then delete all but the newest `keep` checkpoints and the
+        `keep_every`-th."""
         final = self._path(step, pending=False)
         os.rename(self._path(step, pending=True), final)
         fsync_path(self.root)
         for old in self._steps(pending=False)[: -self.keep]:
-            shutil.rmtree(self._path(old, pending=False), ignore_errors=True)
+            if not (self.keep_every and old % self.keep_every == 0):
+                shutil.rmtree(self._path(old, pending=False), ignore_errors=True)
         return final
 
     def discard_pending(self, step: int) -> None:

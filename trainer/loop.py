@@ -137,7 +137,8 @@ class Trainer:
         self.engine: PolicyEngine = self._make_engine()
         self.reference = _reference(self.model_dir, config=self.config)
         self.cost = cost.CostMeter(policy=self.engine.module, reference=self.reference)  # cost/* per step
-        self.checkpoints = CheckpointStore(checkpoint_root, keep=self.config.keep_checkpoints)
+        self.checkpoints = CheckpointStore(checkpoint_root, keep=self.config.keep_checkpoints,
+                                           keep_every=self.config.keep_every)
         self.step = 0
         self.consumed = 0
         self._dropped_while_waiting = BatchPlan()  # reported with the next step's metrics

@@ -89,7 +89,8 @@ def run_page(request: Request, run_id: RunId, session: SessionDep, _: PageToken)
                                         "reasons": list(TerminationReason),
                                         "grading": run_grading.grading(session, run_id=run_id),
                                         "staleness": run_staleness.staleness(session, run_id=run_id),
-                                        "evaluation": _evaluation(session, run)})
+                                        "evaluation": _evaluation(session, run),
+                                        "checkpoints": _checkpoints(session, run)})
 
 
 def _evaluation(session: Session, run: RunDetail) -> dict[str, Any] | None:
@@ -100,6 +101,42 @@ def _evaluation(session: Session, run: RunDetail) -> dict[str, Any] | None:
     rows = [("all", report.overall), *((f"environment {name}", cell) for name, cell in report.by_environment.items()),
             *((f"bucket {name}", cell) for name, cell in report.by_bucket.items())]
     return {"report": report, "rows": rows}
+
+
+CHART_W, CHART_H, CHART_PAD = 560, 220, 40
+
+
+def _checkpoints(session: Session, run: RunDetail) -> dict[str, Any] | None:
+    """A training run's checkpoint evaluations: the table's rows and an SVG chart of pass@1 against step,
+    a series per (environments, split, k), each point with its 95 % interval; None for other runs."""
+    if run.purpose != RunPurpose.TRAIN:
+        return None
+    evals = run_eval.checkpoint_evals(session, run_id=run.id).evals
+    if not evals:
+        return {"evals": [], "series": []}
+    steps = sorted({point.step for point in evals})
+    span = (steps[-1] - steps[0]) or 1
+    width, height = CHART_W - 2 * CHART_PAD, CHART_H - 2 * CHART_PAD
+
+    def x(step: int) -> float:
+        return CHART_PAD + (width * (step - steps[0]) / span if len(steps) > 1 else width / 2)
+
+    def y(rate: float) -> float:
+        return CHART_PAD + height * (1 - rate)
+
+    series: dict[str, list[dict[str, float]]] = {}
+    for point in evals:
+        rate = point.report.overall.pass_at_1
+        if rate is None:
+            continue
+        label = f"{', '.join(point.report.environments)} · {point.report.split} · k = {point.report.k}"
+        series.setdefault(label, []).append({"step": point.step, "x": x(point.step), "y": y(rate.value),
+                                             "low": y(rate.low), "high": y(rate.high), "value": rate.value})
+    return {"evals": evals, "width": CHART_W, "height": CHART_H, "pad": CHART_PAD,
+            "steps": [{"step": step, "x": x(step)} for step in steps],
+            "ticks": [{"label": f"{rate:.0%}", "y": y(rate)} for rate in (0.0, 0.5, 1.0)],
+            "series": [{"label": label, "points": points, "path": " ".join(f"{p['x']:.1f},{p['y']:.1f}" for p in points)}
+                       for label, points in series.items()]}
 
 
 @router.get("/groups/{group_id}")

@@ -10,7 +10,7 @@ from api.deps import SessionDep, current_token
 from api.pagination import DEFAULT_LIMIT, Cursor, Limit
 from api.params import RunId
 from api.schemas.common import ERROR_RESPONSES, MUTATION_RESPONSES
-from api.schemas.evals import EvalReport
+from api.schemas.evals import CheckpointComparison, EvalReport
 from api.schemas.runs import RunDetail, RunGrading, RunMetrics, RunPublic, RunsPublic, RunStaleness, RunStats
 from api.services import run_charts, run_eval, run_grading, run_staleness, run_stats, runs
 from core.schemas import RunConfig
@@ -84,6 +84,13 @@ def show_run_eval(run_id: RunId, session: SessionDep) -> EvalReport:
     """pass@1 and pass@k with 95 % intervals over tasks, overall, per environment and per difficulty bucket
     (made for eval runs: `crucible eval launch`; any run's ended episodes can be counted)."""
     return run_eval.eval_report(session, run_id=run_id)
+
+
+@router.get("/{run_id}/checkpoint-evals", response_model=CheckpointComparison)
+def show_checkpoint_evals(run_id: RunId, session: SessionDep) -> CheckpointComparison:
+    """The evaluations of a training run's checkpoints (`crucible eval launch --run ID --step S`), by step:
+    each eval run's report, pass@1 and pass@k with 95 % intervals."""
+    return run_eval.checkpoint_evals(session, run_id=run_id)
 
 
 @router.get("/{run_id}/staleness", response_model=RunStaleness)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from core.schemas.run import CheckpointRef
+
 
 class RateEstimate(BaseModel):
     value: float
@@ -35,7 +37,11 @@ class EvalReport(BaseModel):
     purpose: str
     status: str
     model: str
+    checkpoint: CheckpointRef | None = None
+    """The training checkpoint evaluated (`crucible eval launch --run R --step S`); None: `model` as served."""
     split: str
+    environments: list[str] = []
+    """The environments the run draws from."""
     k: int
     """Samples per task (the run's group size): pass@k's k."""
     unfinished: int
@@ -46,3 +52,19 @@ class EvalReport(BaseModel):
     """By each task's difficulty bucket as the store holds it now (`unknown` until a pass-rate job measured it)."""
     method: str
     """How the figures are computed, in one sentence."""
+
+
+class CheckpointEval(BaseModel):
+    """One evaluation of a training run's checkpoint: its step and the eval run's report."""
+
+    step: int
+    version: int
+    report: EvalReport
+
+
+class CheckpointComparison(BaseModel):
+    """`GET /v1/runs/{id}/checkpoint-evals`: every eval run of the training run's checkpoints, by step (then
+    by eval run id): success against step, each with its 95 % interval."""
+
+    run_id: int
+    evals: list[CheckpointEval]

@@ -15,17 +15,21 @@ from collections.abc import Iterable
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from api.schemas.evals import EvalCell, EvalReport, RateEstimate
+from api.schemas.evals import CheckpointComparison, CheckpointEval, EvalCell, EvalReport, RateEstimate
 from controller.config import stored_run_config
 from controller.runs import get_run
-from core.models import Environment, Episode, Task
+from core.models import Environment, Episode, Run, Task
+from core.schemas.run import stored_checkpoint
 from core.stats import RESAMPLES, task_rate
-from core.termination import Bucket, EpisodeStatus
+from core.termination import Bucket, EpisodeStatus, RunPurpose
 from environments.rewards import SOLVED_AT
 
 METHOD = (f"pass@k: the unbiased estimator 1 − C(n−c, k)/C(n, k) per task (Chen et al. 2021), averaged over "
           f"tasks; 95 % interval: percentile bootstrap over tasks ({RESAMPLES} resamples, seed 0); solved: reward "
           f"≥ {SOLVED_AT:g}; counted: episodes with status completed (failed ones are excluded)")
+
+MAX_CHECKPOINT_EVALS = 200
+"""The most eval runs `checkpoint_evals` reports for one training run (the newest, shown by step)."""
 
 TaskCounts = tuple[int, int, int]
 """(counted episodes n, solved c, excluded) of one task."""
@@ -57,11 +61,26 @@ def eval_report(session: Session, *, run_id: int) -> EvalReport:
         by_bucket[difficulty or Bucket.UNKNOWN].append(counts)
     return EvalReport(
         run_id=run.id, purpose=run.purpose, status=run.status, model=run.model, split=config.split, k=k,
+        checkpoint=stored_checkpoint(run.config, run_id=run.id),
+        environments=[share.name for share in config.environments],
         unfinished=sum(int(row[6]) for row in rows), overall=_cell(every, k=k),
         by_environment={name: _cell(tasks, k=k) for name, tasks in sorted(by_environment.items())},
         by_bucket={bucket.value: _cell(by_bucket[bucket], k=k) for bucket in Bucket if bucket in by_bucket},
         method=METHOD,
     )
+
+
+def checkpoint_evals(session: Session, *, run_id: int) -> CheckpointComparison:
+    """The reports of the eval runs of training run `run_id`'s checkpoints (NotFound for an unknown run)."""
+    get_run(session, run_id=run_id)
+    evals = session.execute(
+        select(Run.id).where(Run.purpose == RunPurpose.EVAL, Run.config.contains({"checkpoint": {"run_id": run_id}}))
+        .order_by(Run.id.desc()).limit(MAX_CHECKPOINT_EVALS)
+    ).scalars().all()
+    reports = [eval_report(session, run_id=eval_id) for eval_id in evals]
+    points = [CheckpointEval(step=report.checkpoint.step, version=report.checkpoint.version, report=report)
+              for report in reports if report.checkpoint is not None]
+    return CheckpointComparison(run_id=run_id, evals=sorted(points, key=lambda point: (point.step, point.report.run_id)))
 
 
 def _cell(tasks: Iterable[TaskCounts], *, k: int) -> EvalCell:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -23,6 +24,29 @@ class EnvironmentShare(BaseModel):
     """Share of the groups dispatched for this environment."""
 
 
+
+
+class CheckpointRef(BaseModel):
+    """The training checkpoint an eval run evaluates: `crucible eval launch --run R --step S` loaded it into
+    the policy servers, tagged `version`; the workers store no turn sampled under another version."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: int = Field(ge=1)
+    step: int = Field(ge=0)
+    """The training step; 0: the run's starting weights."""
+    version: int = Field(ge=0)
+    """The policy version the trainer published for the step: the tag the servers serve it under."""
+
+
+@dataclass(frozen=True)
+class RecordedStep:
+    """A training run's step as the trainer recorded it: the checkpoint to load (None: step 0, the run's
+    starting weights, `model`) and the version it was published as."""
+
+    ref: CheckpointRef
+    model: str
+    checkpoint_path: str | None
 
 
 class SuccessRule(BaseModel):
@@ -143,6 +167,9 @@ class RunConfig(BaseModel):
     sampling: Sampling = Field(default_factory=lambda: Sampling())
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     """Loss, optimizer and backend settings (core.schemas.trainer), refused at submission when bad."""
+    checkpoint: CheckpointRef | None = None
+    """An eval run of a training run's checkpoint (set by `crucible eval launch --run R --step S`, which
+    loads it into the policy servers first); None: whatever the servers serve under `model`."""
 
     @model_validator(mode="after")
     def _training_samples_what_the_trainer_reproduces(self) -> RunConfig:
@@ -150,10 +177,22 @@ class RunConfig(BaseModel):
             raise ValueError("sampling." + "; sampling.".join(problems))
         return self
 
+    @model_validator(mode="after")
+    def _a_checkpoint_is_evaluated(self) -> RunConfig:
+        if self.checkpoint is not None and self.purpose != RunPurpose.EVAL:
+            raise ValueError(f"checkpoint: expected only on an eval run (purpose eval), got purpose {self.purpose}")
+        return self
+
     @property
     def staleness_bound(self) -> int:
         """sync mode is async with no staleness: the next batch waits for the weights of this one."""
         return 0 if self.mode == "sync" else self.max_staleness
+
+
+def stored_checkpoint(config: Any, *, run_id: int) -> CheckpointRef | None:
+    """A stored eval run's checkpoint (`runs.config["checkpoint"]`), parsed again, never read raw."""
+    raw = config.get("checkpoint") if isinstance(config, dict) else None
+    return None if raw is None else parse_model(CheckpointRef, raw, source=f"run {run_id} config.checkpoint")
 
 
 def stored_seed(config: Any, *, run_id: int) -> int:

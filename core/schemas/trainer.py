@@ -104,6 +104,9 @@ class TrainerConfig(BaseModel):
     """Mean |Δlogprob| the probe may show after a push before the sync counts as failed."""
     keep_checkpoints: int = Field(default=2, ge=1)
     """Checkpoints kept on disk; older ones are deleted after a newer one is complete."""
+    keep_every: int | None = Field(default=None, ge=1)
+    """Also keep every checkpoint whose step is a multiple of this, to evaluate it later (`crucible eval
+    launch --run R --step S`); None: only the newest `keep_checkpoints`."""
     seed: int = 0
 
     @model_validator(mode="after")

@@ -26,7 +26,7 @@ from core.episode_text import render_turns
 from core.errors import CrucibleError
 from core.flags import EpisodeFlag
 from core.models import Environment, Episode, Task
-from core.schemas.run import Sampling, stored_sampling, stored_seed
+from core.schemas.run import Sampling, stored_checkpoint, stored_sampling, stored_seed
 from core.seeds import episode_seed
 from core.termination import RunPurpose, TerminationReason
 from environments.base import Artifact, GraderFault, LayerResult, Sandbox, ToolCall, Verdict
@@ -76,6 +76,8 @@ class _Loaded:
     sampling: Sampling
     training: bool
     """The run is trained on: every turn needs a known weight version."""
+    expect_version: int | None
+    """An eval run of a checkpoint: the version it was loaded as; a turn sampled under another is refused."""
     seed: int
     """The episode's sampling seed (core.seeds.episode_seed of the run's seed and its group and sample)."""
     canary: bool = False
@@ -91,17 +93,19 @@ def _load(episode_id: int, *, worker: str, incarnation: str | None) -> _Loaded |
         task = session.get(Task, episode.task_id)
         assert env_row is not None and task is not None  # foreign keys
         spec = spec_of(env_row)
-        sampling, training, seed = _run_sampling(session, episode)
+        sampling, training, expect_version, seed = _run_sampling(session, episode)
         # No deadline yet: the agent's time budget starts at its first observation (run_agent_loop).
         return _Loaded(
             episode_id=episode.id, run_id=episode.run_id, group_id=episode.group_id, spec=spec, instruction=task.instruction,
-            payload=task.payload, sampling=sampling, training=training, seed=seed, canary=is_canary(task.split),
+            payload=task.payload, sampling=sampling, training=training, expect_version=expect_version, seed=seed,
+            canary=is_canary(task.split),
         )
 
 
-def _run_sampling(session: Any, episode: Episode) -> tuple[Sampling, bool, int]:
+def _run_sampling(session: Any, episode: Episode) -> tuple[Sampling, bool, int | None, int]:
     """The run's sampling settings (validated at launch; parsed again here, never read raw), whether
-    the run is trained on, and the episode's sampling seed."""
+    the run is trained on, the version of the checkpoint it evaluates (None: no checkpoint) and the
+    episode's sampling seed."""
     from core.models import EpisodeGroup, Run
 
     config, purpose = session.execute(select(Run.config, Run.purpose).where(Run.id == episode.run_id)).one()
@@ -109,7 +113,9 @@ def _run_sampling(session: Any, episode: Episode) -> tuple[Sampling, bool, int]:
                                   .where(EpisodeGroup.id == episode.group_id)).scalar_one()
     seed = episode_seed(run_seed=stored_seed(config, run_id=episode.run_id), group_index=group_index,
                         sample_index=episode.sample_index)
-    return stored_sampling(config, run_id=episode.run_id), purpose == RunPurpose.TRAIN, seed
+    checkpoint = stored_checkpoint(config, run_id=episode.run_id)
+    return (stored_sampling(config, run_id=episode.run_id), purpose == RunPurpose.TRAIN,
+            None if checkpoint is None else checkpoint.version, seed)
 
 
 def run_episode(
@@ -150,7 +156,8 @@ def run_episode(
             instruction, opening_artifacts = opening.text, opening.artifacts
         ctx = LoopContext(kind=kind, task=task, sandbox=sandbox, policy=episode_policy, limits=loaded.spec.limits,
                           sampling=loaded.sampling, tool_parser=loaded.spec.tool_parser, seed=loaded.seed,
-                          require_version=loaded.training)
+                          require_version=loaded.training or loaded.expect_version is not None,
+                          expect_version=loaded.expect_version)
         trajectory = run_agent_loop(ctx, prompt_ids=initial_prompt(ctx, instruction=instruction))
         trajectory.artifacts[:0] = [ArtifactRecord(None, art.name, art.media_type, art.data)
                                     for art in opening_artifacts]

@@ -8,6 +8,7 @@ from sqlalchemy.orm import Session
 
 from controller.evaluation import launch_eval
 from core.models import Run
+from core.schemas.run import CheckpointRef
 from tests import factories
 from tests.controller import factories as controller_factories
 
@@ -16,13 +17,15 @@ Outcome = float | str
 
 
 def seed_eval_run(session: Session, *, name: str, outcomes: list[list[Outcome]],
-                  difficulty: list[str | None] | None = None) -> Run:
+                  difficulty: list[str | None] | None = None, checkpoint: CheckpointRef | None = None) -> Run:
     """One held-out task per entry of `outcomes` (its k episodes' outcomes), an eval run over them with one
-    group per task; committed."""
+    group per task (of `checkpoint`, as `crucible eval launch --run R --step S` records one once loaded);
+    committed."""
     env = controller_factories.environment(session, name=name, kind="read_number")
     tasks = [factories.task(session, env, split="test", difficulty=(difficulty or [None] * len(outcomes))[i])
              for i in range(len(outcomes))]
-    run = launch_eval(session, model="scripted", environment=name, samples_per_task=len(outcomes[0]))
+    run = launch_eval(session, model="scripted", environment=name, samples_per_task=len(outcomes[0]),
+                      checkpoint=checkpoint)
     for index, (task, episodes) in enumerate(zip(tasks, outcomes, strict=True)):
         group = factories.group(session, env=env, task=task, run=run, group_index=index, size=len(episodes))
         for sample, outcome in enumerate(episodes):
