@@ -74,6 +74,52 @@ def show(name: str, version: int | None = typer.Option(None, min=1), output: Out
         console.print(JSON.from_data(data["spec"], ensure_ascii=True))  # C1 controls as \u escapes too
 
 
+@env_app.command("serve")
+def serve(
+    name: str = typer.Argument(..., help="A registered environment."),
+    openenv: bool = typer.Option(False, "--openenv", help="Speak OpenEnv's protocol (the one served)."),
+    port: int = typer.Option(8010, "--port", min=1, max=65535),
+    host: str = typer.Option("127.0.0.1", "--host", help="A loopback address: a session is a shell in a sandbox, "
+                             "and the protocol has no authentication."),
+    split: str = typer.Option("train", "--split", help="The split whose tasks `reset` draws."),
+    version: int | None = typer.Option(None, "--version", min=1, help="Environment version (default: latest)."),
+    max_sessions: int = typer.Option(8, "--max-sessions", min=1, max=64, help="Concurrent sessions, each with a "
+                                     "sandbox of its own."),
+    warm: int = typer.Option(0, "--warm", min=0, max=64, help="Sandboxes kept ready for the next reset."),
+) -> None:
+    """Serve ENV to OpenEnv clients (TRL, SkyRL, …): a WebSocket session per client at /ws, each leasing a
+    sandbox from the warm pool; rewards are the environment's verifier's (task_workers/openenv_server.py)."""
+    import ipaddress
+
+    import uvicorn
+
+    from sandboxes import make_backend
+    from sandboxes.db_events import DbEventSink
+    from task_workers.context import DockerSandboxes
+    from task_workers.openenv_server import create_app, load_served
+
+    with readable_errors():
+        if not openenv:
+            raise ConfigError("expected --openenv (the one protocol `crucible env serve` speaks), got none")
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback:
+            raise ConfigError(f"--host: expected a loopback address (127.0.0.1, ::1), got {host[:80]!r}")
+        with session_scope() as session:
+            served = load_served(session, name=name, split=split, version=version)
+    sandboxes = DockerSandboxes(backend=make_backend("docker"), events=DbEventSink(), worker=f"openenv-{name}"[:64],
+                                min_size=warm, max_size=max(max_sessions, warm))
+    console.print(f"serving [bold]{safe(served.name)}[/] v{served.version} ({len(served.tasks)} tasks of split "
+                  f"{safe(split)}) to OpenEnv clients at ws://{host}:{port}/ws", highlight=False)
+    try:
+        uvicorn.run(create_app(served, sandboxes, max_sessions=max_sessions), host=host, port=port,
+                    log_level="warning", ws_max_size=2_000_000)
+    finally:
+        sandboxes.close()
+
+
 FILE_FORMATS = ("crucible", "swebench")
 
 

