@@ -86,6 +86,9 @@ def serve(
     max_sessions: int = typer.Option(8, "--max-sessions", min=1, max=64, help="Concurrent sessions, each with a "
                                      "sandbox of its own."),
     warm: int = typer.Option(0, "--warm", min=0, max=64, help="Sandboxes kept ready for the next reset."),
+    idle_timeout: float = typer.Option(300.0, "--idle-timeout", min=1.0, max=86400.0, help="Seconds a session may "
+                                       "stay silent (within an episode: at most its time left + 5 s) before it "
+                                       "is closed and its sandbox given back."),
 ) -> None:
     """Serve ENV to OpenEnv clients (TRL, SkyRL, …): a WebSocket session per client at /ws, each leasing a
     sandbox from the warm pool; rewards are the environment's verifier's (task_workers/openenv_server.py)."""
@@ -113,10 +116,11 @@ def serve(
                                 min_size=warm, max_size=max(max_sessions, warm))
     console.print(f"serving [bold]{safe(served.name)}[/] v{served.version} ({len(served.tasks)} tasks of split "
                   f"{safe(split)}) to OpenEnv clients at ws://{host}:{port}/ws", highlight=False)
+    app = create_app(served, sandboxes, max_sessions=max_sessions, idle_timeout_s=idle_timeout)
     try:
-        uvicorn.run(create_app(served, sandboxes, max_sessions=max_sessions), host=host, port=port,
-                    log_level="warning", ws_max_size=2_000_000)
+        uvicorn.run(app, host=host, port=port, log_level="warning", ws_max_size=2_000_000)
     finally:
+        app.state.threads.shutdown(wait=True, cancel_futures=True)
         sandboxes.close()
 
 

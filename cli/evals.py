@@ -87,10 +87,13 @@ def _checkpoint(*, model: str | None, run: int | None, step: int | None,
         given = ", ".join(f"{flag} {value}" for flag, value in (("MODEL", model), ("--run", run), ("--step", step))
                           if value is not None)
         raise ConfigError(f"expected MODEL alone, or --run and --step together; got {given}")
+    import dataclasses
+
     from cli.trainer import build_publisher
     from controller.evaluation import check_servers_free, recorded_step
     from core.db import session_scope
     from core.settings import get_settings
+    from core.versions import checkpoint_tag
     from trainer.checkpoint_eval import checkpoint_engine, serve_checkpoint
     from trainer.config import trainer_config
 
@@ -100,6 +103,7 @@ def _checkpoint(*, model: str | None, run: int | None, step: int | None,
         stored = get_run(session, run_id=run).config
         config = trainer_config(stored.get("trainer") or {}, source=f"run {run} config.trainer")
     engine = checkpoint_engine(recorded, config=config)
+    recorded = dataclasses.replace(recorded, ref=recorded.ref.model_copy(update={"tag": checkpoint_tag()}))
     settings = get_settings()
     publisher = build_publisher(model=recorded.model, policy_urls=settings.policy_pool, policy_dirs=policy_dirs,
                                 fallback_dir=settings.policy_tokenizer)
@@ -107,8 +111,8 @@ def _checkpoint(*, model: str | None, run: int | None, step: int | None,
         report = serve_checkpoint(engine, step=recorded, publisher=publisher)
     finally:
         publisher.close()
-    console.print(f"run {run} step {step} serves as version {recorded.ref.version} on {len(report.replicas)} policy "
-                  f"servers (loaded and probed in {report.seconds:.1f} s)", highlight=False)
+    console.print(f"run {run} step {step} (version {recorded.ref.version}) serves under label {recorded.ref.tag} on "
+                  f"{len(report.replicas)} policy servers (loaded and probed in {report.seconds:.1f} s)", highlight=False)
     return recorded
 
 

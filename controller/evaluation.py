@@ -28,6 +28,7 @@ from controller.errors import InvalidRunState
 from controller.pass_rate import EVERY_TASK
 from controller.picking import check_eligible
 from controller.runs import create_run, get_run
+from core.db import live_trainers
 from core.errors import ConfigError, NotFound
 from core.models import PolicyVersion, Run, Task
 from core.schemas import EnvironmentShare, RunConfig
@@ -59,16 +60,27 @@ def recorded_step(session: Session, *, run_id: int, step: int) -> RecordedStep:
 
 
 def check_servers_free(session: Session) -> None:
-    """InvalidRunState while a training run is pending or running: its trainer pushes its weights to the
-    policy servers that a checkpoint's evaluation loads, and would replace them mid-evaluation."""
-    busy = session.execute(select(Run.id, Run.name, Run.status).where(
-        Run.purpose == RunPurpose.TRAIN, Run.status.in_([RunStatus.PENDING, RunStatus.RUNNING])
-    ).order_by(Run.id).limit(5)).all()
-    if busy:
-        named = ", ".join(f"{run_id} ({name}, {status})" for run_id, name, status in busy)
+    """InvalidRunState while anything may load other weights into the policy servers a checkpoint's
+    evaluation loads: a training run pending or running, a trainer process alive (a stopped run's trainer
+    still re-syncs its own weights), or another checkpoint's evaluation not ended."""
+    active = [RunStatus.PENDING, RunStatus.RUNNING]
+    training = session.execute(select(Run.id, Run.name, Run.status).where(
+        Run.purpose == RunPurpose.TRAIN, Run.status.in_(active)).order_by(Run.id).limit(5)).all()
+    if training:
+        named = ", ".join(f"{run_id} ({name}, {status})" for run_id, name, status in training)
         raise InvalidRunState(f"training runs {named} may push their weights to the policy servers a checkpoint's "
-                              "evaluation loads: stop them first (`crucible run stop ID`), or evaluate a model "
-                              "directory on servers of its own")
+                              "evaluation loads: stop them and their trainers first (`crucible run stop ID`), or "
+                              "evaluate a model directory on servers of its own")
+    if trainers := live_trainers(session):
+        raise InvalidRunState(f"trainer processes of runs {', '.join(map(str, trainers[:5]))} are alive: a trainer "
+                              "re-syncs its weights to the policy servers even while its run is stopped; end them first")
+    evaluating = session.execute(select(Run.id, Run.name).where(
+        Run.purpose == RunPurpose.EVAL, Run.status.in_(active),
+        func.jsonb_typeof(Run.config["checkpoint"]) == "object").order_by(Run.id).limit(5)).all()
+    if evaluating:
+        named = ", ".join(f"{run_id} ({name})" for run_id, name in evaluating)
+        raise InvalidRunState(f"eval runs {named} evaluate a checkpoint the policy servers serve: let them end (or "
+                              "`crucible run stop ID`) before loading another")
 
 
 def launch_eval(
@@ -79,6 +91,9 @@ def launch_eval(
     """A run of purpose `eval`: one group of `samples_per_task` episodes per task of the split. Flushes.
     `checkpoint`: the training checkpoint the caller has just loaded into the policy servers."""
     if checkpoint is not None:
+        if checkpoint.tag is None:
+            raise ConfigError("checkpoint.tag: expected the label its weights were loaded under "
+                              "(trainer.checkpoint_eval.serve_checkpoint), got none")
         check_servers_free(session)
     check_eligible(session, environment_name=environment, split=split, curriculum=EVERY_TASK)
     tasks = session.execute(

@@ -118,3 +118,15 @@ def session_scope(engine: Engine | None = None) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+TRAINER_LOCK_NAMESPACE = 0x43525543
+""""CRUC": the first key of every trainer's advisory lock (trainer.store.hold_trainer_lock), the run id the second."""
+
+
+def live_trainers(session: Session) -> list[int]:
+    """The runs a trainer process holds the lock of right now (it may push weights at any moment)."""
+    return [int(run) for run in session.execute(text(
+        "SELECT objid FROM pg_locks WHERE locktype = 'advisory' AND classid = :namespace AND granted "
+        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) ORDER BY objid"
+    ), {"namespace": TRAINER_LOCK_NAMESPACE}).scalars()]

@@ -11,10 +11,21 @@ probe failed and rolled back), still pending while it says "7-unverified".
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from enum import StrEnum
 
 UNVERIFIED_SUFFIX = "-unverified"
+CHECKPOINT_TAG_BASE = 1_000_000_000
+"""Weights a checkpoint's evaluation loads are tagged at or above this, never a training version (a
+step number): `checkpoint_tag()`."""
+
+
+def checkpoint_tag() -> int:
+    """A fresh label for one evaluation's checkpoint weights: CHECKPOINT_TAG_BASE + a random number below
+    it, so that no training run's version (every fresh trainer publishes 0, 1, 2, …) and, but for a
+    one-in-10⁹ draw, no other evaluation's label is the same."""
+    return CHECKPOINT_TAG_BASE + secrets.randbelow(CHECKPOINT_TAG_BASE)
 
 
 def unverified_tag(version: int) -> str:

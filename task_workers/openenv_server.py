@@ -38,6 +38,7 @@ import json
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,7 +61,8 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE_CHARS = 1_000_000
 """The largest client message read (a file an agent writes fits; a flood does not)."""
 MAX_TASK_ID_CHARS = 512
-MAX_SESSIONS = 64
+IDLE_TIMEOUT_S = 300.0
+"""How long a session may stay silent before it is closed (its sandbox back in the pool)."""
 
 
 class ProtocolError(Exception):
@@ -182,6 +184,10 @@ class Session:
         if self.sandbox is None:
             raise ProtocolError("step: the episode has ended (or never began): reset first", code="no_episode")
         call = self._call(data)
+        if time.monotonic() > self.deadline:  # too late to act: the episode ends as the agent loop ends it
+            return self._end(TerminationReason.EPISODE_TIMEOUT, {
+                "text": f"the episode's time limit ({self.served.spec.limits.episode_timeout_s:g} s) has passed: "
+                        f"{call.name} was not run", "status": "timeout", "exit_code": None})
         try:
             result = self.kind.execute(sandbox=self.sandbox, call=call, task=self.task)
         except CrucibleError as error:
@@ -201,6 +207,10 @@ class Session:
         if reason is None:
             return _observation(observation)
         return self._end(reason, observation)
+
+    def seconds_left(self) -> float | None:
+        """The episode's time left; None between episodes."""
+        return None if self.sandbox is None else max(0.0, self.deadline - time.monotonic())
 
     def state(self) -> dict[str, Any]:
         return {"episode_id": self.episode_id, "task_id": self.task_id, "step_count": len(self.actions),
@@ -252,8 +262,10 @@ class Session:
         finally:
             self.release()
         self.done = True
-        return _observation({**observation, "termination": reason.value, "reward_components": verdict.components,
-                             "flags": list(verdict.flags)}, reward=verdict.reward, done=True)
+        # The layers' scores, never their details (hidden tests) nor the hack monitors' flags (what fired
+        # would teach a client how to evade them).
+        return _observation({**observation, "termination": reason.value, "reward_components": verdict.components},
+                            reward=verdict.reward, done=True)
 
 
 def _observation(observation: dict[str, Any], *, reward: float | None = None, done: bool = False) -> dict[str, Any]:
@@ -264,10 +276,14 @@ def _error(message: str, code: str) -> str:
     return json.dumps({"type": "error", "data": {"message": message, "code": code}})
 
 
-def create_app(served: Served, sandboxes: DockerSandboxes, *, max_sessions: int = 8) -> FastAPI:
-    """The OpenEnv server for `served`; its sandboxes come from `sandboxes` (closed by the caller)."""
+def create_app(served: Served, sandboxes: DockerSandboxes, *, max_sessions: int = 8,
+               idle_timeout_s: float = IDLE_TIMEOUT_S) -> FastAPI:
+    """The OpenEnv server for `served`; its sandboxes come from `sandboxes` (closed by the caller). Each
+    session's calls run on a pool of threads of their own (one per session), so that a long command in
+    one session never waits for a thread behind another's."""
     app = FastAPI(title=f"Crucible {served.name} (OpenEnv)", docs_url=None, redoc_url=None)
     slots = threading.BoundedSemaphore(max_sessions)
+    threads = ThreadPoolExecutor(max_workers=max_sessions, thread_name_prefix="openenv-session")
     app.state.sessions = 0
 
     @app.get("/health")
@@ -306,30 +322,50 @@ def create_app(served: Served, sandboxes: DockerSandboxes, *, max_sessions: int 
                                              "capacity"))
             await websocket.close()
             return
-        app.state.sessions += 1
-        session = Session(served, sandboxes)
         try:
-            await _serve(websocket, session)
-        except WebSocketDisconnect:
-            pass
+            app.state.sessions += 1
+            session = Session(served, sandboxes)
+            try:
+                await _serve(websocket, session, threads=threads, idle_timeout_s=idle_timeout_s)
+            except WebSocketDisconnect:
+                pass
+            finally:  # a dropped session's sandbox goes back too
+                await asyncio.get_running_loop().run_in_executor(threads, session.release)
         finally:
-            await asyncio.to_thread(session.release)  # a dropped session's sandbox goes back too
             app.state.sessions -= 1
             slots.release()
 
+    app.state.threads = threads  # the caller shuts it down after the server stops
     return app
 
 
-async def _serve(websocket: WebSocket, session: Session) -> None:
+async def _serve(websocket: WebSocket, session: Session, *, threads: ThreadPoolExecutor,
+                 idle_timeout_s: float) -> None:
+    loop = asyncio.get_running_loop()
     while True:
-        raw = await websocket.receive_text()
+        left = session.seconds_left()
+        wait = idle_timeout_s if left is None else min(idle_timeout_s, left + 5.0)
+        try:
+            frame = await asyncio.wait_for(websocket.receive(), timeout=wait)
+        except TimeoutError:
+            await websocket.send_text(_error(f"the session was silent for {wait:.0f} s: closed, its sandbox given "
+                                             "back", "idle"))
+            await websocket.close()
+            return
+        if frame["type"] == "websocket.disconnect":
+            raise WebSocketDisconnect(frame.get("code", 1000))
+        raw = frame.get("text")
+        if raw is None:
+            await websocket.send_text(_error("message: expected a text frame of JSON, got a binary frame",
+                                             "invalid_message"))
+            continue
         if len(raw) > MAX_MESSAGE_CHARS:
             await websocket.send_text(_error(f"message: expected at most {MAX_MESSAGE_CHARS} characters, got "
                                              f"{len(raw)}", "too_large"))
             continue
         try:
             message = json.loads(raw)
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:
             await websocket.send_text(_error(f"message: expected JSON, got {str(error)[:120]}", "invalid_json"))
             continue
         kind = message.get("type") if isinstance(message, dict) else None
@@ -345,11 +381,17 @@ async def _serve(websocket: WebSocket, session: Session) -> None:
             if kind == "state":
                 reply = {"type": "state", "data": session.state()}
             elif kind in calls:
-                reply = {"type": "observation", "data": await asyncio.to_thread(calls[kind], data)}
+                reply = {"type": "observation", "data": await loop.run_in_executor(threads, calls[kind], data)}
             else:
                 raise ProtocolError(f"message.type: expected reset, step, state or close, got {str(kind)[:80]!r}",
                                     code="unknown_type")
         except ProtocolError as error:
             await websocket.send_text(_error(str(error), error.code))
+            continue
+        except Exception as error:  # a fault of ours or of the sandbox layer: the episode is void, the server goes on
+            log.exception("openenv session: %s failed", kind)
+            await loop.run_in_executor(threads, session.release)
+            await websocket.send_text(_error(f"{kind} failed ({type(error).__name__}); the episode is void: reset to "
+                                             "play again", "internal_error"))
             continue
         await websocket.send_text(json.dumps(reply))

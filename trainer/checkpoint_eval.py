@@ -1,14 +1,15 @@
 """A training run's checkpoint served for evaluation (`crucible eval launch --run R --step S`).
 
-    step = recorded_step(session, run_id=3, step=40)     # controller.evaluation.recorded_step: the step and its version
+    step = recorded_step(session, run_id=3, step=40)     # controller.evaluation: the step, its version
     engine = checkpoint_engine(step, config=config)      # the run's starting model + the checkpoint's state
-    serve_checkpoint(engine, step=step, publisher=publisher)
+    serve_checkpoint(engine, step=with_tag, publisher=publisher)    # with_tag.ref.tag: checkpoint_tag()
 
 The weights are what the trainer itself would push at that step: the run's model and trainer config
 (LoRA merged on export, ZeRO gathered) with the checkpoint's engine state loaded (`step-N/`, as
 trainer.checkpoint writes it); step 0 is the starting weights alone. The push is the trainer's own
-(trainer.sync.Publisher: load → probe → tag), under the version the trainer published the step as, so
-the servers are proven to score like the checkpoint before any turn of the eval is sampled.
+(trainer.sync.Publisher: load → probe → label), under a label of its own (core.versions.checkpoint_tag: no
+training version, no other evaluation's), so the servers are proven to score like the checkpoint before
+any turn of the eval is sampled, and a turn sampled by any other weights can be told apart.
 """
 
 from __future__ import annotations
@@ -48,9 +49,11 @@ def checkpoint_engine(step: RecordedStep, *, config: TrainerConfig) -> PolicyEng
 
 
 def serve_checkpoint(engine: PolicyEngine, *, step: RecordedStep, publisher: Publisher) -> SyncReport:
-    """Every policy replica serves `engine`'s weights, probed, tagged the step's version (WeightSyncError
+    """Every policy replica serves `engine`'s weights, probed, labelled the step's `tag` (WeightSyncError
     when none passed: each is rolled back to what it served)."""
-    report = publisher.push(engine=engine, version=step.ref.version)
-    log.info("run %d step %d loaded as version %d in %.1f s", step.ref.run_id, step.ref.step, step.ref.version,
-             report.seconds)
+    if step.ref.tag is None:
+        raise ConfigError("expected a checkpoint label (core.versions.checkpoint_tag), got none")
+    report = publisher.push(engine=engine, version=step.ref.tag)
+    log.info("run %d step %d (version %d) loaded under label %d in %.1f s", step.ref.run_id, step.ref.step,
+             step.ref.version, step.ref.tag, report.seconds)
     return report

@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, func, select, text, update
 from sqlalchemy.orm import Session
 
-from core.db import lost_connection
+from core.db import TRAINER_LOCK_NAMESPACE, lost_connection
 from core.models import Episode, EpisodeGroup, PolicyVersion, Run, Task, TrainingStep
 from core.schemas.run import SuccessRule
 from core.step_points import empty_point, step_point
@@ -32,7 +32,7 @@ from trainer.errors import TrainerAlreadyRunning
 
 COMPLETE, CONSUMED, DROPPED, RUNNING = (GroupStatus.COMPLETE, GroupStatus.CONSUMED, GroupStatus.DROPPED,
                                         GroupStatus.RUNNING)
-LOCK_NAMESPACE = 0x43525543  # "CRUC": the first key of every trainer lock, the run id the second
+LOCK_NAMESPACE = TRAINER_LOCK_NAMESPACE
 
 
 @dataclass(frozen=True)

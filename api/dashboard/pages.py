@@ -124,14 +124,15 @@ def _checkpoints(session: Session, run: RunDetail) -> dict[str, Any] | None:
     def y(rate: float) -> float:
         return CHART_PAD + height * (1 - rate)
 
-    series: dict[str, list[dict[str, float]]] = {}
+    series: dict[str, list[dict[str, float | int]]] = {}
     for point in evals:
         rate = point.report.overall.pass_at_1
         if rate is None:
             continue
         label = f"{', '.join(point.report.environments)} · {point.report.split} · k = {point.report.k}"
         series.setdefault(label, []).append({"step": point.step, "x": x(point.step), "y": y(rate.value),
-                                             "low": y(rate.low), "high": y(rate.high), "value": rate.value})
+                                             "low": y(rate.low), "high": y(rate.high), "value": rate.value,
+                                             "partial": point.report.overall.excluded + point.report.unfinished})
     return {"evals": evals, "width": CHART_W, "height": CHART_H, "pad": CHART_PAD,
             "steps": [{"step": step, "x": x(step)} for step in steps],
             "ticks": [{"label": f"{rate:.0%}", "y": y(rate)} for rate in (0.0, 0.5, 1.0)],

@@ -11,6 +11,7 @@ from core.config_files import parse_model
 from core.errors import ConfigError
 from core.schemas.trainer import TrainerConfig
 from core.termination import Bucket, RunPurpose
+from core.versions import CHECKPOINT_TAG_BASE
 
 
 class EnvironmentShare(BaseModel):
@@ -28,7 +29,7 @@ class EnvironmentShare(BaseModel):
 
 class CheckpointRef(BaseModel):
     """The training checkpoint an eval run evaluates: `crucible eval launch --run R --step S` loaded it into
-    the policy servers, tagged `version`; the workers store no turn sampled under another version."""
+    the policy servers, labelled `tag`; the workers store no turn sampled under another label."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -36,7 +37,10 @@ class CheckpointRef(BaseModel):
     step: int = Field(ge=0)
     """The training step; 0: the run's starting weights."""
     version: int = Field(ge=0)
-    """The policy version the trainer published for the step: the tag the servers serve it under."""
+    """The policy version the trainer published for the step."""
+    tag: int | None = Field(default=None, ge=CHECKPOINT_TAG_BASE, lt=2 * CHECKPOINT_TAG_BASE)
+    """The weight-version label the servers serve it under for this evaluation (core.versions.checkpoint_tag):
+    no training version and no other evaluation's. Every turn of the eval run must carry it."""
 
 
 @dataclass(frozen=True)

@@ -55,8 +55,8 @@ class LoopContext:
     require_version: bool = False
     """A training run: every turn must carry a known weight version (staleness is measured from it)."""
     expect_version: int | None = None
-    """An eval run of a checkpoint: every label of every turn must be this version (the checkpoint's);
-    a turn sampled by other weights is an infrastructure fault, never stored."""
+    """An eval run of a checkpoint: every label of every turn must be this one (core.versions.checkpoint_tag,
+    unique to the evaluation); a turn sampled by other weights is an infrastructure fault, never stored."""
     settle_timeout_s: float = 120.0
     """How long a turn sampled under provisional weights waits for their probe to decide."""
     settle_poll_s: float = 0.25
@@ -118,7 +118,7 @@ def _versions(ctx: LoopContext, completion: Completion) -> _Versions:
                           "trainer has re-synced it; provisional weights once their probe has passed)")
     if ctx.expect_version is not None and any(state.version != ctx.expect_version for state in states):
         raise PolicyFault(f"the policy server reported weight versions {labels} (now {completion.version_after!r}); "
-                          f"this eval run evaluates the checkpoint loaded as version {ctx.expect_version}: other "
+                          f"this eval run evaluates the checkpoint loaded under label {ctx.expect_version}: other "
                           "weights replaced it (a trainer's push?)")
     span_states, bracket = states[:len(completion.spans)], states[len(completion.spans):]
     known = [state.version for state in bracket if state.version is not None]

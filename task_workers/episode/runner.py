@@ -77,7 +77,8 @@ class _Loaded:
     training: bool
     """The run is trained on: every turn needs a known weight version."""
     expect_version: int | None
-    """An eval run of a checkpoint: the version it was loaded as; a turn sampled under another is refused."""
+    """An eval run of a checkpoint: the label its weights were loaded under; a turn sampled under another is
+    refused."""
     seed: int
     """The episode's sampling seed (core.seeds.episode_seed of the run's seed and its group and sample)."""
     canary: bool = False
@@ -104,7 +105,7 @@ def _load(episode_id: int, *, worker: str, incarnation: str | None) -> _Loaded |
 
 def _run_sampling(session: Any, episode: Episode) -> tuple[Sampling, bool, int | None, int]:
     """The run's sampling settings (validated at launch; parsed again here, never read raw), whether
-    the run is trained on, the version of the checkpoint it evaluates (None: no checkpoint) and the
+    the run is trained on, the label of the checkpoint weights it evaluates (None: no checkpoint) and the
     episode's sampling seed."""
     from core.models import EpisodeGroup, Run
 
@@ -115,7 +116,7 @@ def _run_sampling(session: Any, episode: Episode) -> tuple[Sampling, bool, int |
                         sample_index=episode.sample_index)
     checkpoint = stored_checkpoint(config, run_id=episode.run_id)
     return (stored_sampling(config, run_id=episode.run_id), purpose == RunPurpose.TRAIN,
-            None if checkpoint is None else checkpoint.version, seed)
+            None if checkpoint is None else checkpoint.tag, seed)
 
 
 def run_episode(

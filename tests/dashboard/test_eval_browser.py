@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from core.models import PolicyVersion
 from core.schemas.run import CheckpointRef
+from core.versions import CHECKPOINT_TAG_BASE
 from tests import factories
 from tests.dashboard.conftest import screenshot, sign_in
 from tests.support.eval_runs import seed_eval_run
@@ -60,14 +61,14 @@ def test_a_train_runs_page_charts_its_checkpoints_by_step(  # type: ignore[no-un
     for step in (5, 15):
         db_session.add(PolicyVersion(run_id=train.id, version=step, training_step=step, checkpoint_path=f"/c/{step}"))
     evals = {step: seed_eval_run(db_session, name=f"ckpt-page-{step}", outcomes=outcomes,
-                                 checkpoint=CheckpointRef(run_id=train.id, step=step, version=step))
+                                 checkpoint=CheckpointRef(run_id=train.id, step=step, version=step, tag=CHECKPOINT_TAG_BASE + step))
              for step, outcomes in ((15, [[1.0, 1.0], [1.0, 0.0], [1.0, 1.0]]), (5, [[0.0, 0.0], [1.0, 0.0], [0.0, 0.0]]))}
     expected = client.get(f"/v1/runs/{train.id}/checkpoint-evals").json()["evals"]
     sign_in(page, token)
     page.goto(f"/runs/{train.id}")
     page.wait_for_selector("#checkpoint-table tbody tr")
     rows = [[cell.inner_text() for cell in line.locator("td").all()] for line in page.locator("#checkpoint-table tbody tr").all()]
-    assert [(row[0], row[2], row[8]) for row in rows] == [
+    assert [(row[0], row[2], row[9]) for row in rows] == [
         (str(point["step"]), f"#{point['report']['run_id']}", _percent(point["report"]["overall"]["pass_at_1"]))
         for point in expected]
     assert [row[0] for row in rows] == ["5", "15"]

@@ -36,5 +36,7 @@ def seed_eval_run(session: Session, *, name: str, outcomes: list[list[Outcome]],
             else:
                 fields = {"status": "completed", "termination_reason": "submitted", "reward": outcome}
             factories.episode(session, group, sample_index=sample, **fields)
+    if checkpoint is not None and not any(outcome == "running" for episodes in outcomes for outcome in episodes):
+        run.status = "completed"  # ended, as a checkpoint's evaluation must before another is loaded
     session.commit()
     return run

@@ -1,8 +1,9 @@
 """A training run's checkpoint evaluated at a chosen step (`crucible eval launch --run R --step S`), against the
 session's real vLLM: the checkpoint (written as the trainer writes one) is loaded into the server and probed
-under the version the trainer published it as; the eval run's turns all carry that version; once other
-weights serve (here: the run's step 0, evaluated next), the first eval's remaining episode stores no turn;
-and while a training run is active a checkpoint eval is refused, nothing launched and nothing loaded."""
+under a label of its own; the eval run's turns all carry that label; another checkpoint is not loaded while
+it runs; once other weights serve (a trainer's push under the checkpoint's own version number), its next
+episode stores no turn; and while a training run is active a checkpoint eval is refused, nothing
+launched and nothing loaded."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 import torch
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
+from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from cli.main import app
@@ -23,6 +25,7 @@ from controller.loop import Controller
 from core.models import Episode, PolicyVersion, Run, Turn
 from core.schemas.trainer import TrainerConfig
 from core.settings import get_settings
+from core.versions import CHECKPOINT_TAG_BASE
 from environments.service import register_environment
 from environments.spec import parse_spec
 from task_workers.episode.errors import PolicyFault
@@ -33,6 +36,7 @@ from trainer.checkpoint import CheckpointStore, TrainerState
 from trainer.engine import make_engine
 from trainer.loop import load_policy
 from trainer.serving import VllmServer
+from trainer.weight_sync import make_weight_syncer
 
 pytestmark = [pytest.mark.docker, pytest.mark.vllm]
 
@@ -95,8 +99,10 @@ def test_a_checkpoint_is_loaded_verified_and_its_eval_keeps_only_its_turns(
     code, out = _launch("--run", str(train.id), "--step", str(STEP), "-e", env.name, "-k", "2", "-o", "json")
     assert code == 0, out
     launched = json.loads(out[out.index("{"):])
-    assert launched["checkpoint"] == {"run_id": train.id, "step": STEP, "version": VERSION}
-    assert httpx.get(f"{served_original.base_url}/weight_info").json()["weight_version"] == str(VERSION)
+    tag = launched["checkpoint"]["tag"]
+    assert launched["checkpoint"] == {"run_id": train.id, "step": STEP, "version": VERSION, "tag": tag}
+    assert tag >= CHECKPOINT_TAG_BASE  # a label of its own: no training version, no other evaluation's
+    assert httpx.get(f"{served_original.base_url}/weight_info").json()["weight_version"] == str(tag)
 
     recorder = RecordingDispatcher()
     controller = Controller(engine=engine, dispatcher=recorder, settings=ControllerConfig(), name="ckpt-eval")
@@ -107,13 +113,17 @@ def test_a_checkpoint_is_loaded_verified_and_its_eval_keeps_only_its_turns(
         assert run_episode(first, policy=client, sandboxes=sandboxes, worker="ckpt").stored
         versions = db_session.execute(select(Turn.weight_version, Turn.weight_version_end)
                                       .where(Turn.episode_id == first)).all()
-        assert versions and set(versions) == {(VERSION, VERSION)}
+        assert versions and set(versions) == {(tag, tag)}
 
-        # Step 0 (the starting weights) evaluated next: the server serves version 0, and the first eval's
-        # next episode is refused turn by turn (an infrastructure fault, retried), never stored.
+        # Another checkpoint is not loaded while this evaluation runs …
         code, out = _launch("--run", str(train.id), "--step", "0", "-e", env.name, "-k", "1")
-        assert code == 0 and f"of run {train.id} step 0" in out, out
-        with pytest.raises(PolicyFault, match=f"evaluates the checkpoint loaded as version {VERSION}"):
+        assert code == 2 and f"eval runs {launched['id']}" in out, out
+        # … and if other weights replace it anyway (a trainer's push, under a training version), the eval's
+        # next episode is refused turn by turn (an infrastructure fault, retried), never stored.
+        syncer = make_weight_syncer("reload", base_url=served_original.base_url, model_dir=served_original.model_dir)
+        syncer.push(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir), version=VERSION)
+        syncer.close()
+        with pytest.raises(PolicyFault, match=f"evaluates the checkpoint loaded under label {tag}"):
             run_episode(rest[0], policy=client, sandboxes=sandboxes, worker="ckpt")
         db_session.expire_all()
         assert db_session.execute(select(func.count()).select_from(Turn).where(Turn.episode_id == rest[0])).scalar() == 0
@@ -122,6 +132,9 @@ def test_a_checkpoint_is_loaded_verified_and_its_eval_keeps_only_its_turns(
         client.close()
         controller.close()
 
+    assert CliRunner().invoke(app, ["run", "stop", str(launched["id"])]).exit_code == 0
+    code, out = _launch("--run", str(train.id), "--step", "0", "-e", env.name, "-k", "1")  # the starting weights
+    assert code == 0 and f"of run {train.id} step 0" in out, out
     result = CliRunner().invoke(app, ["eval", "checkpoints", str(train.id), "-o", "json"])
     assert result.exit_code == 0, result.output
     comparison = json.loads(result.output)

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from socket import SHUT_RDWR
 
@@ -53,17 +54,20 @@ def _wait_until_none_leased(url: str) -> dict:
         time.sleep(0.25)
 
 
-@pytest.fixture
-def served(db_session: Session, code_repo_image: str, calc_task_payload: dict, backend) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    env, _ = register_environment(db_session, spec=parse_spec({**env_spec(code_repo_image), "name": NAME}))
+@contextmanager
+def _serving(session: Session, backend, *, image: str, payload: dict, name: str = NAME, limits: dict | None = None,  # type: ignore[no-untyped-def]
+             options: tuple[str, ...] = ()) -> Iterator[str]:
+    """`crucible env serve NAME --openenv` in a subprocess, on three copies of the calc task; its base URL.
+    On exit: SIGINT, a clean exit, and no container of it left."""
+    env, _ = register_environment(session, spec=parse_spec({**env_spec(image, **(limits or {})), "name": name}))
     for index in range(3):
-        factories.task(db_session, env, external_id=f"calc-{index}", instruction="Fix add() in calc.py.",
-                       payload=json.loads(json.dumps(calc_task_payload)))
-    db_session.commit()
+        factories.task(session, env, external_id=f"calc-{index}", instruction="Fix add() in calc.py.",
+                       payload=json.loads(json.dumps(payload)))
+    session.commit()
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "env", "serve", NAME, "--openenv", "--port", str(port),
-         "--max-sessions", str(SESSIONS)], cwd=ROOT, env={**os.environ, "COLUMNS": "250"},
+        [sys.executable, "-m", "cli.main", "env", "serve", name, "--openenv", "--port", str(port),
+         "--max-sessions", str(SESSIONS), *options], cwd=ROOT, env={**os.environ, "COLUMNS": "250"},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -82,8 +86,14 @@ def served(db_session: Session, code_repo_image: str, calc_task_payload: dict, b
         server.send_signal(signal.SIGINT)
         output = server.communicate(timeout=120)[0]
         assert server.returncode == 0, output[-3000:]
-        left = [info for info in backend.list(labels={L.WORKER: f"openenv-{NAME}"})]
+        left = [info for info in backend.list(labels={L.WORKER: f"openenv-{name}"})]
         assert left == [], f"containers left behind by the server: {left}"
+
+
+@pytest.fixture
+def served(db_session: Session, code_repo_image: str, calc_task_payload: dict, backend) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    with _serving(db_session, backend, image=code_repo_image, payload=calc_task_payload) as url:
+        yield url
 
 
 def _client(url: str):  # type: ignore[no-untyped-def]
@@ -115,6 +125,7 @@ def test_the_real_openenv_client_plays_a_code_task_for_crucibles_reward(served: 
         assert (seen[-1].done, seen[-1].reward) == (True, pytest.approx(1.0))
         assert seen[-1].observation["termination"] == "submitted"
         assert seen[-1].observation["reward_components"]["hidden_tests"] == pytest.approx(1.0)
+        assert "flags" not in seen[-1].observation  # what the hack monitors saw would teach a client to evade them
         assert client.state()["step_count"] == 3 and client.state()["episode_id"] == "right"
         with pytest.raises(RuntimeError, match="reset first"):  # the episode is over: its sandbox went back
             client.step({"tool": "bash", "arguments": {"command": "true"}})
@@ -197,8 +208,42 @@ def test_concurrent_sessions_each_lease_a_sandbox_and_none_is_left(served: str) 
             assert "message.data: expected an object, got list" in socket.recv(timeout=30)
             socket.send("x" * 1_500_000)
             assert json.loads(socket.recv(timeout=30))["data"]["code"] == "too_large"
+            socket.send(b"\x00\x01binary")
+            assert "expected a text frame of JSON, got a binary frame" in socket.recv(timeout=30)
+            socket.send("[" * 200_000 + "]" * 200_000)  # nesting deeper than the parser's recursion
+            assert json.loads(socket.recv(timeout=30))["data"]["code"] == "invalid_json"
+            socket.send(json.dumps({"type": "step", "data": {"tool": "bash", "arguments": {}}}))
+            assert "reset first" in socket.recv(timeout=30)
             socket.send(json.dumps({"type": "reset", "data": {"seed": index}}))
             assert json.loads(socket.recv(timeout=180))["type"] == "observation"
             socket.socket.shutdown(SHUT_RDWR)  # cut: no close frame, no "close" message
     metadata = _wait_until_none_leased(served)
     assert (metadata["sessions"], metadata["sandboxes"]["leased"]) == (0, 0)
+
+
+def test_time_runs_out_for_a_late_step_and_a_silent_session(db_session: Session, code_repo_image: str,
+                                                            calc_task_payload: dict, backend) -> None:  # type: ignore[no-untyped-def]
+    """A step after the episode's time limit is not run: the episode ends as the agent loop ends one
+    (episode_timeout) and is scored as such. A session silent past the idle limit is closed, its sandbox
+    given back."""
+    with _serving(db_session, backend, image=code_repo_image, payload=calc_task_payload, name="openenv-late",
+                  limits={"episode_timeout_s": 2}, options=("--idle-timeout", "4")) as url:
+        client = _client(url)
+        try:
+            client.reset(seed=0)
+            time.sleep(2.5)
+            late = client.step({"tool": "edit_file", "arguments": {"path": "calc.py", "old_str": "return a - b",
+                                                                    "new_str": "return a + b"}})
+            assert (late.done, late.observation["termination"], late.observation["status"]) == (
+                True, "episode_timeout", "timeout")
+            assert "edit_file was not run" in late.observation["text"]
+            assert late.reward is not None and late.reward < 1.0  # the fix never happened: the hidden test fails
+        finally:
+            client.close()
+        with connect(url.replace("http", "ws") + "/ws") as socket:
+            socket.send(json.dumps({"type": "reset", "data": {"seed": 1}}))
+            assert json.loads(socket.recv(timeout=180))["type"] == "observation"
+            reply = json.loads(socket.recv(timeout=60))  # said nothing since: closed after the idle limit
+            assert reply["data"]["code"] == "idle"
+        metadata = _wait_until_none_leased(url)
+        assert (metadata["sessions"], metadata["sandboxes"]["leased"]) == (0, 0)
