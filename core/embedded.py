@@ -8,6 +8,9 @@ workers and the trainer all share one server. `crucible db stop` stops it.
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import time
 import warnings
 from pathlib import Path
 
@@ -36,6 +39,7 @@ def ensure_embedded_postgres(data_dir: Path) -> str:
         ) from None
     data_dir.mkdir(parents=True, exist_ok=True)
     pgdata = pgdata_dir(data_dir)
+    _stop_if_orphaned(pgdata)
     try:
         # cleanup_mode=None: the server outlives this process; every Crucible process shares it.
         server = get_server(pgdata, cleanup_mode=None)
@@ -48,6 +52,29 @@ def ensure_embedded_postgres(data_dir: Path) -> str:
     _ensure_database(server)
     uri = server.get_uri(database=DATABASE_NAME)
     return uri.replace("postgresql://", "postgresql+psycopg://", 1)
+
+
+def _stop_if_orphaned(pgdata: Path, *, wait_s: float = 60.0) -> None:
+    """Stop a server still running on `pgdata` from binaries that have since been deleted. This happens when
+    another clone started it and that clone's venv was then removed. Such a server cannot load its own
+    libraries (every new session fails on plpgsql). Once it is stopped, get_server starts one from this
+    install, on the same data."""
+    try:
+        pid = int((pgdata / "postmaster.pid").read_text().split("\n", 1)[0])
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except (OSError, ValueError):
+        return
+    if not exe.endswith(" (deleted)"):
+        return
+    logger.warning("the embedded Postgres on %s (pid %d) runs from deleted binaries (%s): restarting it from this "
+                   "install", pgdata, pid, exe.removesuffix(" (deleted)"))
+    os.kill(pid, signal.SIGINT)  # a fast shutdown: open sessions are rolled back, the data is kept
+    deadline = time.monotonic() + wait_s
+    while Path(f"/proc/{pid}").exists():
+        if time.monotonic() > deadline:
+            raise ServiceUnavailable(f"the embedded Postgres on {pgdata} (pid {pid}) runs from deleted binaries "
+                                     f"and did not stop within {wait_s:g} s; stop it (kill {pid}) and retry")
+        time.sleep(0.1)
 
 
 def _ensure_database(server: object) -> None:
