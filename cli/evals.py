@@ -135,8 +135,8 @@ def show(run_id: int = typer.Argument(..., help="Run id."), output: OutputFormat
         table.add_row(safe(label), *_cells(cell))
     console.print(table)
     if report.checkpoint is not None:
-        console.print(f"checkpoint of run {report.checkpoint.run_id} at step {report.checkpoint.step} (served as "
-                      f"version {report.checkpoint.version})", highlight=False)
+        console.print(f"checkpoint of run {report.checkpoint.run_id} at step {report.checkpoint.step} (version "
+                      f"{report.checkpoint.version}, served under label {report.checkpoint.tag})", highlight=False)
     if report.unfinished:
         console.print(f"{report.unfinished} episodes have not ended yet: the figures will move", highlight=False)
     console.print(report.method, highlight=False)

@@ -10,10 +10,10 @@ sampling seeds its episodes get, so two evaluations of one model with one seed d
 the same order.
 
 A training run's checkpoint at any kept step (`crucible eval launch --run R --step S`): `recorded_step`
-finds the step and the version the trainer published it as, `check_servers_free` refuses while a
-training run could push its own weights, trainer.checkpoint_eval loads the checkpoint into every policy
-server under that version, then `launch_eval(..., checkpoint=...)` records it: the workers store no turn
-of the run sampled under another version (task_workers.episode.runner).
+finds the step and the version the trainer published it as, `check_servers_free` refuses while anything
+else could load weights, trainer.checkpoint_eval loads the checkpoint into every policy server under a
+label of the evaluation's own (core.versions.checkpoint_tag), then `launch_eval(..., checkpoint=...)`
+records it: the workers store no turn of the run sampled under another label (task_workers.episode.runner).
 """
 
 from __future__ import annotations

@@ -124,9 +124,11 @@ TRAINER_LOCK_NAMESPACE = 0x43525543
 """"CRUC": the first key of every trainer's advisory lock (trainer.store.hold_trainer_lock), the run id the second."""
 
 
-def live_trainers(session: Session) -> list[int]:
-    """The runs a trainer process holds the lock of right now (it may push weights at any moment)."""
+def live_trainers(session: Session, *, run_id: int | None = None) -> list[int]:
+    """The runs (or only `run_id`) whose trainer lock a trainer process holds now, in this database: such a
+    trainer may push weights at any moment."""
+    only = "AND objid = :run " if run_id is not None else ""
     return [int(run) for run in session.execute(text(
-        "SELECT objid FROM pg_locks WHERE locktype = 'advisory' AND classid = :namespace AND granted "
-        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) ORDER BY objid"
-    ), {"namespace": TRAINER_LOCK_NAMESPACE}).scalars()]
+        f"SELECT objid FROM pg_locks WHERE locktype = 'advisory' AND classid = :namespace AND objsubid = 2 {only}"
+        "AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) ORDER BY objid"
+    ), {"namespace": TRAINER_LOCK_NAMESPACE, "run": run_id}).scalars()]

@@ -54,7 +54,7 @@ from environments.registry import get_kind
 from environments.service import get_environment, spec_of
 from environments.spec import EnvironmentSpec
 from task_workers.context import DockerSandboxes
-from task_workers.episode.loop import cap_text
+from task_workers.episode.loop import cap_text, episode_end
 
 log = logging.getLogger(__name__)
 
@@ -236,16 +236,13 @@ class Session:
         return ToolCall(name, arguments)
 
     def _termination(self, result: ToolResult) -> TerminationReason | None:
-        limits = self.served.spec.limits
-        if result.ends_episode:
-            return TerminationReason.SUBMITTED
-        if self.tool_errors >= limits.max_tool_errors:
-            return TerminationReason.TOOL_ERROR_LIMIT
-        if len(self.actions) >= limits.max_turns:
-            return TerminationReason.MAX_TURNS
-        if time.monotonic() > self.deadline:
+        """The agent loop's rule (no format errors here: an action is parsed or refused), then the time limit,
+        checked after the action too."""
+        reason = episode_end(self.served.spec.limits, result=result, turns=len(self.actions), format_errors=0,
+                             tool_errors=self.tool_errors)
+        if reason is None and time.monotonic() > self.deadline:
             return TerminationReason.EPISODE_TIMEOUT
-        return None
+        return reason
 
     def _end(self, reason: TerminationReason, observation: dict[str, Any]) -> dict[str, Any]:
         """The verifier's verdict on the episode; the sandbox goes back either way."""

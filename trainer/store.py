@@ -32,7 +32,6 @@ from trainer.errors import TrainerAlreadyRunning
 
 COMPLETE, CONSUMED, DROPPED, RUNNING = (GroupStatus.COMPLETE, GroupStatus.CONSUMED, GroupStatus.DROPPED,
                                         GroupStatus.RUNNING)
-LOCK_NAMESPACE = TRAINER_LOCK_NAMESPACE
 
 
 @dataclass(frozen=True)
@@ -88,7 +87,7 @@ class TrainerLock:
             return
         try:
             self.connection.execute(text("SELECT pg_advisory_unlock(:namespace, :run)"),
-                                    {"namespace": LOCK_NAMESPACE, "run": self.run_id})
+                                    {"namespace": TRAINER_LOCK_NAMESPACE, "run": self.run_id})
             self.connection.commit()
         except Exception:
             self.connection.invalidate()  # the server ends that session, and its lock with it
@@ -104,12 +103,12 @@ def _take(engine: Engine, *, run_id: int) -> Connection:
     connection = engine.connect()
     try:
         taken = connection.execute(text("SELECT pg_try_advisory_lock(:namespace, :run)"),
-                                   {"namespace": LOCK_NAMESPACE, "run": run_id}).scalar_one()
+                                   {"namespace": TRAINER_LOCK_NAMESPACE, "run": run_id}).scalar_one()
         connection.commit()
         if not taken:
             holder = connection.execute(text(
                 "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = :namespace AND objid = :run "
-                "AND granted"), {"namespace": LOCK_NAMESPACE, "run": run_id}).scalar()
+                "AND granted"), {"namespace": TRAINER_LOCK_NAMESPACE, "run": run_id}).scalar()
             raise TrainerAlreadyRunning(
                 f"run {run_id}: another trainer is already training it (database backend pid {holder}); expected "
                 "one trainer per run — stop the other one first")

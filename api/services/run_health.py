@@ -10,22 +10,17 @@ waiting for a trainer, and says so in its run view (`GET /v1/runs/{id}`, `crucib
 
 from __future__ import annotations
 
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from core.db import live_trainers
 from core.models import EpisodeGroup, Run
 from core.termination import GroupStatus, RunPurpose, RunStatus
-from trainer.store import LOCK_NAMESPACE
 
 
 def trainer_attached(session: Session, *, run_id: int) -> bool:
     """True while a trainer process holds the run's trainer lock."""
-    held = session.execute(
-        text("SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND classid = :namespace AND objid = :run "
-             "AND objsubid = 2 AND granted LIMIT 1"),
-        {"namespace": LOCK_NAMESPACE, "run": run_id},
-    ).scalar()
-    return held is not None
+    return bool(live_trainers(session, run_id=run_id))
 
 
 def waiting_for_trainer(session: Session, *, run: Run) -> str | None:

@@ -219,7 +219,8 @@ def run_agent_loop(ctx: LoopContext, *, prompt_ids: list[int]) -> Trajectory:
         tokens += completion.token_ids
         format_errors = format_errors + 1 if format_error else 0
         tool_errors = tool_errors + 1 if result.is_error and not format_error else 0
-        reason = _termination(ctx, trajectory, result, format_errors, tool_errors)
+        reason = episode_end(ctx.limits, result=result, turns=len(trajectory.turns), format_errors=format_errors,
+                             tool_errors=tool_errors)
         if reason is not None:
             trajectory.termination = reason
             trajectory.submitted = reason is TerminationReason.SUBMITTED
@@ -229,16 +230,19 @@ def run_agent_loop(ctx: LoopContext, *, prompt_ids: list[int]) -> Trajectory:
         tokens += pending_env
 
 
-def _termination(
-    ctx: LoopContext, trajectory: Trajectory, result: ToolResult, format_errors: int, tool_errors: int
+def episode_end(
+    limits: Limits, *, result: ToolResult, turns: int, format_errors: int, tool_errors: int
 ) -> TerminationReason | None:
+    """Why the episode ends after a turn whose tool gave `result` (the `turns`-th; the error counts are
+    consecutive), or None: the one rule, for the agent loop and for an OpenEnv session
+    (task_workers.openenv_server)."""
     if result.ends_episode:
         return TerminationReason.SUBMITTED
-    if format_errors >= ctx.limits.max_tool_errors:
+    if format_errors >= limits.max_tool_errors:
         return TerminationReason.FORMAT_ERROR
-    if tool_errors >= ctx.limits.max_tool_errors:
+    if tool_errors >= limits.max_tool_errors:
         return TerminationReason.TOOL_ERROR_LIMIT
-    if len(trajectory.turns) >= ctx.limits.max_turns:
+    if turns >= limits.max_turns:
         return TerminationReason.MAX_TURNS
     return None
 

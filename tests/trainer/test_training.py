@@ -491,7 +491,7 @@ def _cut_mid_step(session: Session, *, run_id: int) -> int | None:
     run's trainer lock; None if no step was open."""
     from sqlalchemy import text
 
-    from trainer.store import LOCK_NAMESPACE
+    from core.db import TRAINER_LOCK_NAMESPACE
 
     others = "a.datname = current_database() AND a.pid <> pg_backend_pid()"
     in_step = session.execute(text(
@@ -502,7 +502,7 @@ def _cut_mid_step(session: Session, *, run_id: int) -> int | None:
         session.rollback()
         return None
     holder = session.execute(text("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = :namespace "
-                                  "AND objid = :run AND granted"), {"namespace": LOCK_NAMESPACE, "run": run_id}).scalar()
+                                  "AND objid = :run AND granted"), {"namespace": TRAINER_LOCK_NAMESPACE, "run": run_id}).scalar()
     session.execute(text(f"SELECT count(pg_terminate_backend(a.pid)) FROM pg_stat_activity a WHERE {others}"))
     session.commit()
     return holder
