@@ -7,7 +7,6 @@ from __future__ import annotations
 import threading
 import uuid
 
-from celery.contrib.testing.worker import start_worker
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
@@ -16,6 +15,7 @@ from controller.loop import Controller
 from core.settings import load_settings
 from task_workers.celery_app import create_app
 from tests.controller import factories as f
+from tests.support.celery_worker import embedded_worker
 
 
 def test_dispatched_episodes_are_delivered_to_a_worker(db_session: Session, engine: Engine) -> None:
@@ -41,7 +41,6 @@ def test_dispatched_episodes_are_delivered_to_a_worker(db_session: Session, engi
         assert controller.step().dispatched == {run.id: 1}
     finally:
         controller.close()
-    with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False, loglevel="WARNING",
-                      queues=[queue]):
+    with embedded_worker(app, queues=[queue]):
         assert delivered.wait(60), f"the worker got {seen}"
     assert sorted(seen) == [e.id for e in f.episodes(db_session, run.id)]

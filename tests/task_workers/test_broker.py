@@ -8,10 +8,10 @@ import threading
 import uuid
 
 import pytest
-from celery.contrib.testing.worker import start_worker
 
 from core.settings import load_settings
 from task_workers.celery_app import create_app
+from tests.support.celery_worker import embedded_worker
 
 
 def _round_trip(broker_url: str | None) -> None:
@@ -26,7 +26,7 @@ def _round_trip(broker_url: str | None) -> None:
         seen.append(value)
         done.set()
 
-    with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False, loglevel="WARNING"):
+    with embedded_worker(app):
         record.delay(41 + 1)
         assert done.wait(60), "the worker never ran the task"
     assert seen == [42]
@@ -34,6 +34,17 @@ def _round_trip(broker_url: str | None) -> None:
 
 def test_sqlalchemy_transport_on_postgres() -> None:
     _round_trip(None)
+
+
+def test_a_worker_starts_after_an_earlier_one_was_slow_to_stop() -> None:
+    """An earlier worker of this process that outlived its stop leaves celery's should_terminate at 0
+    (CI, stop 38): a plain start_worker then never became ready and the test hung for 600 s. The
+    embedded worker starts and runs a task all the same."""
+    from celery.worker import state
+
+    state.should_terminate = 0
+    _round_trip(None)
+    assert state.should_terminate is None
 
 
 def test_redis_broker() -> None:

@@ -8,7 +8,6 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from celery.contrib.testing.worker import start_worker
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -18,6 +17,7 @@ from environments.parsing import hermes_call
 from sandboxes import labels as L
 from task_workers.celery_app import create_app
 from task_workers.context import close_worker_context
+from tests.support.celery_worker import embedded_worker
 from tests.task_workers.episode.conftest import FIX, make_episode
 
 # Sweeps, or runs a worker whose reaper sweeps, every crucible container on the machine: one xdist worker runs all of these.
@@ -36,8 +36,7 @@ def celery_worker(scripted, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]
     app = create_app()
     app.conf.task_default_queue = "code_repo"
     try:
-        with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False, loglevel="WARNING",
-                          queues=["code_repo"]):
+        with embedded_worker(app, queues=["code_repo"]):
             yield app
     finally:
         close_worker_context()
