@@ -171,6 +171,87 @@ def import_(
         console.print(f"imported {imported} tasks into [bold]{safe(environment)}[/]")
 
 
+@tasks_app.command("factory")
+def factory(
+    sources: list[str] = typer.Argument(..., help="Packages: pypi:NAME==VERSION, a directory, an sdist (.tar.gz, "
+                                        ".zip), or git:REPOSITORY[@REVISION]."),
+    out: Path = typer.Option(..., "--out", help="The JSONL file of tasks to write (repositories inline); the "
+                             "report goes beside it as <out>.report.json."),
+    environment: str | None = typer.Option(None, "--env", help="A code_repo environment: validate in its image and "
+                                           "limits, and import the tasks into it."),
+    max_mutations: int = typer.Option(300, "--max-mutations", min=1, max=100_000, help="Mutants validated per package."),
+    seed: int = typer.Option(0, "--seed", help="Which mutants are tried first."),
+    jobs: int = typer.Option(2, "--jobs", min=1, max=32, help="Mutants validated at once, a sandbox each."),
+    split: str = typer.Option("train", "--split", help="The tasks' split."),
+    output: OutputFormat = OutputOption,
+) -> None:
+    """Turn Python packages with tests into repair tasks: break one function at a time, keep each break some
+    of the package's own tests catch while the rest pass (docs/environments/task-factory.md)."""
+    import json
+    import tempfile
+
+    from environments.code_repo.factory import FactoryOptions, build_tasks
+    from environments.spec import EnvironmentSpec
+    from environments.task_lines import check_split
+    from sandboxes import make_backend
+    from sandboxes.db_events import DbEventSink
+    from task_workers.context import DockerSandboxes
+
+    with readable_errors():
+        check_split(split)
+        if out.exists() and not out.is_file():
+            raise ConfigError(f"--out: expected a file to write, got {str(out)[:200]!r} (not a file)")
+        if environment is not None:
+            with session_scope() as session:
+                registered = get_environment(session, name=environment)
+                if registered.kind != "code_repo":
+                    raise ConfigError(f"--env: expected a code_repo environment, got {environment!r} (a "
+                                      f"{registered.kind} environment)")
+                spec = EnvironmentSpec.model_validate(registered.spec)
+        else:
+            spec = EnvironmentSpec.model_validate({"name": "task-factory", "kind": "code_repo", "image": "code-repo"})
+    options = FactoryOptions(max_mutations=max_mutations, seed=seed, jobs=jobs, split=split)
+    sandboxes = DockerSandboxes(backend=make_backend("docker"), events=DbEventSink(), worker="task-factory",
+                                min_size=0, max_size=jobs + 1)
+    pool = sandboxes.pool_for(spec)
+    reports = []
+    written = 0
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("w", encoding="utf-8") as handle:
+            for source in sources:
+                with tempfile.TemporaryDirectory(prefix="crucible-factory-") as workdir:
+                    lines, report = build_tasks(source, open_sandbox=pool.open_fresh, workdir=Path(workdir),
+                                                options=options, progress=lambda line: console.print(line, highlight=False))
+                for line in lines:
+                    handle.write(json.dumps(line) + "\n")
+                written += len(lines)
+                reports.append(report.as_dict())
+                if report.error:
+                    console.print(f"[red]{safe(report.error)}[/]", highlight=False)
+    finally:
+        sandboxes.close()
+    summary = {"out": str(out), "tasks": written, "packages": reports}
+    Path(f"{out}.report.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if environment is not None and written:
+        with readable_errors(), session_scope() as session:
+            summary["imported"] = import_tasks(session, environment=environment, path=out)
+    if output is OutputFormat.json:
+        print_json(summary)
+    else:
+        table = Table("package", "tests kept", "tried", "kept", "tasks", "s/task", "error")
+        for row in reports:
+            per_task = row["seconds_per_task"]
+            table.add_row(safe(row["package"]), str(row["tests_kept"]), str(sum(row["tried"].values())),
+                          str(sum(row["kept"].values())), str(row["tasks"]), "-" if per_task is None else str(per_task),
+                          safe(row["error"] or ""))
+        console.print(table)
+        console.print(f"{written} tasks in {safe(str(out))}" + (f", imported into [bold]{safe(environment)}[/]"
+                                                                 if summary.get("imported") else ""), highlight=False)
+    if not written:
+        raise typer.Exit(1)
+
+
 @tasks_app.command("miniwob-names")
 def miniwob_names_(output: OutputFormat = OutputOption) -> None:
     """The MiniWoB++ task names `crucible tasks import ENV --format miniwob --tasks …` accepts."""

@@ -33,3 +33,8 @@ def test_the_chat_and_read_number_examples_register_and_import(db_session: Sessi
         env, created = register_environment(db_session, spec=load_spec_file(EXAMPLES / spec))
         assert created and env.kind in ("chat", "read_number")
         assert import_tasks(db_session, environment=env.name, path=EXAMPLES / tasks) == 3
+
+
+def test_the_factory_example_registers(db_session: Session) -> None:
+    env, created = register_environment(db_session, spec=load_spec_file(EXAMPLES / "factory-env.yaml"))
+    assert created and env.kind == "code_repo" and env.spec["verifier"]["weights"] == {"hidden_tests": 1.0}

@@ -366,11 +366,16 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, *, agent_files: frozenset[str] =
 def run_reference(sandbox: Sandbox, spec: TestSpec) -> dict | None:
     """One run of a layer in a trusted sandbox (base + the task's reference solution): its report, or
     None when the run did not report normally."""
+    return reference_run(sandbox, spec)[0]
+
+
+def reference_run(sandbox: Sandbox, spec: TestSpec) -> tuple[dict | None, str]:
+    """run_reference's report, and the runner's log (its last 6,000 characters: the failures' summary)."""
     raw = _pytest(sandbox, spec, extra=[])
     report = _report(raw.report)
     if report is None or raw.timed_out or raw.exit_code >= 128 or report.get("exitstatus") != raw.exit_code:
-        return None
-    return report
+        return None, raw.log
+    return report, raw.log
 
 
 def put_or_reject(sandbox: Sandbox, files: dict[str, bytes]) -> None:

@@ -80,7 +80,7 @@ def _check_tarball(data: bytes, *, where: str) -> None:
                 if members > MAX_MEMBERS or total > MAX_UNPACKED_BYTES:
                     raise ConfigError(f"{where}: expected at most {MAX_MEMBERS} files and {MAX_UNPACKED_BYTES} "
                                       f"bytes unpacked, got more")
-                _check_member(member, where=where)
+                check_member(member, where=where)
     except (tarfile.TarError, EOFError, OSError) as error:
         raise ConfigError(f"{where}: expected a readable gzip tar, got a broken one ({error})") from None
 
@@ -90,7 +90,7 @@ def _inside(path: str) -> bool:
     return not path.startswith("/") and normal != ".." and not normal.startswith("../")
 
 
-def _check_member(member: tarfile.TarInfo, *, where: str) -> None:
+def check_member(member: tarfile.TarInfo, *, where: str) -> None:
     name = member.name
     if "\x00" in name or not _inside(name):
         raise ConfigError(f"{where}: expected paths inside the repository, got {name[:200]!r}")
@@ -116,7 +116,7 @@ def _check_bundle(data: bytes, *, where: str) -> None:
         path = Path(directory) / "repo.bundle"
         path.write_bytes(data)
         result = subprocess.run(["git", *_GIT_SAFE, "bundle", "list-heads", str(path)], capture_output=True,
-                                text=True, cwd=directory, timeout=120, env=_git_env())
+                                text=True, cwd=directory, timeout=120, env=git_env())
     if result.returncode != 0:
         raise ConfigError(f"{where}: expected a readable git bundle, got a broken one "
                           f"({result.stderr.strip()[:200]})")
@@ -125,7 +125,7 @@ def _check_bundle(data: bytes, *, where: str) -> None:
         raise ConfigError(f"{where}: expected a git bundle carrying {BUNDLE_REF}, got one with {heads[:5]}")
 
 
-def _git_env() -> dict[str, str]:
+def git_env() -> dict[str, str]:
     # No user or system config: packing and checking must not depend on (or run) anyone's git config.
     return {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0"}
 
@@ -183,5 +183,5 @@ def pack_git(repo: Path, *, commit: str) -> RepoSnapshot:
 
 def _git(directory: Path, *args: str) -> bytes:
     result = subprocess.run(["git", *_GIT_SAFE, "-C", str(directory), *args], check=True, capture_output=True,
-                            env=_git_env(), timeout=600)
+                            env=git_env(), timeout=600)
     return result.stdout

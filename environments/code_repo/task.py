@@ -28,7 +28,7 @@ DEFAULT_PROTECTED = [
 _MAX_IDS = 20_000
 
 
-def _is_safe_argument(value: str) -> bool:
+def is_safe_argument(value: str) -> bool:
     """A test path or id goes on pytest's command line: no options, no escapes from the workspace."""
     path = value.split("::", 1)[0]
     return (bool(value) and len(value) <= 1000 and not value.startswith("-") and "\0" not in value
@@ -37,7 +37,7 @@ def _is_safe_argument(value: str) -> bool:
 
 def files_inside_workspace(files: dict[str, str]) -> dict[str, str]:
     for path in files:
-        if not _is_safe_argument(path) or "::" in path:
+        if not is_safe_argument(path) or "::" in path:
             raise ValueError(f"expected a relative file path inside the workspace, got {path[:200]!r}")
     return files
 
@@ -70,7 +70,7 @@ class TestSpec(BaseModel):
     @classmethod
     def _arguments_are_safe(cls, values: list[str]) -> list[str]:
         for value in values:
-            if not _is_safe_argument(value):
+            if not is_safe_argument(value):
                 raise ValueError(f"expected a relative path or test id inside the workspace that is not an option, "
                                  f"got {value[:200]!r}")
         return values

@@ -1,0 +1,389 @@
+"""The factory's steps for one package: baseline, coverage, mutations, validation, tasks.
+
+    lines, report = build_tasks("pypi:toolz==1.0.0", open_sandbox=open_sandbox, workdir=tmp)
+
+1. **Baseline.** The package's tests run twice in a fresh sandbox through the grader's own runner
+   (grader.reference_run: the entry point, ini and report the hidden tests will be graded with). A test
+   is kept when it passed both times; a package with none is reported, not fatal.
+2. **Coverage.** One more run records the functions the tests entered (a profile hook), so that only
+   code some kept test executes is mutated.
+3. **Mutations** (mutations.py), in a seeded order, at most `max_mutations` per package.
+4. **Validation.** Each mutant runs the kept tests in a fresh sandbox of its own. It is kept only when at
+   least one kept test fails (FAIL_TO_PASS) and every other kept test passes (PASS_TO_PASS), with no
+   collection error and within a time bound (five times the baseline's, at least 30 s).
+5. **Tasks.** A code_repo task per kept mutant: the mutated tree as the repository (a tarball: the task's
+   base commit is its only commit), hidden tests F2P + P2P graded `all`, public test the first failing
+   test the instruction names, the original file as the reference solution. The instruction names the
+   failing tests and their errors, never the file, the function, the line or the operator. Mutants whose
+   files are equal, or whose F2P sets are, are kept once.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import random
+import re
+import tarfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.errors import ConfigError, CrucibleError
+from environments.base import OpenSandbox, Sandbox
+from environments.code_repo.factory.mutations import OPERATORS, Mutation, mutations
+from environments.code_repo.factory.source import fetch, name_of
+from environments.code_repo.grader import reference_run
+from environments.code_repo.repo import SetupError, install_repo, matches
+from environments.code_repo.snapshot import RepoSnapshot, check_snapshot
+from environments.code_repo.task import TEST_FILES, CodeRepoTask, TestSpec, is_safe_argument
+
+BASELINE_RUNS = 2
+MIN_TIMEOUT_S = 30.0
+MAX_LISTED_FAILURES = 5
+NOT_LIBRARY = [*TEST_FILES, "setup.py", "noxfile.py", "conftest.py", "docs/*", "examples/*"]
+"""Files the factory never mutates: the tests, their fixtures, build scripts, documentation."""
+
+
+@dataclass(frozen=True)
+class FactoryOptions:
+    max_mutations: int = 300
+    """Mutants validated per package (each a fresh sandbox and a test run)."""
+    seed: int = 0
+    jobs: int = 2
+    """Mutants validated at once, each in its own sandbox."""
+    split: str = "train"
+    operators: tuple[str, ...] = OPERATORS
+    baseline_timeout_s: float = 300.0
+
+
+@dataclass
+class PackageReport:
+    """What the factory did with one package (one line of the factory's report)."""
+
+    source: str
+    package: str
+    error: str | None = None
+    tests_collected: int = 0
+    tests_kept: int = 0
+    tests_unreliable: int = 0
+    functions_covered: int = 0
+    mutations_found: int = 0
+    tried: dict[str, int] = field(default_factory=dict)
+    kept: dict[str, int] = field(default_factory=dict)
+    rejected: dict[str, int] = field(default_factory=dict)
+    tasks: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["seconds_per_task"] = round(self.seconds / self.tasks, 1) if self.tasks else None
+        return out
+
+
+@dataclass(frozen=True)
+class Layout:
+    pythonpath: list[str]
+    test_files: list[str]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    mutation: Mutation
+    verdict: str
+    """`kept`, or why not (`no test fails`, `breaks collection`, `timed out`, ...)."""
+    failing: tuple[str, ...] = ()
+    messages: dict[str, str] = field(default_factory=dict)
+
+
+def build_tasks(source: str, *, open_sandbox: OpenSandbox, workdir: Path, options: FactoryOptions = FactoryOptions(),
+                progress: Callable[[str], None] = lambda _: None) -> tuple[list[dict[str, Any]], PackageReport]:
+    """Task lines (Crucible JSONL objects, repositories inline) and the report for one source. A package
+    that cannot be fetched or whose tests do not run comes back with `report.error` (one line) and no
+    tasks; it never raises for the package's own faults."""
+    began = time.monotonic()
+    report = PackageReport(source=source, package=name_of(source))
+    try:
+        lines = _build(source, open_sandbox=open_sandbox, workdir=workdir, options=options, report=report,
+                       progress=progress)
+    except (ConfigError, SetupError) as error:
+        report.error = f"{report.package}: {error}"
+        lines = []
+    report.seconds = round(time.monotonic() - began, 1)
+    report.tasks = len(lines)
+    return lines, report
+
+
+def _build(source: str, *, open_sandbox: OpenSandbox, workdir: Path, options: FactoryOptions, report: PackageReport,
+           progress: Callable[[str], None]) -> list[dict[str, Any]]:
+    root = fetch(source, into=workdir)
+    files = _read_tree(root)
+    layout = _layout(files)
+    progress(f"{report.package}: {len(files)} files, tests in {len(layout.test_files)} files")
+    selected, collected, unreliable, baseline_s, covered = _baseline(files, layout, open_sandbox=open_sandbox,
+                                                                     timeout_s=options.baseline_timeout_s)
+    report.tests_collected, report.tests_kept, report.tests_unreliable = collected, len(selected), unreliable
+    if not selected:
+        raise ConfigError(f"no test passed twice out of {collected} collected")
+    report.functions_covered = sum(len(lines) for lines in covered.values())
+    found = [m for path, text in sorted(files.items()) if path in covered and _utf8(text) is not None
+             for m in mutations(path, text.decode(), covered=covered[path], operators=options.operators)]
+    report.mutations_found = len(found)
+    random.Random(f"{report.package}:{options.seed}").shuffle(found)
+    chosen = found[:options.max_mutations]
+    progress(f"{report.package}: {len(selected)} tests kept, {report.functions_covered} functions covered, "
+             f"{len(found)} mutations, validating {len(chosen)}")
+    timeout = max(MIN_TIMEOUT_S, 5 * baseline_s)
+    spec = TestSpec(tests=selected, pythonpath=layout.pythonpath, timeout_s=min(timeout, 3600), scoring="all")
+
+    def validate(mutation: Mutation) -> Outcome:
+        return _validate(mutation, files, spec, open_sandbox=open_sandbox)
+
+    tried: Counter[str] = Counter()
+    kept: Counter[str] = Counter()
+    rejected: Counter[str] = Counter()
+    lines: list[dict[str, Any]] = []
+    seen_files: set[str] = set()
+    seen_failing: set[frozenset[str]] = set()
+    with ThreadPoolExecutor(max_workers=max(1, options.jobs), thread_name_prefix="factory") as pool:
+        for done, outcome in enumerate(pool.map(validate, chosen), 1):
+            mutation = outcome.mutation
+            tried[mutation.operator] += 1
+            verdict = outcome.verdict
+            if verdict == "kept":
+                digest = hashlib.sha256(f"{mutation.path}\0".encode() + mutation.apply(files[mutation.path].decode()).encode()).hexdigest()
+                if digest in seen_files:
+                    verdict = "same file as another mutant"
+                elif frozenset(outcome.failing) in seen_failing:
+                    verdict = "same failing tests as another mutant"
+                else:
+                    seen_files.add(digest)
+                    seen_failing.add(frozenset(outcome.failing))
+            if verdict != "kept":
+                rejected[verdict] += 1
+                continue
+            kept[mutation.operator] += 1
+            lines.append(_task_line(report.package, outcome, files=files, spec=spec, split=options.split))
+            if done % 25 == 0:
+                progress(f"{report.package}: {done}/{len(chosen)} validated, {len(lines)} tasks")
+    report.tried, report.kept, report.rejected = dict(tried), dict(kept), dict(rejected)
+    return lines
+
+
+def _utf8(data: bytes) -> str | None:
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def _read_tree(root: Path) -> dict[str, bytes]:
+    files: dict[str, bytes] = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            files[path.relative_to(root).as_posix()] = path.read_bytes()
+    if not files:
+        raise ConfigError("expected a project, got an empty tree")
+    return files
+
+
+def _layout(files: dict[str, bytes]) -> Layout:
+    tests = sorted(path for path in files if path.endswith(".py") and matches(path, TEST_FILES[:2])
+                   and is_safe_argument(path) and "::" not in path)
+    if not tests:
+        raise ConfigError("expected test files (test_*.py or *_test.py), found none")
+    pythonpath = ["src"] if any(path.startswith("src/") and path.endswith(".py") for path in files) else ["."]
+    return Layout(pythonpath=pythonpath, test_files=tests)
+
+
+def _snapshot(files: dict[str, bytes]) -> RepoSnapshot:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=6) as tar:
+        directories: set[str] = set()
+        for path, data in sorted(files.items()):
+            parts = path.split("/")[:-1]
+            for depth in range(1, len(parts) + 1):
+                directory = "/".join(parts[:depth])
+                if directory not in directories:
+                    directories.add(directory)
+                    info = tarfile.TarInfo(directory)
+                    info.type, info.mode = tarfile.DIRTYPE, 0o755
+                    tar.addfile(info)
+            info = tarfile.TarInfo(path)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    snapshot = RepoSnapshot(format="tar", data_b64=base64.b64encode(buffer.getvalue()).decode())
+    check_snapshot(snapshot)
+    return snapshot
+
+
+TRACE = r'''
+import json, os, sys, threading
+root, out, paths = "/workspace/", sys.argv[1], sys.argv[2].split(":")
+seen = set()
+def profile(frame, event, arg):
+    if event == "call":
+        code = frame.f_code
+        if code.co_filename.startswith(root):
+            seen.add((code.co_filename[len(root):], code.co_firstlineno))
+sys.path[:0] = [os.path.normpath(root + p) for p in paths]
+threading.setprofile(profile)
+sys.setprofile(profile)
+import pytest
+pytest.main(["-q", "-p", "no:cacheprovider", "-c", out + ".ini", "--rootdir=/workspace", *sys.argv[3:]])
+sys.setprofile(None)
+with open(out, "w") as handle:
+    json.dump(sorted(seen), handle)
+'''
+
+
+def _baseline(files: dict[str, bytes], layout: Layout, *, open_sandbox: OpenSandbox, timeout_s: float,
+              ) -> tuple[list[str], int, int, float, dict[str, set[int]]]:
+    """(tests passed in every baseline run, tests collected, tests that did not pass every time, slowest
+    run's seconds, {library file: first lines of the functions the tests entered})."""
+    spec = TestSpec(tests=[], paths=layout.test_files, pythonpath=layout.pythonpath, timeout_s=timeout_s)
+    task = CodeRepoTask(repo=_snapshot(files), hidden_tests=spec)
+    passed: list[set[str]] = []
+    collected: set[str] = set()
+    slowest = 0.0
+    with open_sandbox() as sandbox:
+        install_repo(sandbox, task)
+        for _ in range(BASELINE_RUNS):
+            began = time.monotonic()
+            report, log = reference_run(sandbox, spec)
+            slowest = max(slowest, time.monotonic() - began)
+            if report is None:
+                raise ConfigError(f"the test suite did not run to a report (timed out after {timeout_s:.0f} s, "
+                                  f"or crashed): {_last_line(log)}")
+            if report.get("collect_errors") and not report.get("collected"):
+                raise ConfigError(f"the tests do not collect ({', '.join(report['collect_errors'][:3])}): "
+                                  f"{_last_line(log)}")
+            outcomes = report["outcomes"]
+            collected |= {str(test) for test in report["collected"]}
+            passed.append({str(test) for test, outcome in outcomes.items() if outcome == "passed"})
+        covered = _coverage(sandbox, layout, files, timeout_s=timeout_s)
+    passed = [{test for test in run if not _is_canary(test, files)} for run in passed]
+    reliable = set.intersection(*passed)
+    selected = sorted(test for test in reliable if is_safe_argument(test))
+    counted = {test for test in collected if not _is_canary(test, files)}
+    unreliable = len(set.union(*passed) - reliable)
+    return selected, len(counted), unreliable, slowest, covered
+
+
+def _is_canary(test: str, files: dict[str, bytes]) -> bool:
+    """The grader's canaries run beside the tests; their files are not the package's."""
+    return test.split("::", 1)[0] not in files
+
+
+def _coverage(sandbox: Sandbox, layout: Layout, files: dict[str, bytes], *, timeout_s: float) -> dict[str, set[int]]:
+    out = "/tmp/crucible-factory-trace.json"
+    sandbox.put_files({f"{out}.ini": b"[pytest]\naddopts =\n", "/tmp/crucible-factory-trace.py": TRACE.encode()})
+    ran = sandbox.exec(["env", "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1", "python3", "-B", "/tmp/crucible-factory-trace.py", out,
+                        ":".join(layout.pythonpath), *layout.test_files], timeout_s=timeout_s + 60)
+    if ran.timed_out:
+        raise ConfigError(f"the coverage run (the tests under a profile hook) took over {timeout_s + 60:.0f} s")
+    read = sandbox.exec(["cat", out], timeout_s=60)
+    try:
+        entered = json.loads(bytes(read.output))
+    except ValueError:
+        raise ConfigError(f"the coverage run wrote no record (exit {ran.exit_code})") from None
+    covered: dict[str, set[int]] = {}
+    for path, line in entered:
+        if isinstance(path, str) and isinstance(line, int) and path in files and path.endswith(".py") \
+                and not matches(path, NOT_LIBRARY):
+            covered.setdefault(path, set()).add(line)
+    return covered
+
+
+def _validate(mutation: Mutation, files: dict[str, bytes], spec: TestSpec, *, open_sandbox: OpenSandbox) -> Outcome:
+    original = files[mutation.path].decode()
+    mutated = {**files, mutation.path: mutation.apply(original).encode()}
+    task = CodeRepoTask(repo=_snapshot(mutated), hidden_tests=spec)
+    try:
+        with open_sandbox() as sandbox:
+            install_repo(sandbox, task)
+            report, log = reference_run(sandbox, spec)
+    except (CrucibleError, SetupError) as error:
+        return Outcome(mutation, f"sandbox fault: {type(error).__name__}")
+    if report is None:
+        return Outcome(mutation, "timed out or crashed")
+    if report.get("collect_errors"):
+        return Outcome(mutation, "breaks collection")
+    outcomes = report["outcomes"]
+    failing = tuple(test for test in spec.tests if outcomes.get(test) != "passed")
+    if not failing:
+        return Outcome(mutation, "no test fails")
+    return Outcome(mutation, "kept", failing=failing, messages=_messages(log))
+
+
+_SUMMARY = re.compile(r"^(?:FAILED|ERROR) (\S+)(?: - (.*))?$")
+_SECTION = re.compile(r"^_{3,} (.+?) _{3,}$")
+
+
+def _messages(log: str) -> dict[str, str]:
+    """Test id → its error's first line: from the runner's short summary (`FAILED id - message`), or,
+    where the summary cut it short (`...`) or gave none, the first `E` line of the test's traceback."""
+    details: dict[str, str] = {}
+    summary: dict[str, str] = {}
+    current = None
+    for raw in log.splitlines():
+        line = raw.rstrip()
+        section = _SECTION.match(line)
+        if section:
+            current = section[1]
+        elif current and line.startswith("E ") and current not in details:
+            details[current] = line[1:].strip()
+        match = _SUMMARY.match(line.strip())
+        if match:
+            summary[match[1]] = (match[2] or "").strip()
+    found: dict[str, str] = {}
+    for test, message in summary.items():
+        if not message or message.endswith("..."):
+            message = details.get(test.split("::", 1)[-1].replace("::", "."), message)
+        found[test] = message[:300]
+    return found
+
+
+def _last_line(log: str) -> str:
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    return (lines[-1] if lines else "no output")[:200]
+
+
+def instruction(package: str, failing: tuple[str, ...], messages: dict[str, str]) -> str:
+    """What the agent is told: which tests fail and how, never where the bug is or what it is."""
+    listed = [f"- {test}" + (f": {messages[test]}" if messages.get(test) else "") for test in failing[:MAX_LISTED_FAILURES]]
+    more = len(failing) - MAX_LISTED_FAILURES
+    if more > 0:
+        listed.append(f"- and {more} more")
+    return (f"After a recent change to {package}, {len(failing)} of its tests fail that passed before:\n"
+            + "\n".join(listed)
+            + "\n\nFind the bug in the library code and fix it so that these tests pass again. Do not change the "
+              "tests; every other test must keep passing.")
+
+
+def _task_line(package: str, outcome: Outcome, *, files: dict[str, bytes], spec: TestSpec, split: str) -> dict[str, Any]:
+    mutation = outcome.mutation
+    original = files[mutation.path].decode()
+    mutated = {**files, mutation.path: mutation.apply(original).encode()}
+    passing = [test for test in spec.tests if test not in outcome.failing]
+    hidden = TestSpec(tests=[*outcome.failing, *passing], pythonpath=spec.pythonpath, timeout_s=spec.timeout_s,
+                      scoring="all")
+    public = TestSpec(tests=[outcome.failing[0]], pythonpath=spec.pythonpath, timeout_s=spec.timeout_s)
+    return {
+        "id": f"{package}.{mutation.operator}.{mutation.key}",
+        "instruction": instruction(package, outcome.failing, outcome.messages),
+        "split": split,
+        "repo": _snapshot(mutated).model_dump(mode="json"),
+        "public_tests": public.model_dump(mode="json", exclude_defaults=True),
+        "hidden_tests": hidden.model_dump(mode="json", exclude_defaults=True),
+        "solution": {"files": {mutation.path: original}},
+        "factory": {"package": package, "operator": mutation.operator, "file": mutation.path,
+                    "function": mutation.function, "line": mutation.line, "fail_to_pass": list(outcome.failing),
+                    "pass_to_pass": len(passing)},
+    }

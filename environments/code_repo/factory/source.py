@@ -1,0 +1,151 @@
+"""Where a factory's package comes from: a PyPI source distribution, a local directory or archive, or a
+git repository; unpacked into a directory with no history, no build litter and no documentation tree.
+
+    tree = fetch("pypi:toolz==1.0.0", into=workdir)     # pip download --no-binary :all: --no-deps
+    tree = fetch("./mylib", into=workdir)               # a directory (its .git is never copied)
+    tree = fetch("dist/mylib-1.0.tar.gz", into=workdir) # an sdist on disk
+    tree = fetch("git:../mylib@v1.0", into=workdir)     # a clone of one revision, then its .git removed
+
+Archives are unpacked with the checks a task snapshot gets (snapshot.check_member: no absolute paths,
+no `..`, no links out, no devices): a hostile sdist is refused, not unpacked.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+from core.errors import ConfigError
+from environments.code_repo.snapshot import check_member, git_env
+
+PYPI = re.compile(r"^pypi:(?P<name>[A-Za-z0-9][A-Za-z0-9._-]{0,99})==(?P<version>[A-Za-z0-9][A-Za-z0-9.+!_-]{0,63})$")
+LITTER = {".git", ".hg", ".svn", "__pycache__", ".tox", ".nox", ".eggs", "build", "dist", ".pytest_cache",
+          ".mypy_cache", "docs", "doc", "benchmarks", "bench", ".github", "site"}
+"""Directories never copied into a task's repository (history, caches, build output, documentation)."""
+MAX_FILE_BYTES = 2 * 2**20
+MAX_ARCHIVE_BYTES = 64 * 2**20
+
+
+def name_of(source: str) -> str:
+    """A short name for reports and task ids: `toolz-1.0.0`, `mylib`."""
+    match = PYPI.match(source)
+    if match:
+        return f"{match['name']}-{match['version']}"
+    stem = source.rsplit("@", 1)[0].removeprefix("git:").rstrip("/").rsplit("/", 1)[-1]
+    for suffix in (".tar.gz", ".tgz", ".zip", ".git"):
+        stem = stem.removesuffix(suffix)
+    return re.sub(r"[^A-Za-z0-9._-]", "-", stem)[:80] or "package"
+
+
+def fetch(source: str, *, into: Path) -> Path:
+    """The package's tree under `into` (a directory the caller owns). ConfigError names what went wrong."""
+    into.mkdir(parents=True, exist_ok=True)
+    tree = into / "tree"
+    if source.startswith("pypi:"):
+        match = PYPI.match(source)
+        if match is None:
+            raise ConfigError(f"source: expected pypi:NAME==VERSION, got {source[:200]!r}")
+        _unpack(_download(match["name"], match["version"], into=into / "download"), tree)
+    elif source.startswith("git:"):
+        _clone(source.removeprefix("git:"), tree)
+    else:
+        path = Path(source).expanduser()
+        if path.is_dir():
+            _copy(path, tree)
+        elif path.is_file() and path.name.endswith((".tar.gz", ".tgz", ".zip")):
+            _unpack(path, tree)
+        else:
+            raise ConfigError(f"source: expected pypi:NAME==VERSION, git:REPO[@REV], a directory or an sdist "
+                              f"(.tar.gz, .zip), got {source[:200]!r}")
+    return _project_root(tree)
+
+
+def _download(name: str, version: str, *, into: Path) -> Path:
+    into.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                           "--no-build-isolation", "--dest", str(into), f"{name}=={version}"],
+                          capture_output=True, text=True, timeout=600)
+    archives = [p for p in into.iterdir() if p.name.endswith((".tar.gz", ".zip"))]
+    if done.returncode != 0 or len(archives) != 1:
+        last = (done.stderr.strip().splitlines() or ["no archive"])[-1]
+        raise ConfigError(f"pypi:{name}=={version}: expected one source distribution from pip download, got "
+                          f"{len(archives)} ({last[:200]})")
+    return archives[0]
+
+
+def _unpack(archive: Path, tree: Path) -> None:
+    if archive.stat().st_size > MAX_ARCHIVE_BYTES:
+        raise ConfigError(f"{archive.name}: expected an archive of at most {MAX_ARCHIVE_BYTES} bytes, "
+                          f"got {archive.stat().st_size}")
+    tree.mkdir(parents=True)
+    where = f"source {archive.name}"
+    if archive.name.endswith(".zip"):
+        with zipfile.ZipFile(archive) as zipped:
+            for info in zipped.infolist():
+                member = tarfile.TarInfo(info.filename.rstrip("/"))
+                member.type = tarfile.DIRTYPE if info.is_dir() else tarfile.REGTYPE
+                check_member(member, where=where)
+                if not info.is_dir() and info.file_size <= MAX_FILE_BYTES:
+                    target = tree / member.name
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(zipped.read(info))
+        return
+    try:
+        with tarfile.open(archive, mode="r:*") as tar:
+            for member in tar:
+                check_member(member, where=where)
+                if member.isfile() and member.size <= MAX_FILE_BYTES:
+                    target = tree / member.name
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    handle = tar.extractfile(member)
+                    target.write_bytes(handle.read() if handle else b"")
+                    target.chmod(0o755 if member.mode & 0o111 else 0o644)
+    except (tarfile.TarError, EOFError, OSError) as error:
+        raise ConfigError(f"{where}: expected a readable tar archive, got a broken one ({error})") from None
+
+
+def _copy(path: Path, tree: Path) -> None:
+    shutil.copytree(path, tree, symlinks=True, ignore=lambda _, names: [n for n in names if n in LITTER])
+
+
+def _clone(spec: str, tree: Path) -> None:
+    repository, _, revision = spec.partition("@")
+    if not repository or repository.startswith("-") or (revision and revision.startswith("-")):
+        raise ConfigError(f"source: expected git:REPOSITORY[@REVISION], got {('git:' + spec)[:200]!r}")
+    git = ["git", "-c", "core.fsmonitor=false", "-c", "protocol.file.allow=always"]
+    cloned = subprocess.run([*git, "clone", "--quiet", "--no-checkout", "--", repository, str(tree)],
+                            capture_output=True, text=True, timeout=600, env=git_env())
+    if cloned.returncode == 0:
+        cloned = subprocess.run([*git, "-C", str(tree), "checkout", "--quiet", revision or "HEAD", "--"],
+                                capture_output=True, text=True, timeout=600, env=git_env())
+    if cloned.returncode != 0:
+        raise ConfigError(f"git:{spec[:200]}: expected a repository and revision git can check out, got "
+                          f"{(cloned.stderr.strip().splitlines() or ['an error'])[-1][:200]}")
+    shutil.rmtree(tree / ".git")  # the base commit is the task's only commit: no history to mine
+
+
+def _project_root(tree: Path) -> Path:
+    """The directory holding the project: an sdist's single top-level folder, else the tree itself. Litter
+    (LITTER) and files over MAX_FILE_BYTES are removed; links are kept only when they stay inside."""
+    children = [child for child in tree.iterdir()]
+    root = children[0] if len(children) == 1 and children[0].is_dir() else tree
+    for path in sorted(root.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        relative = path.relative_to(root)
+        if set(relative.parts) & LITTER or relative.parts[0].endswith(".egg-info"):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        elif path.is_symlink():
+            target = (path.parent / path.readlink()).resolve()
+            if not target.is_relative_to(root.resolve()):
+                path.unlink()
+        elif path.is_file() and path.stat().st_size > MAX_FILE_BYTES:
+            path.unlink()
+    return root
+

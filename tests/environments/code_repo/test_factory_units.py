@@ -1,0 +1,192 @@
+"""The task factory's parts that need no sandbox: mutation operators (each one's edit is the bug and
+nothing else), hostile sources, and the instruction an agent reads."""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from core.errors import ConfigError
+from environments.code_repo.factory.mutations import OPERATORS, mutations
+from environments.code_repo.factory.pipeline import _messages, instruction
+from environments.code_repo.factory.source import fetch, name_of
+
+SOURCE = '''"""A module with one of everything the operators change."""
+import functools
+
+
+def clamp(x, lo, hi):
+    """Clamp x into [lo, hi]."""
+    if x < lo:  # below the range
+        return lo
+    elif x > hi and hi is not None:
+        return hi
+    return x
+
+
+@functools.lru_cache(maxsize=None)
+def total(items, start=0):
+    s = start
+    for i in range(len(items) - 1):
+        s += items[i] * 2
+    label = f"{s + 1} items {'x' if s else 'y'}"
+    return max(s, 0), label
+
+
+def bits(a, b, c):
+    return a | b & c, not a or b, a if a in (b, c) else -c
+
+
+class Box:
+    def has(self, key):
+        return self.get(key) is not None == True
+
+    def get(self, key):
+        def inner(k):
+            return k * 3
+        return inner(key)
+'''
+
+
+def _changed_lines(before: str, after: str) -> list[str]:
+    return [line for line in difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0)
+            if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+
+
+def test_every_operator_has_sites_and_each_mutant_is_one_changed_node_in_an_otherwise_identical_file() -> None:
+    found = mutations("mod.py", SOURCE)
+    assert {m.operator for m in found} == set(OPERATORS)
+    original = ast.dump(ast.parse(SOURCE))
+    for mutation in found:
+        mutated = mutation.apply(SOURCE)
+        assert ast.dump(ast.parse(mutated)) != original, mutation
+        changed = _changed_lines(SOURCE, mutated)
+        removed = [line for line in changed if line.startswith("-")]
+        # Only the lines of the mutated node change; everything else (comments, quotes, layout) is the original.
+        assert 1 <= len(removed) <= 4, (mutation, changed)
+        assert mutated.count("# below the range") == SOURCE.count("# below the range") or mutation.operator == "remove_statement"
+        assert mutation.start <= mutation.end and SOURCE[:mutation.start] == mutated[:mutation.start]
+
+
+def test_a_mutant_means_what_the_operator_says_never_a_precedence_slip() -> None:
+    """`a | b & c` with & → | would read as (a | b) | c: the edited text must parse to the tree with that
+    one node changed, else the site is not offered."""
+    for mutation in mutations("mod.py", SOURCE):
+        tree = ast.parse(mutation.apply(SOURCE))
+        assert tree is not None
+    swapped_ops = [m for m in mutations("mod.py", SOURCE) if m.function == "bits" and m.operator == "change_operator"]
+    for mutation in swapped_ops:  # whatever is offered parses as the same shape: a BinOp at the same place
+        text = mutation.apply(SOURCE)
+        assert "a | b | c" not in text, text
+    negations = [m.apply(SOURCE) for m in mutations("mod.py", SOURCE) if m.operator == "negate_condition"]
+    assert "    if not x < lo:  # below the range" in "\n".join(negations)
+    assert "    elif not (x > hi and hi is not None):" in "\n".join(negations)
+
+
+def test_nothing_inside_an_f_string_and_no_docstring_is_touched() -> None:
+    for mutation in mutations("mod.py", SOURCE):
+        mutated = mutation.apply(SOURCE)
+        assert 'label = f"{s + 1} items {\'x\' if s else \'y\'}"' in mutated or mutation.operator == "remove_statement"
+        assert '"""Clamp x into [lo, hi]."""' in mutated
+
+
+def test_only_covered_functions_are_mutated_and_a_decorated_function_is_known_by_either_first_line() -> None:
+    tree = ast.parse(SOURCE)
+    total = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "total")
+    decorator_line = total.decorator_list[0].lineno
+    by_decorator = mutations("mod.py", SOURCE, covered={decorator_line})
+    assert by_decorator and {m.function for m in by_decorator} == {"total"}
+    assert {m.function for m in mutations("mod.py", SOURCE, covered={total.lineno})} == {"total"}
+    inner = {m.function for m in mutations("mod.py", SOURCE)}
+    assert "Box.get.<locals>.inner" in inner and "Box.has" in inner
+    assert mutations("mod.py", SOURCE, covered=set()) == []
+
+
+def test_source_that_does_not_parse_gives_no_mutations() -> None:
+    assert mutations("bad.py", "def broken(:\n    pass\n") == []
+    assert mutations("nul.py", "x = 1\0\n") == []
+
+
+def test_at_most_the_per_function_budget_spread_over_operators() -> None:
+    body = "\n".join(f"    x{i} = a + {i}" for i in range(40))
+    source = f"def long(a):\n{body}\n    return x0\n"
+    found = mutations("long.py", source, per_function=6)
+    assert len(found) == 6
+    assert len({m.operator for m in found}) >= 3
+
+
+def _sdist(path: Path, members: dict[str, bytes], *, links: dict[str, str] | None = None) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for name, target in (links or {}).items():
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+    return path
+
+
+@pytest.mark.parametrize("member", ["../evil.py", "/etc/evil.py", "pkg-1.0/../../evil.py"])
+def test_an_sdist_that_leaves_its_folder_is_refused_in_one_line(tmp_path: Path, member: str) -> None:
+    archive = _sdist(tmp_path / "pkg-1.0.tar.gz", {"pkg-1.0/pkg.py": b"x = 1\n", member: b"boom\n"})
+    with pytest.raises(ConfigError, match="expected paths inside the repository") as caught:
+        fetch(str(archive), into=tmp_path / "work")
+    assert "\n" not in str(caught.value)
+    assert not (tmp_path / "evil.py").exists()
+
+
+def test_an_sdist_link_that_points_out_is_refused(tmp_path: Path) -> None:
+    archive = _sdist(tmp_path / "pkg-1.0.tar.gz", {"pkg-1.0/pkg.py": b"x = 1\n"},
+                     links={"pkg-1.0/secret": "/etc/shadow"})
+    with pytest.raises(ConfigError, match="links that stay inside"):
+        fetch(str(archive), into=tmp_path / "work")
+
+
+def test_history_caches_and_docs_never_reach_a_task(tmp_path: Path) -> None:
+    project = tmp_path / "lib"
+    for path in ("lib/__init__.py", "tests/test_lib.py", ".git/config", "docs/conf.py", "lib/__pycache__/x.pyc",
+                 "lib.egg-info/PKG-INFO"):
+        (project / path).parent.mkdir(parents=True, exist_ok=True)
+        (project / path).write_text("x = 1\n")
+    root = fetch(str(project), into=tmp_path / "work")
+    kept = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+    assert kept == ["lib/__init__.py", "tests/test_lib.py"]
+
+
+@pytest.mark.parametrize("source", ["pypi:toolz", "pypi:../x==1", "pypi:toolz==1.0 --index-url=http://evil",
+                                    "git:--upload-pack=touch /tmp/x", "git:repo@--orphan", "/no/such/dir", "file.whl"])
+def test_a_source_it_cannot_use_is_one_line_naming_what_was_expected(tmp_path: Path, source: str) -> None:
+    with pytest.raises(ConfigError, match="expected") as caught:
+        fetch(source, into=tmp_path / "work")
+    assert "\n" not in str(caught.value)
+    assert not Path("/tmp/x").exists() or source != "git:--upload-pack=touch /tmp/x"
+
+
+def test_names_for_reports() -> None:
+    assert name_of("pypi:toolz==1.0.0") == "toolz-1.0.0"
+    assert name_of("/src/my lib/") == "my-lib"
+    assert name_of("dist/mylib-1.0.tar.gz") == "mylib-1.0"
+    assert name_of("git:../mylib.git@v1") == "mylib"
+
+
+def test_the_instruction_names_failing_tests_and_errors_never_the_place_or_kind_of_the_bug() -> None:
+    log = ("_____ test_clamp_low _____\n    def test_clamp_low():\n>       assert clamp(-1, 0, 5) == 0\n"
+           "E       assert -1 == 0\nE        +  where -1 = clamp(-1, 0, 5)\n"
+           "=========================== short test summary info ============================\n"
+           "FAILED tests/test_lib.py::test_clamp_low - assert -1 == 0\n"
+           "FAILED tests/test_lib.py::test_other[a-b] - AssertionError: assert 'some very long text that the sum...\n")
+    messages = _messages(log)
+    assert messages["tests/test_lib.py::test_clamp_low"] == "assert -1 == 0"
+    text = instruction("lib-1.0", ("tests/test_lib.py::test_clamp_low", "tests/test_lib.py::test_other[a-b]"), messages)
+    assert "tests/test_lib.py::test_clamp_low: assert -1 == 0" in text
+    for leak in ("clamp.py", "flip_comparison", "line", "operator", "mutat"):
+        assert leak not in text.lower(), leak
+    many = tuple(f"t.py::test_{i}" for i in range(9))
+    assert "and 4 more" in instruction("lib", many, {})
