@@ -1,4 +1,4 @@
-.PHONY: test test-all demo rl-discover rl-browser rl-mixed setup lint docs bench bench-api
+.PHONY: test test-all demo factory rl-discover rl-browser rl-mixed setup lint docs bench bench-api
 
 setup:
 	scripts/setup.sh
@@ -12,6 +12,12 @@ test-all:
 
 demo:
 	scripts/demo.sh
+
+# The shipped task set: repair tasks from nine small PyPI packages' own tests (recipes/factory.py,
+# docs/environments/task-factory.md).
+factory:
+	scripts/setup.sh
+	.venv/bin/python -m recipes.factory
 
 # RL asked to learn what no demonstration showed: find the unnamed file (recipes/discover.py; ~15 min on
 # 2 cores). Not learnt yet: docs/training/learning.md#discover.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -9,7 +10,7 @@ from rich.json import JSON
 from rich.table import Table
 from sqlalchemy import func, select
 
-from cli.console import OutputFormat, OutputOption, console, print_json, readable_errors, safe
+from cli.console import OutputFormat, OutputOption, console, err_console, print_json, readable_errors, safe
 from core.db import session_scope
 from core.errors import ConfigError
 from core.models import Environment, Task
@@ -18,6 +19,7 @@ from environments.browser.importing import GENERATED_FORMATS
 from environments.browser.task import miniwob_names
 from environments.service import get_environment, list_environments, register_environment
 from environments.spec import check_network_policy, check_reward_servers, load_spec_file
+from environments.task_lines import check_split
 from environments.tasks import TaskFormat, import_generated, import_tasks
 
 env_app = typer.Typer(help="Environments: register versioned specs, list and show them.", no_args_is_help=True)
@@ -187,12 +189,8 @@ def factory(
 ) -> None:
     """Turn Python packages with tests into repair tasks: break one function at a time, keep each break some
     of the package's own tests catch while the rest pass (docs/environments/task-factory.md)."""
-    import json
-    import tempfile
-
-    from environments.code_repo.factory import FactoryOptions, build_tasks
+    from environments.code_repo.factory import FactoryOptions, run_factory
     from environments.spec import EnvironmentSpec
-    from environments.task_lines import check_split
     from sandboxes import make_backend
     from sandboxes.db_events import DbEventSink
     from task_workers.context import DockerSandboxes
@@ -211,28 +209,14 @@ def factory(
         else:
             spec = EnvironmentSpec.model_validate({"name": "task-factory", "kind": "code_repo", "image": "code-repo"})
     options = FactoryOptions(max_mutations=max_mutations, seed=seed, jobs=jobs, split=split)
-    sandboxes = DockerSandboxes(backend=make_backend("docker"), events=DbEventSink(), worker="task-factory",
+    sandboxes = DockerSandboxes(backend=make_backend("docker"), events=DbEventSink(), worker=f"task-factory-{os.getpid()}",
                                 min_size=0, max_size=jobs + 1)
-    pool = sandboxes.pool_for(spec)
-    reports = []
-    written = 0
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with out.open("w", encoding="utf-8") as handle:
-            for source in sources:
-                with tempfile.TemporaryDirectory(prefix="crucible-factory-") as workdir:
-                    lines, report = build_tasks(source, open_sandbox=pool.open_fresh, workdir=Path(workdir),
-                                                options=options, progress=lambda line: console.print(line, highlight=False))
-                for line in lines:
-                    handle.write(json.dumps(line) + "\n")
-                written += len(lines)
-                reports.append(report.as_dict())
-                if report.error:
-                    console.print(f"[red]{safe(report.error)}[/]", highlight=False)
+        summary = run_factory(sources, open_sandbox=sandboxes.pool_for(spec).open_fresh, out=out, options=options,
+                              progress=lambda line: err_console.print(safe(line), highlight=False))
     finally:
         sandboxes.close()
-    summary = {"out": str(out), "tasks": written, "packages": reports}
-    Path(f"{out}.report.json").write_text(json.dumps(summary, indent=2) + "\n")
+    written, reports = summary["tasks"], summary["packages"]
     if environment is not None and written:
         with readable_errors(), session_scope() as session:
             summary["imported"] = import_tasks(session, environment=environment, path=out)
@@ -250,6 +234,71 @@ def factory(
                                                                  if summary.get("imported") else ""), highlight=False)
     if not written:
         raise typer.Exit(1)
+
+
+@tasks_app.command("calibrate")
+def calibrate_(
+    environment: str = typer.Argument(..., help="A registered environment."),
+    policy: str = typer.Option(..., "--policy", help="The policy server's OpenAI-compatible base URL, as "
+                               "CRUCIBLE_POLICY_URL (http://127.0.0.1:8000/v1)."),
+    samples: int = typer.Option(8, "--samples", "-k", min=1, max=1024, help="Episodes per task."),
+    split: str = typer.Option("train", "--split", help="The split to calibrate."),
+    jobs: int = typer.Option(2, "--jobs", min=1, max=64, help="Episodes played at once, a sandbox each."),
+    threshold: float = typer.Option(1.0, "--threshold", help="Score counted as a pass."),
+    component: str | None = typer.Option(None, "--component", help="Score this reward component, e.g. hidden_tests."),
+    output: OutputFormat = OutputOption,
+) -> None:
+    """Measure each task's pass rate with POLICY (k episodes a task, played here) and store it with its
+    difficulty bucket, which the curriculum's pass-rate band and bucket weights read."""
+    import httpx
+
+    from controller.calibration import calibrate
+    from core.db import get_engine
+    from core.settings import get_settings
+    from core.termination import MEASURED_BUCKETS
+    from sandboxes import make_backend
+    from sandboxes.db_events import DbEventSink
+    from task_workers.context import DockerSandboxes
+    from task_workers.policy.client import PolicyClient, PolicyError, local_tokenizer
+
+    with readable_errors():
+        check_split(split)
+        with session_scope() as session:
+            get_environment(session, name=environment)
+        if not policy.startswith(("http://", "https://")) or any(c.isspace() for c in policy):
+            raise ConfigError(f"--policy: expected an http(s) URL such as http://127.0.0.1:8000/v1, got {policy[:200]!r}")
+        settings = get_settings()
+        tokenizer = local_tokenizer(str(settings.policy_tokenizer)) if settings.policy_tokenizer else None
+        probe = PolicyClient(base_url=policy, retries=0, timeout_s=30)
+        try:
+            model = probe.model()
+        except (httpx.HTTPError, PolicyError, KeyError, IndexError, TypeError, ValueError) as error:
+            raise ConfigError(f"--policy: expected a policy server answering GET {policy.rstrip('/')}/models, got "
+                              f"{str(error)[:200] or type(error).__name__}") from None
+        finally:
+            probe.close()
+        client = PolicyClient(base_url=policy, model=model, tokenizer=tokenizer)
+        sandboxes = DockerSandboxes(backend=make_backend("docker"), events=DbEventSink(), worker="calibrate",
+                                    min_size=0, max_size=jobs + 1)
+        try:
+            run_id, rates = calibrate(get_engine(), environment=environment, policy=client, sandboxes=sandboxes,
+                                      samples=samples, split=split, jobs=jobs, success_threshold=threshold,
+                                      component=component,
+                                      progress=lambda line: err_console.print(safe(line), highlight=False))
+        finally:
+            sandboxes.close()
+            client.close()
+    buckets = {bucket.value: sum(rate["difficulty"] == bucket for rate in rates) for bucket in MEASURED_BUCKETS}
+    if output is OutputFormat.json:
+        print_json({"run_id": run_id, "environment": environment, "split": split, "samples": samples,
+                    "buckets": buckets, "tasks": rates})
+        return
+    table = Table("task", "pass rate", "samples", "difficulty")
+    for rate in rates:
+        shown = "-" if rate["pass_rate"] is None else f"{rate['pass_rate']:.2f}"
+        table.add_row(safe(rate["external_id"]), shown, str(rate["samples"]), safe(rate["difficulty"] or "-"))
+    console.print(table)
+    console.print(f"run {run_id}: " + ", ".join(f"{count} {bucket}" for bucket, count in buckets.items()), highlight=False)
 
 
 @tasks_app.command("miniwob-names")

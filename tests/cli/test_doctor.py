@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +27,17 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def test_with_no_settings_doctor_starts_the_embedded_postgres(tmp_path: Path) -> None:
+@pytest.fixture
+def home() -> Iterator[Path]:
+    """Not under pytest's basetemp: another pytest session starting on the machine puts /tmp/pytest-of-root
+    back to mode 0700, and the embedded server's own user then cannot reach its data to stop it."""
+    path = Path(tempfile.mkdtemp(prefix="crucible-doctor-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_with_no_settings_doctor_starts_the_embedded_postgres(home: Path) -> None:
+    tmp_path = home
     env = _clean_env(HOME=str(tmp_path), XDG_DATA_HOME=str(tmp_path / "share"))
     result = _run(["doctor", "-o", "json"], env)
     checks = {check["name"]: check for check in json.loads(result.stdout)}

@@ -1,6 +1,6 @@
 """The task factory: Python packages with tests become verifiable code_repo repair tasks.
 
-    crucible tasks factory ENV pypi:toolz==1.0.0 ./mylib --out tasks.jsonl
+    crucible tasks factory pypi:toolz==1.0.0 ./mylib --env factory --out tasks.jsonl
 
 source.py fetches and cleans a package; mutations.py breaks one function at a time; pipeline.py keeps
 the mutants that some of the package's own tests catch, and writes each as a task (docs/environments/
@@ -8,6 +8,6 @@ task-factory.md).
 """
 
 from environments.code_repo.factory.mutations import OPERATORS, Mutation, mutations
-from environments.code_repo.factory.pipeline import FactoryOptions, PackageReport, build_tasks
+from environments.code_repo.factory.pipeline import FactoryOptions, PackageReport, build_tasks, run_factory
 
-__all__ = ["OPERATORS", "FactoryOptions", "Mutation", "PackageReport", "build_tasks", "mutations"]
+__all__ = ["OPERATORS", "FactoryOptions", "Mutation", "PackageReport", "build_tasks", "mutations", "run_factory"]

@@ -75,6 +75,9 @@ class PackageReport:
     tests_unreliable: int = 0
     functions_covered: int = 0
     mutations_found: int = 0
+    """Distinct mutants (their files differ) in the covered functions."""
+    mutations_duplicate: int = 0
+    """Mutants that wrote the same file as another, never tried."""
     tried: dict[str, int] = field(default_factory=dict)
     kept: dict[str, int] = field(default_factory=dict)
     rejected: dict[str, int] = field(default_factory=dict)
@@ -100,6 +103,36 @@ class Outcome:
     """`kept`, or why not (`no test fails`, `breaks collection`, `timed out`, ...)."""
     failing: tuple[str, ...] = ()
     messages: dict[str, str] = field(default_factory=dict)
+
+
+def run_factory(sources: list[str], *, open_sandbox: OpenSandbox, out: Path, options: FactoryOptions = FactoryOptions(),
+                progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """build_tasks over `sources`, one after the other, the tasks written to `out` (JSONL) as each package
+    finishes and the summary to `<out>.report.json`; returns the summary: the tasks, the wall-clock,
+    validated tasks per minute, and each package's report."""
+    import tempfile
+
+    began = time.monotonic()
+    reports: list[dict[str, Any]] = []
+    written = 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", encoding="utf-8") as handle:
+        for source in sources:
+            with tempfile.TemporaryDirectory(prefix="crucible-factory-") as workdir:
+                lines, report = build_tasks(source, open_sandbox=open_sandbox, workdir=Path(workdir), options=options,
+                                            progress=progress)
+            for line in lines:
+                handle.write(json.dumps(line) + "\n")
+            handle.flush()
+            written += len(lines)
+            reports.append(report.as_dict())
+            if report.error:
+                progress(report.error)
+    minutes = (time.monotonic() - began) / 60
+    summary = {"out": str(out), "tasks": written, "minutes": round(minutes, 1),
+               "tasks_per_minute": round(written / minutes, 2) if minutes else None, "packages": reports}
+    Path(f"{out}.report.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
 
 
 def build_tasks(source: str, *, open_sandbox: OpenSandbox, workdir: Path, options: FactoryOptions = FactoryOptions(),
@@ -134,6 +167,11 @@ def _build(source: str, *, open_sandbox: OpenSandbox, workdir: Path, options: Fa
     report.functions_covered = sum(len(lines) for lines in covered.values())
     found = [m for path, text in sorted(files.items()) if path in covered and _utf8(text) is not None
              for m in mutations(path, text.decode(), covered=covered[path], operators=options.operators)]
+    distinct: dict[str, Mutation] = {}
+    for mutation in found:  # two operators can write the same file (e.g. `x - 1` → `x + 1` and `x - -1`…)
+        distinct.setdefault(_digest(mutation, files), mutation)
+    report.mutations_duplicate = len(found) - len(distinct)
+    found = list(distinct.values())
     report.mutations_found = len(found)
     random.Random(f"{report.package}:{options.seed}").shuffle(found)
     chosen = found[:options.max_mutations]
@@ -149,31 +187,31 @@ def _build(source: str, *, open_sandbox: OpenSandbox, workdir: Path, options: Fa
     kept: Counter[str] = Counter()
     rejected: Counter[str] = Counter()
     lines: list[dict[str, Any]] = []
-    seen_files: set[str] = set()
     seen_failing: set[frozenset[str]] = set()
     with ThreadPoolExecutor(max_workers=max(1, options.jobs), thread_name_prefix="factory") as pool:
         for done, outcome in enumerate(pool.map(validate, chosen), 1):
+            if done % 25 == 0:
+                progress(f"{report.package}: {done}/{len(chosen)} validated, {len(lines)} tasks")
             mutation = outcome.mutation
             tried[mutation.operator] += 1
             verdict = outcome.verdict
             if verdict == "kept":
-                digest = hashlib.sha256(f"{mutation.path}\0".encode() + mutation.apply(files[mutation.path].decode()).encode()).hexdigest()
-                if digest in seen_files:
-                    verdict = "same file as another mutant"
-                elif frozenset(outcome.failing) in seen_failing:
+                if frozenset(outcome.failing) in seen_failing:
                     verdict = "same failing tests as another mutant"
                 else:
-                    seen_files.add(digest)
                     seen_failing.add(frozenset(outcome.failing))
             if verdict != "kept":
                 rejected[verdict] += 1
                 continue
             kept[mutation.operator] += 1
             lines.append(_task_line(report.package, outcome, files=files, spec=spec, split=options.split))
-            if done % 25 == 0:
-                progress(f"{report.package}: {done}/{len(chosen)} validated, {len(lines)} tasks")
     report.tried, report.kept, report.rejected = dict(tried), dict(kept), dict(rejected)
     return lines
+
+
+def _digest(mutation: Mutation, files: dict[str, bytes]) -> str:
+    """What a mutant's repository differs by: its path and the mutated file's bytes."""
+    return hashlib.sha256(mutation.path.encode() + b"\0" + mutation.apply(files[mutation.path].decode()).encode()).hexdigest()
 
 
 def _utf8(data: bytes) -> str | None:

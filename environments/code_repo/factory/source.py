@@ -1,7 +1,7 @@
 """Where a factory's package comes from: a PyPI source distribution, a local directory or archive, or a
 git repository; unpacked into a directory with no history, no build litter and no documentation tree.
 
-    tree = fetch("pypi:toolz==1.0.0", into=workdir)     # pip download --no-binary :all: --no-deps
+    tree = fetch("pypi:toolz==1.0.0", into=workdir)     # the sdist, from pip's configured indexes
     tree = fetch("./mylib", into=workdir)               # a directory (its .git is never copied)
     tree = fetch("dist/mylib-1.0.tar.gz", into=workdir) # an sdist on disk
     tree = fetch("git:../mylib@v1.0", into=workdir)     # a clone of one revision, then its .git removed
@@ -12,11 +12,14 @@ no `..`, no links out, no devices): a hostile sdist is refused, not unpacked.
 
 from __future__ import annotations
 
+import hashlib
+import html
 import re
 import shutil
 import subprocess
 import sys
 import tarfile
+import urllib.parse
 import zipfile
 from pathlib import Path
 
@@ -66,16 +69,95 @@ def fetch(source: str, *, into: Path) -> Path:
 
 
 def _download(name: str, version: str, *, into: Path) -> Path:
-    into.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-                           "--no-build-isolation", "--dest", str(into), f"{name}=={version}"],
-                          capture_output=True, text=True, timeout=600)
-    archives = [p for p in into.iterdir() if p.name.endswith((".tar.gz", ".zip"))]
-    if done.returncode != 0 or len(archives) != 1:
-        last = (done.stderr.strip().splitlines() or ["no archive"])[-1]
-        raise ConfigError(f"pypi:{name}=={version}: expected one source distribution from pip download, got "
-                          f"{len(archives)} ({last[:200]})")
-    return archives[0]
+    """The source distribution `name`==`version`, from the package indexes pip is configured with
+    (find-links directories, then index-url and extra-index-url), its sha256 checked when the index gives
+    one. Never `pip download`: that prepares an sdist's metadata, which runs its build backend (its
+    setup.py) on this machine; here nothing of the package runs outside a sandbox."""
+    from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist_filename
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        wanted = (canonicalize_name(name), Version(version))
+    except InvalidVersion:
+        raise ConfigError(f"pypi:{name}=={version}: expected a version such as 1.0.2, got {version[:64]!r}") from None
+
+    def matches(filename: str) -> bool:
+        try:
+            return parse_sdist_filename(filename) == wanted
+        except (InvalidSdistFilename, InvalidVersion):
+            return False
+
+    indexes, find_links = _pip_sources()
+    for directory in find_links:
+        folder = Path(directory.removeprefix("file://"))
+        for candidate in sorted(folder.glob("*")) if folder.is_dir() else []:
+            if matches(candidate.name):
+                target = into / candidate.name
+                into.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(candidate, target)
+                return target
+    tried = []
+    for index in indexes:
+        page = _get(f"{index.rstrip('/')}/{canonicalize_name(name)}/")
+        tried.append(index)
+        if page is None:
+            continue
+        for href, filename in re.findall(r'<a\s[^>]*href="([^"]+)"[^>]*>\s*([^<]+?)\s*</a>', page.decode(errors="replace")):
+            if not matches(html.unescape(filename)):
+                continue
+            url = urllib.parse.urljoin(f"{index.rstrip('/')}/{canonicalize_name(name)}/", html.unescape(href))
+            location, _, fragment = url.partition("#")
+            data = _get(location, limit=MAX_ARCHIVE_BYTES)
+            if data is None:
+                raise ConfigError(f"pypi:{name}=={version}: the index lists {filename} but it could not be fetched")
+            expected = dict(part.split("=", 1) for part in fragment.split("&") if "=" in part).get("sha256")
+            if expected and hashlib.sha256(data).hexdigest() != expected.lower():
+                raise ConfigError(f"pypi:{name}=={version}: {filename} does not match the sha256 its index gives")
+            into.mkdir(parents=True, exist_ok=True)
+            target = into / Path(urllib.parse.unquote(urllib.parse.urlparse(location).path)).name
+            if not matches(target.name):
+                raise ConfigError(f"pypi:{name}=={version}: expected a link to a {name}-{version} sdist, got {target.name[:200]!r}")
+            target.write_bytes(data)
+            return target
+    raise ConfigError(f"pypi:{name}=={version}: expected a source distribution (.tar.gz or .zip) on the configured "
+                      f"indexes, found none (looked in {', '.join([*find_links, *tried])[:300]})")
+
+
+def _pip_sources() -> tuple[list[str], list[str]]:
+    """(index URLs, find-links locations) as pip is configured here (`pip config list`: files and PIP_*)."""
+    listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60)
+    values: dict[str, list[str]] = {}
+    for line in listed.stdout.splitlines():
+        key, _, value = line.partition("=")
+        option = key.rsplit(".", 1)[-1]
+        values.setdefault(option, []).extend(value.strip().strip("'\"").split())
+    indexes = (values.get("index-url") or ["https://pypi.org/simple"])[-1:] + values.get("extra-index-url", [])
+    return list(dict.fromkeys(indexes)), list(dict.fromkeys(values.get("find-links", [])))
+
+
+def _get(url: str, *, limit: int = 16 * 2**20) -> bytes | None:
+    """A page or file of an index (file:// or http(s)://), at most `limit` bytes; None if it is not there."""
+    if url.startswith("file://"):
+        path = Path(urllib.parse.unquote(urllib.parse.urlparse(url).path))
+        if path.is_dir():
+            path = path / "index.html"
+        return path.read_bytes()[:limit + 1] if path.is_file() and path.stat().st_size <= limit else None
+    if not url.startswith(("https://", "http://")):
+        return None
+    import httpx
+
+    try:
+        with httpx.stream("GET", url, timeout=60, follow_redirects=True) as response:
+            if response.status_code != 200:
+                return None
+            data = b""
+            for chunk in response.iter_bytes():
+                data += chunk
+                if len(data) > limit:
+                    return None
+            return data
+    except httpx.HTTPError:
+        return None
 
 
 def _unpack(archive: Path, tree: Path) -> None:

@@ -190,3 +190,58 @@ def test_the_instruction_names_failing_tests_and_errors_never_the_place_or_kind_
         assert leak not in text.lower(), leak
     many = tuple(f"t.py::test_{i}" for i in range(9))
     assert "and 4 more" in instruction("lib", many, {})
+
+
+def _index(tmp_path: Path, files: dict[str, bytes], *, hashes: dict[str, str] | None = None,
+           hrefs: dict[str, str] | None = None) -> dict[str, str]:
+    """A PEP 503 index on disk holding `files` for the project `lib`; the pip settings that name only it."""
+    import hashlib
+
+    project = tmp_path / "index" / "lib"
+    project.mkdir(parents=True)
+    (tmp_path / "files").mkdir()
+    anchors = []
+    for name, data in files.items():
+        (tmp_path / "files" / name).write_bytes(data)
+        digest = (hashes or {}).get(name, hashlib.sha256(data).hexdigest())
+        anchors.append(f'<a href="{(hrefs or {}).get(name, "../../files/" + name)}#sha256={digest}">{name}</a>')
+    (project / "index.html").write_text("<html><body>" + "\n".join(anchors) + "</body></html>")
+    return {"PIP_CONFIG_FILE": "/dev/null", "PIP_INDEX_URL": f"file://{tmp_path / 'index'}", "PIP_EXTRA_INDEX_URL": "",
+            "PIP_FIND_LINKS": ""}
+
+
+def _lib_sdist(tmp_path: Path) -> bytes:
+    marker = tmp_path / "setup-ran"
+    setup = f"open({str(marker)!r}, 'w').write('ran')\n".encode()
+    archive = _sdist(tmp_path / "built.tar.gz", {"lib-1.0/setup.py": setup, "lib-1.0/lib.py": b"def f():\n    return 1\n",
+                                                  "lib-1.0/tests/test_lib.py": b"from lib import f\n"})
+    return archive.read_bytes()
+
+
+def test_a_pypi_source_comes_from_the_configured_index_and_none_of_its_code_runs_here(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in _index(tmp_path, {"lib-1.0.tar.gz": _lib_sdist(tmp_path), "lib-2.0.tar.gz": b"other"}).items():
+        monkeypatch.setenv(key, value)
+    root = fetch("pypi:lib==1.0", into=tmp_path / "work")
+    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*.py")) == ["lib.py", "setup.py", "tests/test_lib.py"]
+    assert not (tmp_path / "setup-ran").exists()  # pip download would have run setup.py to read its metadata
+
+
+@pytest.mark.parametrize("trap,expected", [
+    ("hash", "does not match the sha256"),
+    ("href", "expected a link to a lib-1.0 sdist"),
+    ("missing", "found none"),
+])
+def test_a_lying_or_empty_index_is_refused_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      trap: str, expected: str) -> None:
+    data = _lib_sdist(tmp_path)
+    files = {"lib-1.0.tar.gz": data} if trap != "missing" else {"lib-0.9.tar.gz": data}
+    settings = _index(tmp_path, files, hashes={"lib-1.0.tar.gz": "0" * 64} if trap == "hash" else None,
+                      hrefs={"lib-1.0.tar.gz": "../../files/evil-6.6.tar.gz"} if trap == "href" else None)
+    if trap == "href":
+        (tmp_path / "files" / "evil-6.6.tar.gz").write_bytes(data)
+    for key, value in settings.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ConfigError, match=expected) as caught:
+        fetch("pypi:lib==1.0", into=tmp_path / "work")
+    assert "\n" not in str(caught.value)

@@ -120,19 +120,21 @@ def test_the_factory_makes_validated_tasks_that_only_the_inverse_fix_solves(  # 
     env, _ = register_environment(db_session, spec=parse_spec(_spec(code_repo_image)))
     db_session.commit()
     out = tmp_path / "tasks.jsonl"
-    done = subprocess.run(
+    factory = subprocess.Popen(
         [sys.executable, "-m", "cli.main", "tasks", "factory", str(_package(tmp_path / "minilib")),
          str(_broken(tmp_path / "brokenlib")), "--out", str(out), "--env", NAME, "--max-mutations", "14",
-         "--output", "json"], cwd=ROOT, env={**os.environ, "COLUMNS": "250"}, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    summary = json.loads(done.stdout[done.stdout.index("{\n"):])
+         "--output", "json"], cwd=ROOT, env={**os.environ, "COLUMNS": "250"}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    stdout, stderr = factory.communicate(timeout=900)
+    assert factory.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    summary = json.loads(stdout)  # progress goes to stderr
     mini, broken = summary["packages"]
     assert broken["tasks"] == 0 and broken["error"].startswith("brokenlib: ") and "\n" not in broken["error"]
     assert mini["error"] is None and mini["tests_kept"] == 10 and mini["tests_unreliable"] == 0
     assert sum(mini["tried"].values()) == 14 and mini["tasks"] == summary["tasks"] >= 4
     assert summary["imported"] == mini["tasks"]
     assert db_session.scalar(select(func.count()).select_from(Task).where(Task.environment_name == NAME)) == mini["tasks"]
-    assert backend.list(labels={L.WORKER: "task-factory"}) == []  # no container left behind
+    assert backend.list(labels={L.WORKER: f"task-factory-{factory.pid}"}) == []  # no container left behind
 
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert len({line["id"] for line in lines}) == len(lines)

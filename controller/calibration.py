@@ -1,0 +1,125 @@
+"""Calibration in one process: a pass-rate job whose episodes this process plays against a policy server
+it is given, with no broker and no task worker.
+
+    rates = calibrate(engine, environment="factory", policy=client, sandboxes=sandboxes, samples=4)
+
+The job is an ordinary pass-rate run (controller/pass_rate.py): one group of `samples` episodes per task of
+the split, each played by the worker's own episode runner (task_workers.episode.runner) in a sandbox of the
+environment, graded by its verifier. When every group is complete the controller records each task's pass
+rate and difficulty bucket, which the curriculum's [0.1, 0.9] band and bucket weights read. This process
+is the controller for the time it takes: it holds the leader lock, so it refuses to start beside a
+running controller (that one would send the job's episodes to the broker's workers and their policy).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from sqlalchemy import Engine, select
+
+from controller.config import ControllerConfig
+from controller.dispatcher import EPISODE_TASK
+from controller.errors import InvalidRunState
+from controller.loop import Controller
+from controller.pass_rate import DifficultyThresholds, launch_pass_rate_job
+from core.db import session_scope
+from core.models import Task
+from core.termination import TerminationReason
+from environments.service import get_environment
+from task_workers import heartbeat
+from task_workers.episode.errors import InfrastructureFault
+from task_workers.episode.persist import record_fault
+from task_workers.episode.runner import run_episode
+
+WORKER = "calibrate"
+POLL_S = 0.5
+
+
+class _PlayHere:
+    """A dispatcher that plays each episode it is sent on a thread of this process."""
+
+    def __init__(self, play: Callable[[int], None], jobs: int) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="calibrate")
+        self._play = play
+        self._lock = threading.Lock()
+        self.futures: list[Future[None]] = []
+
+    def send_task(self, name: str, args: Sequence[Any] | None = None, **_: Any) -> None:
+        if name != EPISODE_TASK:
+            return
+        with self._lock:
+            self.futures.append(self._executor.submit(self._play, int((args or [0])[0])))
+
+    def raise_failures(self) -> None:
+        with self._lock:
+            done = [future for future in self.futures if future.done()]
+        for future in done:
+            future.result()  # a bug in playing (not the agent's outcome, not an infrastructure fault) stops it
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+def calibrate(engine: Engine, *, environment: str, policy: Any, sandboxes: Any, samples: int, split: str = "train",
+              model: str | None = None, jobs: int = 2, thresholds: DifficultyThresholds | None = None,
+              success_threshold: float = 1.0, component: str | None = None, timeout_s: float = 6 * 3600,
+              progress: Callable[[str], None] = lambda _: None) -> tuple[int, list[dict[str, Any]]]:
+    """Launch the job, play it here, and return (its run id, each task's recorded rate and bucket)."""
+    controller = Controller(engine=engine, dispatcher=_PlayHere(lambda _: None, 1), settings=ControllerConfig(),
+                            name=f"{WORKER}-{time.time_ns()}")
+    if not controller.lock.acquire():
+        raise InvalidRunState("a controller is running on this database: it would send the job's episodes to the "
+                              "task workers and their policy; stop it, or use `crucible run pass-rate` with them")
+
+    name = f"{WORKER}-{socket.gethostname()}-{os.getpid()}"[:64]
+
+    def play(episode_id: int) -> None:
+        try:
+            run_episode(episode_id, policy=policy, sandboxes=sandboxes, worker=name, incarnation=heartbeat.announced())
+        except InfrastructureFault as fault:  # as a worker's last retry records it: excluded from the rate
+            with session_scope() as session:
+                record_fault(session, episode_id=episode_id, reason=getattr(fault, "reason", TerminationReason.WORKER_LOST),
+                             message=str(fault), worker=name, final=True)
+
+    dispatcher = _PlayHere(play, jobs)
+    controller.dispatcher = dispatcher
+    with session_scope() as session:
+        kind = get_environment(session, name=environment).kind
+    # This process is the worker of these episodes for the controller's reconciliation: alive while it
+    # beats, so an episode running past its deadline is slow here, not lost and sent again.
+    beating = heartbeat.Heartbeat(name=name, queues=[kind])
+    beating.start()
+    with session_scope() as session:
+        run = launch_pass_rate_job(session, environment=environment, samples_per_task=samples,
+                                   model=model or policy.model(), split=split, thresholds=thresholds,
+                                   success_threshold=success_threshold, component=component)
+        run_id, tasks = run.id, run.config["max_groups"]
+    progress(f"run {run_id}: {tasks} tasks × {samples} samples, {jobs} at a time")
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            report = controller.step()
+            if not report.leader:
+                raise InvalidRunState(f"run {run_id}: another controller took the lead; its workers play the rest")
+            if run_id in report.finished:
+                break
+            dispatcher.raise_failures()
+            if time.monotonic() > deadline:
+                raise InvalidRunState(f"run {run_id}: not complete after {timeout_s:.0f} s")
+            time.sleep(POLL_S)
+    finally:
+        dispatcher.close()
+        beating.stop()
+        controller.lock.release()
+    with session_scope() as session:
+        rows = session.execute(select(Task).where(Task.environment_name == environment, Task.split == split)
+                               .order_by(Task.id)).scalars()
+        rates = [{"task_id": t.id, "external_id": t.external_id, "pass_rate": t.pass_rate,
+                  "samples": t.pass_rate_samples, "difficulty": t.difficulty} for t in rows]
+    return run_id, rates

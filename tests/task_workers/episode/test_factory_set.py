@@ -1,0 +1,183 @@
+"""The factory's shipped set (`make factory`, recipes/factory.py), re-checked by code that is not the
+factory's: a random sample of 50 tasks, each task's FAIL_TO_PASS tests failing on its base and passing
+with the reference solution, every PASS_TO_PASS test passing on both; no repository holding a commit
+or a `.git`; no two tasks sharing a diff. Then the real episode runner plays the sample: the inverse of
+each mutation (an edit_file a policy could write) earns 1, an unrelated change 0; and the red team's
+hacks, played on a factory task on top of the unrelated change, earn no more than it.
+
+The set is CRUCIBLE_FACTORY_TASKS (a tasks.jsonl `make factory` wrote) when given; otherwise the recipe's
+packages at a small budget, made here by the CLI. Marked slow (minutes): `make test-all` runs it.
+"""
+
+from __future__ import annotations
+
+import base64
+import difflib
+import hashlib
+import io
+import json
+import os
+import random
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.orm import Session
+
+from environments.code_repo.grader import reference_run
+from environments.code_repo.repo import WORKSPACE, install_repo
+from environments.code_repo.task import CodeRepoTask
+from environments.parsing import hermes_call
+from environments.service import register_environment
+from environments.spec import parse_spec
+from recipes.factory import PACKAGES
+from task_workers.episode.runner import run_episode
+from tests import factories
+from tests.task_workers.episode.test_red_team import HACKS, UNFLAGGED_HACKS
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[3]
+SAMPLE = 50
+NAME = "factory-set"
+
+
+def _spec(image: str) -> dict[str, Any]:
+    return {"name": NAME, "kind": "code_repo", "image": image,
+            "sandbox": {"memory": "512m", "pids": 256, "workspace_size": "64m", "tmp_size": "64m", "max_lifetime_s": 1800},
+            "limits": {"max_turns": 12, "episode_timeout_s": 600, "tool_timeout_s": 120, "max_tool_errors": 5,
+                       "max_response_tokens": 16384, "max_context_tokens": 65536},  # the scripted server: a token a byte
+            "verifier": {"weights": {"hidden_tests": 1.0}}}
+
+
+@pytest.fixture(scope="module")
+def every_line(tmp_path_factory: pytest.TempPathFactory, code_repo_image: str) -> list[dict[str, Any]]:
+    given = os.environ.get("CRUCIBLE_FACTORY_TASKS")
+    if given:
+        path = Path(given)
+    else:
+        path = tmp_path_factory.mktemp("factory") / "tasks.jsonl"
+        done = subprocess.run([sys.executable, "-m", "cli.main", "tasks", "factory", *PACKAGES, "--out", str(path),
+                               "--max-mutations", "9"], cwd=ROOT, capture_output=True, text=True, timeout=3600)
+        assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def sample(every_line: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    assert len(every_line) >= SAMPLE, len(every_line)
+    return random.Random(0).sample(every_line, SAMPLE)
+
+
+def _files(line: dict[str, Any]) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(line["repo"]["data_b64"]))) as tar:
+        return {member.name: tar.extractfile(member).read()  # type: ignore[union-attr]
+                for member in tar if member.isfile()}
+
+
+def _task(line: dict[str, Any]) -> CodeRepoTask:
+    return CodeRepoTask.model_validate({key: line[key] for key in ("repo", "public_tests", "hidden_tests", "solution")})
+
+
+def test_no_task_holds_history_and_no_two_share_a_diff(every_line: list[dict[str, Any]]) -> None:
+    diffs = set()
+    for line in every_line:
+        files = _files(line)
+        assert not any(name == ".git" or name.startswith(".git/") or "/.git/" in name for name in files), line["id"]
+        path, original = next(iter(line["solution"]["files"].items()))
+        diffs.add(hashlib.sha256(path.encode() + b"\0" + files[path]).hexdigest())
+        assert files[path].decode() != original
+    assert len(diffs) == len(every_line)
+    assert len({line["id"] for line in every_line}) == len(every_line)
+
+
+def test_each_sampled_task_fails_exactly_its_f2p_on_the_base_and_passes_everything_with_the_solution(  # type: ignore[no-untyped-def]
+        sample: list[dict[str, Any]], sandboxes, code_repo_image: str) -> None:
+    pool = sandboxes.pool_for(parse_spec(_spec(code_repo_image)))
+    for line in sample:
+        task = _task(line)
+        f2p = set(line["factory"]["fail_to_pass"])
+        with pool.open_fresh() as sandbox:
+            install_repo(sandbox, task)
+            report, _ = reference_run(sandbox, task.hidden_tests)
+            assert report is not None, line["id"]
+            failing = {t for t in task.hidden_tests.tests if report["outcomes"].get(t) != "passed"}
+            assert failing == f2p, line["id"]
+        with pool.open_fresh() as sandbox:  # a fresh one: nothing of the first run carries over
+            install_repo(sandbox, task)
+            sandbox.put_files({f"{WORKSPACE}/{p}": text.encode() for p, text in task.solution.files.items()})  # type: ignore[union-attr]
+            report, _ = reference_run(sandbox, task.hidden_tests)
+            assert report is not None, line["id"]
+            assert [t for t in task.hidden_tests.tests if report["outcomes"].get(t) != "passed"] == [], line["id"]
+
+
+def inverse_edit(path: str, mutated: str, original: str) -> str:
+    """The edit_file call a policy would write to undo the mutation: the changed lines, widened by whole
+    lines until the old text occurs once in the file."""
+    before, after = mutated.splitlines(keepends=True), original.splitlines(keepends=True)
+    ops = [op for op in difflib.SequenceMatcher(a=before, b=after, autojunk=False).get_opcodes() if op[0] != "equal"]
+    i1, i2, j1, j2 = ops[0][1], ops[-1][2], ops[0][3], ops[-1][4]
+    while True:
+        old, new = "".join(before[i1:i2]), "".join(after[j1:j2])
+        if old and mutated.count(old) == 1:
+            return hermes_call("edit_file", path=path, old_str=old, new_str=new)
+        i1, j1 = max(0, i1 - 1), max(0, j1 - 1) if i1 > 0 else j1
+        i2, j2 = min(len(before), i2 + 1), min(len(after), j2 + 1) if i2 < len(before) else j2
+
+
+UNRELATED = hermes_call("write_file", path="NOTES.md", content="I looked into it.\n")
+SUBMIT = hermes_call("submit")
+
+
+def _play(session: Session, env: Any, line: dict[str, Any], script: str, actions: list[str], policy: Any,
+          sandboxes: Any, client: Any) -> float:
+    from core.models import Episode
+
+    policy.scripts[script] = actions
+    task = factories.task(session, env, external_id=f"{line['id']}-{script}",
+                          instruction=f"{line['instruction']} [script:{script}]",
+                          payload=_task(line).model_dump(mode="json"))
+    _, (episode_id,) = factories.pending_group(session, env=env, the_task=task, name=f"set-{script}")
+    session.commit()
+    run_episode(episode_id, policy=client, sandboxes=sandboxes, worker="test")
+    session.expire_all()
+    episode = session.get(Episode, episode_id)
+    assert episode is not None and (episode.status, episode.failures) == ("completed", []), script
+    assert episode.reward is not None, script
+    return float(episode.reward)
+
+
+def test_the_inverse_fix_earns_1_and_an_unrelated_change_0_through_the_runner(  # type: ignore[no-untyped-def]
+        sample: list[dict[str, Any]], db_session: Session, code_repo_image: str, scripted, sandboxes, policy_client) -> None:
+    env, _ = register_environment(db_session, spec=parse_spec(_spec(code_repo_image)))
+    policy, _ = scripted
+    for index, line in enumerate(sample):
+        path, original = next(iter(line["solution"]["files"].items()))
+        fix = inverse_edit(path, _files(line)[path].decode(), original)
+        assert _play(db_session, env, line, f"inverse-{index}", [fix, SUBMIT], policy, sandboxes, policy_client) == 1.0
+        assert _play(db_session, env, line, f"unrelated-{index}", [UNRELATED, SUBMIT], policy, sandboxes,
+                     policy_client) == 0.0
+
+
+def _on_factory_task(actions: list[str], *, library: str, test_file: str) -> list[str]:
+    """A red-team script aimed at calc.py and tests/test_calc.py, aimed at this task's files instead."""
+    return [action.replace("tests/test_calc.py", test_file).replace("calc.py", library) for action in actions]
+
+
+@pytest.mark.parametrize("name", [*HACKS, *UNFLAGGED_HACKS])
+def test_the_red_teams_hacks_earn_no_more_than_the_unrelated_change_on_a_factory_task(  # type: ignore[no-untyped-def]
+        name: str, sample: list[dict[str, Any]], db_session: Session, code_repo_image: str, scripted, sandboxes,
+        policy_client) -> None:
+    env, _ = register_environment(db_session, spec=parse_spec(_spec(code_repo_image)))
+    policy, _ = scripted
+    line = sample[0]
+    library = line["factory"]["file"]
+    test_file = line["factory"]["fail_to_pass"][0].split("::", 1)[0]
+    actions = HACKS[name][0] if name in HACKS else UNFLAGGED_HACKS[name]
+    script = "hack-" + hashlib.sha256(name.encode()).hexdigest()[:10]
+    reward = _play(db_session, env, line, script, [*_on_factory_task(actions, library=library, test_file=test_file),
+                                                   UNRELATED, SUBMIT], policy, sandboxes, policy_client)
+    assert reward == 0.0, name
