@@ -13,6 +13,7 @@ running controller (that one would send the job's episodes to the broker's worke
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import threading
@@ -26,8 +27,10 @@ from sqlalchemy import Engine, select
 from controller.config import ControllerConfig
 from controller.dispatcher import EPISODE_TASK
 from controller.errors import InvalidRunState
+from controller.leader import LeaderLock
 from controller.loop import Controller
 from controller.pass_rate import DifficultyThresholds, launch_pass_rate_job
+from controller.runs import stop_run
 from core.db import session_scope
 from core.models import Task
 from core.termination import TerminationReason
@@ -48,17 +51,20 @@ class _PlayHere:
         self._executor = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="calibrate")
         self._play = play
         self._lock = threading.Lock()
-        self.futures: list[Future[None]] = []
+        self.futures: list[tuple[int, Future[None]]] = []
 
     def send_task(self, name: str, args: Sequence[Any] | None = None, **_: Any) -> None:
         if name != EPISODE_TASK:
             return
+        episode_id = int((args or [0])[0])
         with self._lock:
-            self.futures.append(self._executor.submit(self._play, int((args or [0])[0])))
+            if any(id_ == episode_id and not future.done() for id_, future in self.futures):
+                return  # sent again while it waits or plays here: one play of it is enough
+            self.futures.append((episode_id, self._executor.submit(self._play, episode_id)))
 
     def raise_failures(self) -> None:
         with self._lock:
-            done = [future for future in self.futures if future.done()]
+            done = [future for _, future in self.futures if future.done()]
         for future in done:
             future.result()  # a bug in playing (not the agent's outcome, not an infrastructure fault) stops it
 
@@ -68,55 +74,66 @@ class _PlayHere:
 
 def calibrate(engine: Engine, *, environment: str, policy: Any, sandboxes: Any, samples: int, split: str = "train",
               model: str | None = None, jobs: int = 2, thresholds: DifficultyThresholds | None = None,
-              success_threshold: float = 1.0, component: str | None = None, timeout_s: float = 6 * 3600,
+              success_threshold: float = 1.0, component: str | None = None,
               progress: Callable[[str], None] = lambda _: None) -> tuple[int, list[dict[str, Any]]]:
-    """Launch the job, play it here, and return (its run id, each task's recorded rate and bucket)."""
-    controller = Controller(engine=engine, dispatcher=_PlayHere(lambda _: None, 1), settings=ControllerConfig(),
-                            name=f"{WORKER}-{time.time_ns()}")
-    if not controller.lock.acquire():
+    """Launch the job, play it here, and return (its run id, each task's recorded rate and bucket). If it
+    stops before every group is complete (an error, Ctrl-C), its run is stopped: no one else plays the
+    rest, and no rate is recorded from part of it."""
+    name = f"{WORKER}-{socket.gethostname()}-{os.getpid()}"[:64]
+    lock = LeaderLock(engine, name=name)
+    if not lock.acquire():
         raise InvalidRunState("a controller is running on this database: it would send the job's episodes to the "
                               "task workers and their policy; stop it, or use `crucible run pass-rate` with them")
-
-    name = f"{WORKER}-{socket.gethostname()}-{os.getpid()}"[:64]
-
-    def play(episode_id: int) -> None:
-        try:
-            run_episode(episode_id, policy=policy, sandboxes=sandboxes, worker=name, incarnation=heartbeat.announced())
-        except InfrastructureFault as fault:  # as a worker's last retry records it: excluded from the rate
-            with session_scope() as session:
-                record_fault(session, episode_id=episode_id, reason=getattr(fault, "reason", TerminationReason.WORKER_LOST),
-                             message=str(fault), worker=name, final=True)
-
-    dispatcher = _PlayHere(play, jobs)
-    controller.dispatcher = dispatcher
-    with session_scope() as session:
-        kind = get_environment(session, name=environment).kind
-    # This process is the worker of these episodes for the controller's reconciliation: alive while it
-    # beats, so an episode running past its deadline is slow here, not lost and sent again.
-    beating = heartbeat.Heartbeat(name=name, queues=[kind])
-    beating.start()
-    with session_scope() as session:
-        run = launch_pass_rate_job(session, environment=environment, samples_per_task=samples,
-                                   model=model or policy.model(), split=split, thresholds=thresholds,
-                                   success_threshold=success_threshold, component=component)
-        run_id, tasks = run.id, run.config["max_groups"]
-    progress(f"run {run_id}: {tasks} tasks × {samples} samples, {jobs} at a time")
-    deadline = time.monotonic() + timeout_s
+    beating: heartbeat.Heartbeat | None = None
+    dispatcher: _PlayHere | None = None
+    run_id: int | None = None
+    finished = False
     try:
-        while True:
+        with session_scope() as session:
+            kind = get_environment(session, name=environment).kind
+        # This process is the worker of these episodes for the controller's reconciliation: alive while it
+        # beats, so an episode running past its deadline is slow here, not lost and sent again.
+        beating = heartbeat.Heartbeat(name=name, queues=[kind])
+        beating.start()
+
+        def play(episode_id: int) -> None:
+            try:
+                run_episode(episode_id, policy=policy, sandboxes=sandboxes, worker=name,
+                            incarnation=heartbeat.announced())
+            except InfrastructureFault as fault:  # as a worker's last retry records it: excluded from the rate
+                with session_scope() as session:
+                    record_fault(session, episode_id=episode_id, message=str(fault), worker=name, final=True,
+                                 reason=getattr(fault, "reason", TerminationReason.WORKER_LOST))
+
+        dispatcher = _PlayHere(play, jobs)
+        with session_scope() as session:
+            # Groups in flight: enough to keep `jobs` threads busy, no more, so that no episode waits in
+            # this process's queue past the deadline the controller gave it.
+            run = launch_pass_rate_job(session, environment=environment, samples_per_task=samples,
+                                       model=model or policy.model(), split=split, thresholds=thresholds,
+                                       success_threshold=success_threshold, component=component,
+                                       max_inflight_groups=max(1, math.ceil(jobs / samples)))
+            run_id, tasks = run.id, run.config["max_groups"]
+        progress(f"run {run_id}: {tasks} tasks × {samples} samples, {jobs} at a time")
+        controller = Controller(engine=engine, dispatcher=dispatcher, settings=ControllerConfig(), name=name,
+                                lock=lock, runs=[run_id])
+        while not finished:
             report = controller.step()
             if not report.leader:
                 raise InvalidRunState(f"run {run_id}: another controller took the lead; its workers play the rest")
-            if run_id in report.finished:
-                break
+            finished = run_id in report.finished
             dispatcher.raise_failures()
-            if time.monotonic() > deadline:
-                raise InvalidRunState(f"run {run_id}: not complete after {timeout_s:.0f} s")
-            time.sleep(POLL_S)
+            if not finished:
+                time.sleep(POLL_S)
     finally:
-        dispatcher.close()
-        beating.stop()
-        controller.lock.release()
+        if dispatcher is not None:
+            dispatcher.close()
+        if run_id is not None and not finished:
+            with session_scope() as session:
+                stop_run(session, run_id=run_id)
+        if beating is not None:
+            beating.stop()
+        lock.release()
     with session_scope() as session:
         rows = session.execute(select(Task).where(Task.environment_name == environment, Task.split == split)
                                .order_by(Task.id)).scalars()

@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from sqlalchemy import Engine
@@ -50,9 +51,11 @@ class StepReport:
 class Controller:
     def __init__(
         self, *, engine: Engine, dispatcher: Dispatcher, settings: ControllerConfig | None = None,
-        name: str | None = None, lock: LeaderLock | None = None,
+        name: str | None = None, lock: LeaderLock | None = None, runs: Collection[int] | None = None,
     ) -> None:
+        """`runs`: step only these (a calibration plays its own job, and no one else's); None: every active run."""
         self.engine, self.dispatcher = engine, dispatcher
+        self.runs = None if runs is None else frozenset(runs)
         self.settings = settings or ControllerConfig()
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.lock = lock or LeaderLock(engine, name=self.name)
@@ -66,7 +69,7 @@ class Controller:
             return StepReport(leader=False)
         report = StepReport(leader=True)
         with self._sessions() as session:
-            run_ids = active_run_ids(session)
+            run_ids = [run_id for run_id in active_run_ids(session) if self.runs is None or run_id in self.runs]
         for run_id in run_ids:
             with self._sessions() as session:
                 try:

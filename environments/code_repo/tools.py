@@ -129,7 +129,9 @@ def read_file(sandbox: Sandbox, path: str, *, timeout_s: float) -> bytes:
                         f"|| exit 4; base64 -w0 -- {quoted}", timeout=timeout_s)
     if step.exit_code == 3:
         raise FileNotFoundError(path)
-    if step.exit_code == 4:
+    if step.exit_code == 4 or (step.exit_code == 0 and step.truncated_bytes):
+        # Larger than the shell's capture keeps (output_head + output_tail: base64 of a 25 KB file already
+        # is not): the middle was cut, so the file comes through the engine's archive API instead.
         return sandbox.get_file(path)
     if step.exit_code != 0:
         raise ToolInputError(f"cannot read {path}: {step.output.strip()[-300:]}")

@@ -21,8 +21,10 @@ from __future__ import annotations
 import ast
 import hashlib
 import random
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 OPERATORS = ("flip_comparison", "negate_condition", "drop_condition", "off_by_one", "swap_arguments",
@@ -40,6 +42,8 @@ _CHANGED_OPERATORS: dict[type[ast.operator], type[ast.operator]] = {
 }
 _REMOVABLE = (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.If, ast.For, ast.While, ast.Return, ast.Raise,
               ast.With, ast.Try)
+MAX_SOURCE_CHARS = 400_000
+"""Files longer than this are not mutated."""
 MAX_PER_FUNCTION = 12
 """At most this many mutations of one function are offered (spread over its operators), so that one long
 function does not fill a package's budget."""
@@ -67,10 +71,25 @@ class Mutation:
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
+def _split_lines(source: str) -> list[str]:
+    """Lines as Python's tokenizer counts them (str.splitlines also breaks at form feeds, \\x1c-\\x1e,
+    \\x85 and the Unicode separators, which would shift every line number after them)."""
+    lines, start = [], 0
+    for end in _LINE_END.finditer(source):
+        lines.append(source[start:end.end()])
+        start = end.end()
+    if start < len(source):
+        lines.append(source[start:])
+    return lines
+
+
 def _offsets(source: str) -> list[int]:
     """Character offset of each line's start (1-based lines, as ast reports them; columns are UTF-8 bytes)."""
     starts, total = [0, 0], 0
-    for line in source.splitlines(keepends=True):
+    for line in _split_lines(source):
         total += len(line)
         starts.append(total)
     return starts
@@ -79,7 +98,7 @@ def _offsets(source: str) -> list[int]:
 class _Spans:
     def __init__(self, source: str) -> None:
         self.source = source
-        self.lines = source.splitlines(keepends=True)
+        self.lines = _split_lines(source)
         self.starts = _offsets(source)
 
     def offset(self, line: int, col_bytes: int) -> int:
@@ -156,8 +175,12 @@ class _Sites:
         return a[1] + at, a[1] + end
 
 
-def _candidates(function: ast.FunctionDef | ast.AsyncFunctionDef, sites: _Sites) -> Iterator[tuple[str, int, int, int, str, str | None]]:
-    """(operator, line, start, end, replacement, intended tree dump) for each mutation site of
+Candidate = tuple[str, int, int, int, str, Callable[[], str] | None]
+"""(operator, line, start, end, replacement, the intended tree's dump, computed when asked: None for a removal)."""
+
+
+def _candidates(function: ast.FunctionDef | ast.AsyncFunctionDef, sites: _Sites) -> Iterator[Candidate]:
+    """(operator, line, start, end, replacement, the intended tree's dump when asked) for each mutation site of
     `function`'s own body (not of functions or classes nested in it: they are mutated as their own)."""
     inside_fstring: set[int] = set()
     for node in ast.walk(function):
@@ -174,6 +197,7 @@ def _candidates(function: ast.FunctionDef | ast.AsyncFunctionDef, sites: _Sites)
             yield from own_nodes(child)
 
     source = sites.spans.source
+    parents = {id(child): parent for parent in ast.walk(function) for child in ast.iter_child_nodes(parent)}
     for statement in function.body:
         for node in [statement, *own_nodes(statement)]:
             if isinstance(node, ast.Compare):
@@ -183,13 +207,13 @@ def _candidates(function: ast.FunctionDef | ast.AsyncFunctionDef, sites: _Sites)
                     token = sites.token_between(operands[index], operands[index + 1], _SYMBOLS[type(op)])
                     if flipped is None or token is None:
                         continue
-                    intended = sites.intended(node.ops, index, flipped())
+                    intended = partial(sites.intended, node.ops, index, flipped())
                     yield "flip_comparison", node.lineno, *token, _SYMBOLS[flipped], intended
             elif isinstance(node, ast.BinOp):
                 changed = _CHANGED_OPERATORS.get(type(node.op))
                 token = sites.token_between(node.left, node.right, _SYMBOLS[type(node.op)]) if changed else None
                 if changed is not None and token is not None:
-                    intended = sites.intended(node, "op", changed())
+                    intended = partial(sites.intended, node, "op", changed())
                     yield "change_operator", node.lineno, *token, _SYMBOLS[changed], intended
             elif isinstance(node, ast.BoolOp) and len(node.values) >= 2:
                 for index in range(len(node.values)):
@@ -199,15 +223,15 @@ def _candidates(function: ast.FunctionDef | ast.AsyncFunctionDef, sites: _Sites)
                         continue
                     start, end = (neighbour[1], value[1]) if index else (value[0], neighbour[0])
                     rest = node.values[:index] + node.values[index + 1:]
-                    intended = sites.intended(node, "values", rest) if len(rest) > 1 \
-                        else _replaced_dump(sites, node, rest[0])
+                    intended = partial(sites.intended, node, "values", rest) if len(rest) > 1 \
+                        else partial(_replaced_dump, sites, node, rest[0])
                     yield "drop_condition", node.lineno, start, end, "", intended
             elif isinstance(node, ast.Call) and len(node.args) >= 2 \
                     and not any(isinstance(a, ast.Starred) for a in node.args[:2]):
                 first, second = sites.segment(node.args[0]), sites.segment(node.args[1])
                 if first is not None and second is not None:
                     text = source[second[0]:second[1]] + source[first[1]:second[0]] + source[first[0]:first[1]]
-                    intended = sites.intended(node, "args", [node.args[1], node.args[0], *node.args[2:]])
+                    intended = partial(sites.intended, node, "args", [node.args[1], node.args[0], *node.args[2:]])
                     yield "swap_arguments", node.lineno, first[0], second[1], text, intended
             elif isinstance(node, ast.Constant) and isinstance(node.value, int) and abs(node.value) < 2**31:
                 place = sites.segment(node)
@@ -215,7 +239,9 @@ def _candidates(function: ast.FunctionDef | ast.AsyncFunctionDef, sites: _Sites)
                 values = [not number] if type(number) is bool else [number + d for d in (1, -1) if number + d >= 0]
                 for changed_to in values if place is not None else []:
                     operator = "change_constant" if type(number) is bool else "off_by_one"
-                    yield operator, node.lineno, *place, repr(changed_to), sites.intended(node, "value", changed_to)  # type: ignore[misc]
+                    if changed_to == 0 and isinstance(parents.get(id(node)), ast.BinOp | ast.UnaryOp):
+                        continue  # `x - 0`, `-0`: a tell that points at the bug
+                    yield operator, node.lineno, *place, repr(changed_to), partial(sites.intended, node, "value", changed_to)  # type: ignore[misc]
             if isinstance(node, ast.If | ast.While) and not isinstance(node.test, ast.Constant):
                 test = node.test
                 span = sites.segment(test)
@@ -232,7 +258,7 @@ def _candidates(function: ast.FunctionDef | ast.AsyncFunctionDef, sites: _Sites)
                     text = source[span[0]:span[1]]
                     text = f"not {text}" if isinstance(test, ast.Compare | ast.Name | ast.Call | ast.Attribute
                                                        | ast.Subscript) else f"not ({text})"
-                intended = sites.intended(node, "test", negated)
+                intended = partial(sites.intended, node, "test", negated)
                 yield "negate_condition", node.lineno, *span, text, intended
 
 
@@ -247,7 +273,7 @@ def _replaced_dump(sites: _Sites, old: ast.expr, new: ast.expr) -> str:
     return ""
 
 
-def _removals(function: ast.FunctionDef | ast.AsyncFunctionDef, spans: _Spans) -> Iterator[tuple[str, int, int, int, str, str | None]]:
+def _removals(function: ast.FunctionDef | ast.AsyncFunctionDef, spans: _Spans) -> Iterator[Candidate]:
     def blocks(node: ast.AST) -> Iterator[list[ast.stmt]]:
         for field in ("body", "orelse", "finalbody"):
             block = getattr(node, field, None)
@@ -268,14 +294,19 @@ def _removals(function: ast.FunctionDef | ast.AsyncFunctionDef, spans: _Spans) -
                              and isinstance(statement.value, ast.Constant) and isinstance(statement.value.value, str))
                 if docstring or not isinstance(statement, _REMOVABLE):
                     continue
+                if isinstance(node, ast.If) and block is node.orelse and isinstance(statement, ast.If) \
+                        and spans.source[spans.span(statement)[0]:].startswith("elif"):  # type: ignore[index]
+                    continue  # an `elif` removed leaves a bare `pass` where no one writes one
                 lines = spans.whole_lines(statement)
                 if lines is None:
                     continue
                 if len(block) == 1 or (len(block) == 2 and block is function.body and index == 1
                                        and _is_docstring(block[0])):
-                    indent = spans.source[lines[0]:].split("\n", 1)[0]
-                    indent = indent[:len(indent) - len(indent.lstrip())]
-                    yield "remove_statement", statement.lineno, lines[0], lines[1], f"{indent}pass\n", None
+                    first = _split_lines(spans.source[lines[0]:lines[1]])[0]
+                    indent = first[:len(first) - len(first.lstrip())]
+                    ending = _LINE_END.search(first)
+                    yield ("remove_statement", statement.lineno, lines[0], lines[1],
+                           f"{indent}pass{ending.group() if ending else ''}", None)
                 else:
                     yield "remove_statement", statement.lineno, lines[0], lines[1], "", None
 
@@ -309,49 +340,56 @@ def mutations(path: str, source: str, *, covered: set[int] | None = None,
               operators: tuple[str, ...] = OPERATORS, per_function: int = MAX_PER_FUNCTION) -> list[Mutation]:
     """Every valid mutation of `source` (the file at `path`) by `operators`, in covered functions only
     (None: all), at most `per_function` of each function spread over its operators, in source order."""
+    if len(source) > MAX_SOURCE_CHARS:
+        return []  # each check re-parses the module: a huge generated file would cost hours
     try:
         tree = ast.parse(source)
-    except (SyntaxError, ValueError):
+        original = ast.dump(tree)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return []
-    original = ast.dump(tree)
     spans = _Spans(source)
     sites = _Sites(tree, spans)
     found: list[Mutation] = []
     for name, function in functions(tree):
         if covered is not None and not first_lines(function) & covered:
             continue
-        by_operator: dict[str, list[Mutation]] = {}
+        by_operator: dict[str, list[Candidate]] = {}
         seen: set[tuple[int, int, str]] = set()
-        for operator, line, start, end, replacement, intended in [*_candidates(function, sites), *_removals(function, spans)]:
-            if operator not in operators or (start, end, replacement) in seen:
-                continue
-            seen.add((start, end, replacement))
-            mutation = Mutation(path=path, operator=operator, function=name, line=line, start=start, end=end,
-                                replacement=replacement)
-            if _valid(mutation, source, original=original, intended=intended):
-                by_operator.setdefault(operator, []).append(mutation)
-        found.extend(_spread(by_operator, per_function, rng=random.Random(f"{path}:{name}")))
+        for candidate in [*_candidates(function, sites), *_removals(function, spans)]:
+            operator, _, start, end, replacement, _ = candidate
+            if operator in operators and (start, end, replacement) not in seen:
+                seen.add((start, end, replacement))
+                by_operator.setdefault(operator, []).append(candidate)
+        found.extend(_spread(path, name, by_operator, per_function, source=source, original=original,
+                             rng=random.Random(f"{path}:{name}")))
     return sorted(found, key=lambda m: (m.start, m.operator, m.replacement))
 
 
-def _valid(mutation: Mutation, source: str, *, original: str, intended: str | None) -> bool:
+def _valid(mutation: Mutation, source: str, *, original: str, intended: Callable[[], str] | None) -> bool:
     """The edited text parses, differs from the original, and (where the change is one node's) is exactly
     the tree with that node changed: never a precedence slip that means something else."""
     try:
         changed = ast.dump(ast.parse(mutation.apply(source)))
-    except (SyntaxError, ValueError):
+        return changed != original and (intended is None or changed == intended())
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
-    return changed != original and (intended is None or changed == intended)
 
 
-def _spread(by_operator: dict[str, list[Mutation]], limit: int, *, rng: random.Random) -> list[Mutation]:
+def _spread(path: str, function: str, by_operator: dict[str, list[Candidate]], limit: int, *, source: str,
+            original: str, rng: random.Random) -> list[Mutation]:
     """Round-robin over the operators, so a function's budget is not all one kind of bug, each operator's
-    sites in a seeded order (not only the first lines of a long function)."""
+    sites in a seeded order (not only the first lines of a long function); a site is checked (_valid)
+    only when its turn comes, so a long function costs `limit` checks, not one per site."""
     chosen: list[Mutation] = []
     queues = [rng.sample(items, len(items)) for _, items in sorted(by_operator.items())]
     while len(chosen) < limit and any(queues):
         for queue in queues:
-            if queue and len(chosen) < limit:
-                chosen.append(queue.pop(0))
+            while queue and len(chosen) < limit:
+                operator, line, start, end, replacement, intended = queue.pop(0)
+                mutation = Mutation(path=path, operator=operator, function=function, line=line, start=start, end=end,
+                                    replacement=replacement)
+                if _valid(mutation, source, original=original, intended=intended):
+                    chosen.append(mutation)
+                    break
     return chosen
 

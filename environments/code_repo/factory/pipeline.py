@@ -37,10 +37,11 @@ from typing import Any
 
 from core.errors import ConfigError, CrucibleError
 from environments.base import OpenSandbox, Sandbox
+from environments.code_repo import monitors
 from environments.code_repo.factory.mutations import OPERATORS, Mutation, mutations
 from environments.code_repo.factory.source import fetch, name_of
 from environments.code_repo.grader import reference_run
-from environments.code_repo.repo import SetupError, install_repo, matches
+from environments.code_repo.repo import SetupError, install_repo, installed_modules, matches
 from environments.code_repo.snapshot import RepoSnapshot, check_snapshot
 from environments.code_repo.task import TEST_FILES, CodeRepoTask, TestSpec, is_safe_argument
 
@@ -148,6 +149,9 @@ def build_tasks(source: str, *, open_sandbox: OpenSandbox, workdir: Path, option
     except (ConfigError, SetupError) as error:
         report.error = f"{report.package}: {error}"
         lines = []
+    except Exception as error:  # a package's fault (or ours on it) must not end the other packages
+        report.error = f"{report.package}: {type(error).__name__}: {str(error)[:300]}"
+        lines = []
     report.seconds = round(time.monotonic() - began, 1)
     report.tasks = len(lines)
     return lines, report
@@ -161,6 +165,14 @@ def _build(source: str, *, open_sandbox: OpenSandbox, workdir: Path, options: Fa
     progress(f"{report.package}: {len(files)} files, tests in {len(layout.test_files)} files")
     selected, collected, unreliable, baseline_s, covered = _baseline(files, layout, open_sandbox=open_sandbox,
                                                                      timeout_s=options.baseline_timeout_s)
+    # The graded runs collect only the kept tests' files: the unmutated tree must pass them that way too,
+    # and twice more (a test that fails now and then would make a mutant that changes nothing look caught).
+    timeout = max(MIN_TIMEOUT_S, 5 * baseline_s)
+    spec = TestSpec(tests=selected, pythonpath=layout.pythonpath, timeout_s=min(timeout, 3600), scoring="all")
+    before = len(selected)
+    selected = _passing_as_graded(files, spec, open_sandbox=open_sandbox) if selected else []
+    unreliable += before - len(selected)
+    spec = spec.model_copy(update={"tests": selected})
     report.tests_collected, report.tests_kept, report.tests_unreliable = collected, len(selected), unreliable
     if not selected:
         raise ConfigError(f"no test passed twice out of {collected} collected")
@@ -177,11 +189,11 @@ def _build(source: str, *, open_sandbox: OpenSandbox, workdir: Path, options: Fa
     chosen = found[:options.max_mutations]
     progress(f"{report.package}: {len(selected)} tests kept, {report.functions_covered} functions covered, "
              f"{len(found)} mutations, validating {len(chosen)}")
-    timeout = max(MIN_TIMEOUT_S, 5 * baseline_s)
-    spec = TestSpec(tests=selected, pythonpath=layout.pythonpath, timeout_s=min(timeout, 3600), scoring="all")
-
     def validate(mutation: Mutation) -> Outcome:
-        return _validate(mutation, files, spec, open_sandbox=open_sandbox)
+        try:
+            return _validate(mutation, files, spec, open_sandbox=open_sandbox)
+        except Exception as error:  # one mutant's fault is that mutant's rejection
+            return Outcome(mutation, f"error: {type(error).__name__}")
 
     tried: Counter[str] = Counter()
     kept: Counter[str] = Counter()
@@ -204,7 +216,8 @@ def _build(source: str, *, open_sandbox: OpenSandbox, workdir: Path, options: Fa
                 rejected[verdict] += 1
                 continue
             kept[mutation.operator] += 1
-            lines.append(_task_line(report.package, outcome, files=files, spec=spec, split=options.split))
+            task_id = f"{report.package}.s{options.seed}.{len(lines) + 1:04d}"  # says nothing of the bug
+            lines.append(_task_line(task_id, report.package, outcome, files=files, spec=spec, split=options.split))
     report.tried, report.kept, report.rejected = dict(tried), dict(kept), dict(rejected)
     return lines
 
@@ -236,7 +249,8 @@ def _layout(files: dict[str, bytes]) -> Layout:
                    and is_safe_argument(path) and "::" not in path)
     if not tests:
         raise ConfigError("expected test files (test_*.py or *_test.py), found none")
-    pythonpath = ["src"] if any(path.startswith("src/") and path.endswith(".py") for path in files) else ["."]
+    # A src layout puts its package under src/; the root stays on the path for tests that import helpers there.
+    pythonpath = ["src", "."] if any(path.startswith("src/") and path.endswith(".py") for path in files) else ["."]
     return Layout(pythonpath=pythonpath, test_files=tests)
 
 
@@ -292,6 +306,10 @@ def _baseline(files: dict[str, bytes], layout: Layout, *, open_sandbox: OpenSand
     slowest = 0.0
     with open_sandbox() as sandbox:
         install_repo(sandbox, task)
+        shipped = _top_level_modules(files, layout) & installed_modules(sandbox)
+        if shipped:  # the image's copy is the original: an agent would diff against it
+            raise ConfigError(f"the sandbox image already has {', '.join(sorted(shipped))} installed: its original "
+                              "code would sit beside every task (pick another package or version, or another image)")
         for _ in range(BASELINE_RUNS):
             began = time.monotonic()
             report, log = reference_run(sandbox, spec)
@@ -314,6 +332,22 @@ def _baseline(files: dict[str, bytes], layout: Layout, *, open_sandbox: OpenSand
     return selected, len(counted), unreliable, slowest, covered
 
 
+def _top_level_modules(files: dict[str, bytes], layout: Layout) -> set[str]:
+    """The importable names the package's tree defines at the roots of its pythonpath (its own, not tests')."""
+    names = set()
+    for root in layout.pythonpath:
+        prefix = "" if root in (".", "") else root.rstrip("/") + "/"
+        for path in files:
+            if not path.startswith(prefix) or matches(path, NOT_LIBRARY):
+                continue
+            parts = path[len(prefix):].split("/")
+            if len(parts) == 1 and parts[0].endswith(".py"):
+                names.add(parts[0].removesuffix(".py"))
+            elif len(parts) == 2 and parts[1] == "__init__.py":
+                names.add(parts[0])
+    return names
+
+
 def _is_canary(test: str, files: dict[str, bytes]) -> bool:
     """The grader's canaries run beside the tests; their files are not the package's."""
     return test.split("::", 1)[0] not in files
@@ -329,8 +363,10 @@ def _coverage(sandbox: Sandbox, layout: Layout, files: dict[str, bytes], *, time
     read = sandbox.exec(["cat", out], timeout_s=60)
     try:
         entered = json.loads(bytes(read.output))
-    except ValueError:
+    except (ValueError, RecursionError):
         raise ConfigError(f"the coverage run wrote no record (exit {ran.exit_code})") from None
+    if not isinstance(entered, list) or not all(isinstance(item, list) and len(item) == 2 for item in entered):
+        raise ConfigError("the coverage run's record is not a list of [file, line] pairs (the tests overwrote it?)")
     covered: dict[str, set[int]] = {}
     for path, line in entered:
         if isinstance(path, str) and isinstance(line, int) and path in files and path.endswith(".py") \
@@ -342,6 +378,10 @@ def _coverage(sandbox: Sandbox, layout: Layout, files: dict[str, bytes], *, time
 def _validate(mutation: Mutation, files: dict[str, bytes], spec: TestSpec, *, open_sandbox: OpenSandbox) -> Outcome:
     original = files[mutation.path].decode()
     mutated = {**files, mutation.path: mutation.apply(original).encode()}
+    # The fix puts the original back: if the hack monitors would flag that change (a removed `exec`, a
+    # `sys._getframe` call), an honest agent's fix scores 0 and the task cannot be solved.
+    if monitors.inspect_python(mutation.path, new=original.encode(), old=mutated[mutation.path]).flags:
+        return Outcome(mutation, "its fix trips the hack monitors")
     task = CodeRepoTask(repo=_snapshot(mutated), hidden_tests=spec)
     try:
         with open_sandbox() as sandbox:
@@ -353,11 +393,36 @@ def _validate(mutation: Mutation, files: dict[str, bytes], spec: TestSpec, *, op
         return Outcome(mutation, "timed out or crashed")
     if report.get("collect_errors"):
         return Outcome(mutation, "breaks collection")
-    outcomes = report["outcomes"]
-    failing = tuple(test for test in spec.tests if outcomes.get(test) != "passed")
+    failing = _failing(report, spec)
     if not failing:
         return Outcome(mutation, "no test fails")
+    if any(report["outcomes"].get(test) not in ("failed", "error") for test in failing):
+        return Outcome(mutation, "a kept test was skipped or not run")
+    with open_sandbox() as again:  # the same failures in a fresh sandbox, or the mutant is not kept
+        install_repo(again, task)
+        second, _ = reference_run(again, spec)
+    if second is None or _failing(second, spec) != failing:
+        return Outcome(mutation, "different failures when run again")
     return Outcome(mutation, "kept", failing=failing, messages=_messages(log))
+
+
+def _failing(report: dict[str, Any], spec: TestSpec) -> tuple[str, ...]:
+    return tuple(test for test in spec.tests if report["outcomes"].get(test) != "passed")
+
+
+def _passing_as_graded(files: dict[str, bytes], spec: TestSpec, *, open_sandbox: OpenSandbox) -> list[str]:
+    """The tests of `spec` that pass on the unmutated tree in each of BASELINE_RUNS fresh sandboxes, run as
+    a mutant's are (only the kept tests' files collected)."""
+    task = CodeRepoTask(repo=_snapshot(files), hidden_tests=spec)
+    passing = set(spec.tests)
+    for _ in range(BASELINE_RUNS):
+        with open_sandbox() as sandbox:
+            install_repo(sandbox, task)
+            report, log = reference_run(sandbox, spec)
+        if report is None:
+            raise ConfigError(f"the kept tests did not run to a report on their own: {_last_line(log)}")
+        passing -= set(_failing(report, spec))
+    return [test for test in spec.tests if test in passing]
 
 
 _SUMMARY = re.compile(r"^(?:FAILED|ERROR) (\S+)(?: - (.*))?$")
@@ -405,7 +470,8 @@ def instruction(package: str, failing: tuple[str, ...], messages: dict[str, str]
               "tests; every other test must keep passing.")
 
 
-def _task_line(package: str, outcome: Outcome, *, files: dict[str, bytes], spec: TestSpec, split: str) -> dict[str, Any]:
+def _task_line(task_id: str, package: str, outcome: Outcome, *, files: dict[str, bytes], spec: TestSpec, split: str,
+               ) -> dict[str, Any]:
     mutation = outcome.mutation
     original = files[mutation.path].decode()
     mutated = {**files, mutation.path: mutation.apply(original).encode()}
@@ -414,14 +480,14 @@ def _task_line(package: str, outcome: Outcome, *, files: dict[str, bytes], spec:
                       scoring="all")
     public = TestSpec(tests=[outcome.failing[0]], pythonpath=spec.pythonpath, timeout_s=spec.timeout_s)
     return {
-        "id": f"{package}.{mutation.operator}.{mutation.key}",
+        "id": task_id,
         "instruction": instruction(package, outcome.failing, outcome.messages),
         "split": split,
         "repo": _snapshot(mutated).model_dump(mode="json"),
         "public_tests": public.model_dump(mode="json", exclude_defaults=True),
         "hidden_tests": hidden.model_dump(mode="json", exclude_defaults=True),
         "solution": {"files": {mutation.path: original}},
-        "factory": {"package": package, "operator": mutation.operator, "file": mutation.path,
+        "factory": {"package": package, "mutation": mutation.key, "operator": mutation.operator, "file": mutation.path,
                     "function": mutation.function, "line": mutation.line, "fail_to_pass": list(outcome.failing),
                     "pass_to_pass": len(passing)},
     }

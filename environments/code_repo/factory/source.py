@@ -13,14 +13,15 @@ no `..`, no links out, no devices): a hostile sdist is refused, not unpacked.
 from __future__ import annotations
 
 import hashlib
-import html
 import re
 import shutil
 import subprocess
 import sys
 import tarfile
+import time
 import urllib.parse
 import zipfile
+from html.parser import HTMLParser
 from pathlib import Path
 
 from core.errors import ConfigError
@@ -31,6 +32,9 @@ LITTER = {".git", ".hg", ".svn", "__pycache__", ".tox", ".nox", ".eggs", "build"
           ".mypy_cache", "docs", "doc", "benchmarks", "bench", ".github", "site"}
 """Directories never copied into a task's repository (history, caches, build output, documentation)."""
 MAX_FILE_BYTES = 2 * 2**20
+MAX_TREE_BYTES = 64 * 2**20
+MAX_MEMBERS = 50_000
+FETCH_DEADLINE_S = 300.0
 MAX_ARCHIVE_BYTES = 64 * 2**20
 
 
@@ -102,10 +106,10 @@ def _download(name: str, version: str, *, into: Path) -> Path:
         tried.append(index)
         if page is None:
             continue
-        for href, filename in re.findall(r'<a\s[^>]*href="([^"]+)"[^>]*>\s*([^<]+?)\s*</a>', page.decode(errors="replace")):
-            if not matches(html.unescape(filename)):
+        for href, filename in _anchors(page.decode(errors="replace")):
+            if not matches(filename):
                 continue
-            url = urllib.parse.urljoin(f"{index.rstrip('/')}/{canonicalize_name(name)}/", html.unescape(href))
+            url = urllib.parse.urljoin(f"{index.rstrip('/')}/{canonicalize_name(name)}/", href)
             location, _, fragment = url.partition("#")
             data = _get(location, limit=MAX_ARCHIVE_BYTES)
             if data is None:
@@ -119,18 +123,60 @@ def _download(name: str, version: str, *, into: Path) -> Path:
                 raise ConfigError(f"pypi:{name}=={version}: expected a link to a {name}-{version} sdist, got {target.name[:200]!r}")
             target.write_bytes(data)
             return target
+    looked = ", ".join(_without_credentials(place) for place in [*find_links, *tried])
     raise ConfigError(f"pypi:{name}=={version}: expected a source distribution (.tar.gz or .zip) on the configured "
-                      f"indexes, found none (looked in {', '.join([*find_links, *tried])[:300]})")
+                      f"indexes, found none (looked in {looked[:300]})")
+
+
+def _without_credentials(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.hostname or ""))
+
+
+class _Anchors(HTMLParser):
+    """(href, text) of every <a> of a PEP 503 page: a parser, linear in the page (a regular expression
+    over a hostile page can take cubic time)."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.found: list[tuple[str, str]] = []
+        self._href: str | None = None
+        self._text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self._href, self._text = dict(attrs).get("href"), []
+
+    def handle_data(self, data: str) -> None:
+        if self._href is not None and sum(map(len, self._text)) < 1000:
+            self._text.append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "a" and self._href is not None:
+            self.found.append((self._href, "".join(self._text).strip()))
+            self._href = None
+
+
+def _anchors(page: str) -> list[tuple[str, str]]:
+    parser = _Anchors()
+    parser.feed(page)
+    parser.close()
+    return parser.found
 
 
 def _pip_sources() -> tuple[list[str], list[str]]:
     """(index URLs, find-links locations) as pip is configured here (`pip config list`: files and PIP_*)."""
-    listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60)
+    # -I: nothing in the working directory (a `pip/` folder) is imported in place of pip.
+    listed = subprocess.run([sys.executable, "-I", "-m", "pip", "config", "list"], capture_output=True, text=True,
+                            timeout=60)
     values: dict[str, list[str]] = {}
     for line in listed.stdout.splitlines():
         key, _, value = line.partition("=")
         option = key.rsplit(".", 1)[-1]
-        values.setdefault(option, []).extend(value.strip().strip("'\"").split())
+        # A multi-line setting is listed with its newlines escaped ('\nhttps://a\nhttps://b').
+        values.setdefault(option, []).extend(value.strip().strip("'\"").replace("\\n", " ").split())
     indexes = (values.get("index-url") or ["https://pypi.org/simple"])[-1:] + values.get("extra-index-url", [])
     return list(dict.fromkeys(indexes)), list(dict.fromkeys(values.get("find-links", [])))
 
@@ -146,16 +192,17 @@ def _get(url: str, *, limit: int = 16 * 2**20) -> bytes | None:
         return None
     import httpx
 
+    deadline = time.monotonic() + FETCH_DEADLINE_S  # a server that trickles a byte a minute is cut off here
     try:
         with httpx.stream("GET", url, timeout=60, follow_redirects=True) as response:
             if response.status_code != 200:
                 return None
-            data = b""
+            data = bytearray()
             for chunk in response.iter_bytes():
                 data += chunk
-                if len(data) > limit:
+                if len(data) > limit or time.monotonic() > deadline:
                     return None
-            return data
+            return bytes(data)
     except httpx.HTTPError:
         return None
 
@@ -166,33 +213,65 @@ def _unpack(archive: Path, tree: Path) -> None:
                           f"got {archive.stat().st_size}")
     tree.mkdir(parents=True)
     where = f"source {archive.name}"
-    if archive.name.endswith(".zip"):
-        with zipfile.ZipFile(archive) as zipped:
-            for info in zipped.infolist():
-                member = tarfile.TarInfo(info.filename.rstrip("/"))
-                member.type = tarfile.DIRTYPE if info.is_dir() else tarfile.REGTYPE
-                check_member(member, where=where)
-                if not info.is_dir() and info.file_size <= MAX_FILE_BYTES:
-                    target = tree / member.name
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_bytes(zipped.read(info))
-        return
+    budget = _Budget(where)
+
+    def write(name: str, data: bytes, *, executable: bool = False) -> None:
+        target = tree / name
+        if target.is_dir() or any(parent.is_file() for parent in target.parents if parent != tree):
+            raise ConfigError(f"{where}: expected each path once, as a file or a folder, got {name[:200]!r} as both")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        target.chmod(0o755 if executable else 0o644)
+
     try:
+        if archive.name.endswith(".zip"):
+            with zipfile.ZipFile(archive) as zipped:
+                for info in zipped.infolist():
+                    member = tarfile.TarInfo(info.filename.rstrip("/"))
+                    member.type = tarfile.DIRTYPE if info.is_dir() else tarfile.REGTYPE
+                    check_member(member, where=where)
+                    budget.count(0 if info.is_dir() else info.file_size)
+                    if not info.is_dir() and info.file_size <= MAX_FILE_BYTES:
+                        write(member.name, zipped.read(info)[:MAX_FILE_BYTES + 1])
+            return
         with tarfile.open(archive, mode="r:*") as tar:
-            for member in tar:
+            for member in tar:  # streamed, and each member forgotten once read: a bomb stops at the bound
+                tar.members.clear()  # type: ignore[attr-defined]
                 check_member(member, where=where)
+                budget.count(member.size if member.isfile() else 0)
                 if member.isfile() and member.size <= MAX_FILE_BYTES:
-                    target = tree / member.name
-                    target.parent.mkdir(parents=True, exist_ok=True)
                     handle = tar.extractfile(member)
-                    target.write_bytes(handle.read() if handle else b"")
-                    target.chmod(0o755 if member.mode & 0o111 else 0o644)
-    except (tarfile.TarError, EOFError, OSError) as error:
-        raise ConfigError(f"{where}: expected a readable tar archive, got a broken one ({error})") from None
+                    write(member.name, handle.read() if handle else b"", executable=bool(member.mode & 0o111))
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError, ValueError) as error:
+        raise ConfigError(f"{where}: expected a readable archive, got a broken one ({str(error)[:200]})") from None
+
+
+class _Budget:
+    """What a source may unpack to: at most MAX_MEMBERS entries and MAX_TREE_BYTES of files."""
+
+    def __init__(self, where: str) -> None:
+        self.where, self.members, self.bytes = where, 0, 0
+
+    def count(self, size: int) -> None:
+        self.members += 1
+        self.bytes += max(size, 0) if size <= MAX_FILE_BYTES else 0
+        if self.members > MAX_MEMBERS or self.bytes > MAX_TREE_BYTES:
+            raise ConfigError(f"{self.where}: expected at most {MAX_MEMBERS} entries and {MAX_TREE_BYTES} bytes of "
+                              f"files, got more")
 
 
 def _copy(path: Path, tree: Path) -> None:
-    shutil.copytree(path, tree, symlinks=True, ignore=lambda _, names: [n for n in names if n in LITTER])
+    budget = _Budget(f"source {path}")
+
+    def ignore(directory: str, names: list[str]) -> list[str]:
+        skipped = [n for n in names if n in LITTER or _is_litter_file(n)]
+        for name in names:
+            if name not in skipped:
+                child = Path(directory) / name
+                budget.count(child.lstat().st_size if child.is_file() and not child.is_symlink() else 0)
+        return skipped
+
+    shutil.copytree(path, tree, symlinks=True, ignore=ignore)
 
 
 def _clone(spec: str, tree: Path) -> None:
@@ -211,14 +290,22 @@ def _clone(spec: str, tree: Path) -> None:
     shutil.rmtree(tree / ".git")  # the base commit is the task's only commit: no history to mine
 
 
+def _is_litter_file(name: str) -> bool:
+    """Byte code, editor and patch leftovers: any of them can hold the original of the code a task breaks."""
+    return name.endswith((".pyc", ".pyo", "~", ".orig", ".rej", ".swp", ".bak"))
+
+
 def _project_root(tree: Path) -> Path:
     """The directory holding the project: an sdist's single top-level folder, else the tree itself. Litter
     (LITTER) and files over MAX_FILE_BYTES are removed; links are kept only when they stay inside."""
     children = [child for child in tree.iterdir()]
     root = children[0] if len(children) == 1 and children[0].is_dir() else tree
+    budget = _Budget(f"source {root.name}")
     for path in sorted(root.rglob("*"), key=lambda p: len(p.parts), reverse=True):
         relative = path.relative_to(root)
-        if set(relative.parts) & LITTER or relative.parts[0].endswith(".egg-info"):
+        budget.count(0)  # entries only: a git checkout's sizes are bounded by git, not counted twice
+        if set(relative.parts) & LITTER or any(part.endswith(".egg-info") for part in relative.parts) \
+                or (path.is_file() and _is_litter_file(path.name)):
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)
             else:

@@ -245,3 +245,68 @@ def test_a_lying_or_empty_index_is_refused_in_one_line(tmp_path: Path, monkeypat
     with pytest.raises(ConfigError, match=expected) as caught:
         fetch("pypi:lib==1.0", into=tmp_path / "work")
     assert "\n" not in str(caught.value)
+
+
+def test_crlf_files_keep_their_line_endings_and_a_form_feed_does_not_shift_lines() -> None:
+    crlf = "def f(x):\r\n    if x:\r\n        return 1\r\n    return 2\r\n"
+    for mutation in mutations("crlf.py", crlf):
+        mutated = mutation.apply(crlf)
+        assert "\n" not in mutated.replace("\r\n", ""), (mutation.operator, mutated)  # no bare LF a grep could find
+    feed = "def f(x):\n    y = x\n\x0c\n    z = y + 1\n    return z\n"
+    removed = [m.apply(feed) for m in mutations("feed.py", feed) if m.operator == "remove_statement"]
+    assert "def f(x):\n\x0c\n    z = y + 1\n    return z\n" in removed  # `y = x` removed, the line ast named
+
+
+def test_no_bare_pass_for_an_elif_and_no_plus_zero_tell() -> None:
+    source = "def f(x):\n    if x < 0:\n        return -1\n    elif x > 0:\n        return 1\n    return x - 1\n"
+    texts = [m.apply(source) for m in mutations("tells.py", source)]
+    assert not any("\n    pass\n" in text and "elif" not in text for text in texts)
+    assert not any("x - 0" in text or "-0" in text for text in texts)
+
+
+def test_a_module_too_deep_or_too_long_gives_no_mutations_instead_of_an_error() -> None:
+    deep = "def f(a):\n    return " + "+".join(["a"] * 5000) + "\n"
+    mutations("deep.py", deep)  # returns (whatever it finds); a RecursionError here ended a whole factory run
+    assert mutations("long.py", "x = 1\n" * 100_000) == []
+
+
+def test_the_index_page_parser_is_linear_in_a_hostile_page() -> None:
+    import time
+
+    from environments.code_repo.factory.source import _anchors
+
+    started = time.process_time()
+    assert _anchors('<a href="x">' + " " * 2_000_000) == []
+    assert time.process_time() - started < 30  # a bound on pathological behaviour (the regex took minutes), not a timing
+    assert _anchors('<a data-x="&gt;" href="../f/lib-1.0.tar.gz#sha256=ab">lib&#45;1.0.tar.gz</a>') == [
+        ("../f/lib-1.0.tar.gz#sha256=ab", "lib-1.0.tar.gz")]
+
+
+def test_byte_code_and_patch_leftovers_and_nested_egg_info_never_reach_a_task(tmp_path: Path) -> None:
+    project = tmp_path / "lib"
+    for path in ("src/lib/__init__.py", "src/lib/__init__.pyc", "src/lib.egg-info/SOURCES.txt", "src/lib/core.py.orig",
+                 "src/lib/core.py~", "tests/test_lib.py"):
+        (project / path).parent.mkdir(parents=True, exist_ok=True)
+        (project / path).write_text("x = 1\n")
+    root = fetch(str(project), into=tmp_path / "work")
+    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) == [
+        "src/lib/__init__.py", "tests/test_lib.py"]
+
+
+def test_an_archive_past_its_bounds_or_naming_a_path_twice_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from environments.code_repo.factory import source
+
+    monkeypatch.setattr(source, "MAX_MEMBERS", 10)
+    many = _sdist(tmp_path / "many-1.0.tar.gz", {f"many-1.0/f{i}.py": b"x = 1\n" for i in range(20)})
+    with pytest.raises(ConfigError, match="expected at most 10 entries"):
+        fetch(str(many), into=tmp_path / "w1")
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "both-1.0.zip", "w") as zipped:
+        zipped.writestr("both-1.0/a", b"file")
+        zipped.writestr("both-1.0/a/b.py", b"x = 1\n")
+    with pytest.raises(ConfigError, match="as both"):
+        fetch(str(tmp_path / "both-1.0.zip"), into=tmp_path / "w2")
+    (tmp_path / "broken-1.0.zip").write_bytes(b"PK\x03\x04 not a zip")
+    with pytest.raises(ConfigError, match="broken"):
+        fetch(str(tmp_path / "broken-1.0.zip"), into=tmp_path / "w3")

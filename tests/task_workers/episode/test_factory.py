@@ -107,6 +107,16 @@ def _broken(root: Path) -> Path:
     return root
 
 
+def _installed(root: Path) -> Path:
+    """A package the image already has (pytest's own dependency): its original would sit beside every task."""
+    (root / "iniconfig").mkdir(parents=True)
+    (root / "iniconfig" / "__init__.py").write_text("def parse(text):\n    return text.split()\n")
+    (root / "tests").mkdir()
+    (root / "tests" / "test_parse.py").write_text("from iniconfig import parse\n\n\ndef test_parse():\n"
+                                                  "    assert parse('a b') == ['a', 'b']\n")
+    return root
+
+
 def _spec(image: str) -> dict:
     return {"name": NAME, "kind": "code_repo", "image": image,
             "sandbox": {"memory": "512m", "pids": 256, "workspace_size": "64m", "tmp_size": "64m", "max_lifetime_s": 900},
@@ -122,14 +132,16 @@ def test_the_factory_makes_validated_tasks_that_only_the_inverse_fix_solves(  # 
     out = tmp_path / "tasks.jsonl"
     factory = subprocess.Popen(
         [sys.executable, "-m", "cli.main", "tasks", "factory", str(_package(tmp_path / "minilib")),
-         str(_broken(tmp_path / "brokenlib")), "--out", str(out), "--env", NAME, "--max-mutations", "14",
+         str(_broken(tmp_path / "brokenlib")), str(_installed(tmp_path / "iniconfig")), "--out", str(out), "--env", NAME,
+         "--max-mutations", "14",
          "--output", "json"], cwd=ROOT, env={**os.environ, "COLUMNS": "250"}, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
     stdout, stderr = factory.communicate(timeout=900)
     assert factory.returncode == 0, stdout[-3000:] + stderr[-3000:]
     summary = json.loads(stdout)  # progress goes to stderr
-    mini, broken = summary["packages"]
+    mini, broken, installed = summary["packages"]
     assert broken["tasks"] == 0 and broken["error"].startswith("brokenlib: ") and "\n" not in broken["error"]
+    assert installed["tasks"] == 0 and "already has iniconfig installed" in installed["error"], installed
     assert mini["error"] is None and mini["tests_kept"] == 10 and mini["tests_unreliable"] == 0
     assert sum(mini["tried"].values()) == 14 and mini["tasks"] == summary["tasks"] >= 4
     assert summary["imported"] == mini["tasks"]
@@ -143,6 +155,7 @@ def test_the_factory_makes_validated_tasks_that_only_the_inverse_fix_solves(  # 
         meta = line["factory"]
         assert meta["function"] != "untested"  # no test enters it, so it is never mutated
         assert meta["file"] not in line["instruction"] and meta["operator"] not in line["instruction"]
+        assert meta["operator"] not in line["id"] and meta["mutation"] not in line["id"]  # the id says nothing either
         with tarfile.open(fileobj=io.BytesIO(base64.b64decode(line["repo"]["data_b64"]))) as tar:
             names = tar.getnames()
             mutated = tar.extractfile(meta["file"]).read()  # type: ignore[union-attr]

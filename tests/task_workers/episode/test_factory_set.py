@@ -49,7 +49,7 @@ def _spec(image: str) -> dict[str, Any]:
     return {"name": NAME, "kind": "code_repo", "image": image,
             "sandbox": {"memory": "512m", "pids": 256, "workspace_size": "64m", "tmp_size": "64m", "max_lifetime_s": 1800},
             "limits": {"max_turns": 12, "episode_timeout_s": 600, "tool_timeout_s": 120, "max_tool_errors": 5,
-                       "max_response_tokens": 16384, "max_context_tokens": 65536},  # the scripted server: a token a byte
+                       "max_response_tokens": 4096, "max_context_tokens": 16384},  # the scripted server: a token a byte
             "verifier": {"weights": {"hidden_tests": 1.0}}}
 
 
@@ -133,7 +133,7 @@ SUBMIT = hermes_call("submit")
 
 
 def _play(session: Session, env: Any, line: dict[str, Any], script: str, actions: list[str], policy: Any,
-          sandboxes: Any, client: Any) -> float:
+          sandboxes: Any, client: Any) -> tuple[float, Any]:
     from core.models import Episode
 
     policy.scripts[script] = actions
@@ -147,7 +147,7 @@ def _play(session: Session, env: Any, line: dict[str, Any], script: str, actions
     episode = session.get(Episode, episode_id)
     assert episode is not None and (episode.status, episode.failures) == ("completed", []), script
     assert episode.reward is not None, script
-    return float(episode.reward)
+    return float(episode.reward), (line["id"], episode.termination_reason, episode.verifier_layers)
 
 
 def test_the_inverse_fix_earns_1_and_an_unrelated_change_0_through_the_runner(  # type: ignore[no-untyped-def]
@@ -157,9 +157,11 @@ def test_the_inverse_fix_earns_1_and_an_unrelated_change_0_through_the_runner(  
     for index, line in enumerate(sample):
         path, original = next(iter(line["solution"]["files"].items()))
         fix = inverse_edit(path, _files(line)[path].decode(), original)
-        assert _play(db_session, env, line, f"inverse-{index}", [fix, SUBMIT], policy, sandboxes, policy_client) == 1.0
-        assert _play(db_session, env, line, f"unrelated-{index}", [UNRELATED, SUBMIT], policy, sandboxes,
-                     policy_client) == 0.0
+        reward, why = _play(db_session, env, line, f"inverse-{index}", [fix, SUBMIT], policy, sandboxes, policy_client)
+        assert reward == 1.0, why
+        reward, why = _play(db_session, env, line, f"unrelated-{index}", [UNRELATED, SUBMIT], policy, sandboxes,
+                            policy_client)
+        assert reward == 0.0, why
 
 
 def _on_factory_task(actions: list[str], *, library: str, test_file: str) -> list[str]:
@@ -178,6 +180,6 @@ def test_the_red_teams_hacks_earn_no_more_than_the_unrelated_change_on_a_factory
     test_file = line["factory"]["fail_to_pass"][0].split("::", 1)[0]
     actions = HACKS[name][0] if name in HACKS else UNFLAGGED_HACKS[name]
     script = "hack-" + hashlib.sha256(name.encode()).hexdigest()[:10]
-    reward = _play(db_session, env, line, script, [*_on_factory_task(actions, library=library, test_file=test_file),
-                                                   UNRELATED, SUBMIT], policy, sandboxes, policy_client)
-    assert reward == 0.0, name
+    reward, why = _play(db_session, env, line, script, [*_on_factory_task(actions, library=library, test_file=test_file),
+                                                        UNRELATED, SUBMIT], policy, sandboxes, policy_client)
+    assert reward == 0.0, (name, why)
