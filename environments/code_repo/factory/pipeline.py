@@ -425,7 +425,7 @@ def _passing_as_graded(files: dict[str, bytes], spec: TestSpec, *, open_sandbox:
     return [test for test in spec.tests if test in passing]
 
 
-_SUMMARY = re.compile(r"^(?:FAILED|ERROR) (\S+)(?: - (.*))?$")
+_SUMMARY = re.compile(r"^(?:FAILED|ERROR) (.+?)(?: - (.*))?$")  # ids may hold spaces (parametrized)
 _SECTION = re.compile(r"^_{3,} (.+?) _{3,}$")
 
 

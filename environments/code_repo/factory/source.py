@@ -43,10 +43,14 @@ def name_of(source: str) -> str:
     match = PYPI.match(source)
     if match:
         return f"{match['name']}-{match['version']}"
-    stem = source.rsplit("@", 1)[0].removeprefix("git:").rstrip("/").rsplit("/", 1)[-1]
+    revision = ""
+    if source.startswith("git:"):
+        source, revision = _split_revision(source.removeprefix("git:"))
+    stem = source.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
     for suffix in (".tar.gz", ".tgz", ".zip", ".git"):
         stem = stem.removesuffix(suffix)
-    return re.sub(r"[^A-Za-z0-9._-]", "-", stem)[:80] or "package"
+    name = f"{stem}-{revision}" if revision else stem
+    return re.sub(r"[^A-Za-z0-9._-]", "-", name)[:80] or "package"
 
 
 def fetch(source: str, *, into: Path) -> Path:
@@ -274,8 +278,17 @@ def _copy(path: Path, tree: Path) -> None:
     shutil.copytree(path, tree, symlinks=True, ignore=ignore)
 
 
+def _split_revision(spec: str) -> tuple[str, str]:
+    """`REPOSITORY[@REVISION]`: the revision is after the last `@`, when that part is not a host or a path
+    (`git@host:repo.git` and `ssh://git@host/repo` name no revision)."""
+    repository, at, revision = spec.rpartition("@")
+    if not at or not repository or "/" in revision or ":" in revision:
+        return spec, ""
+    return repository, revision
+
+
 def _clone(spec: str, tree: Path) -> None:
-    repository, _, revision = spec.partition("@")
+    repository, revision = _split_revision(spec)
     if not repository or repository.startswith("-") or (revision and revision.startswith("-")):
         raise ConfigError(f"source: expected git:REPOSITORY[@REVISION], got {('git:' + spec)[:200]!r}")
     git = ["git", "-c", "core.fsmonitor=false", "-c", "protocol.file.allow=always"]

@@ -173,7 +173,10 @@ def test_names_for_reports() -> None:
     assert name_of("pypi:toolz==1.0.0") == "toolz-1.0.0"
     assert name_of("/src/my lib/") == "my-lib"
     assert name_of("dist/mylib-1.0.tar.gz") == "mylib-1.0"
-    assert name_of("git:../mylib.git@v1") == "mylib"
+    assert name_of("git:../mylib.git@v1") == "mylib-v1"
+    assert name_of("git:../mylib.git@v2") == "mylib-v2"  # two revisions never share task ids
+    assert name_of("git:git@example.com:team/mylib.git") == "mylib"
+    assert name_of("git:ssh://git@example.com/team/mylib") == "mylib"
 
 
 def test_the_instruction_names_failing_tests_and_errors_never_the_place_or_kind_of_the_bug() -> None:
@@ -181,9 +184,11 @@ def test_the_instruction_names_failing_tests_and_errors_never_the_place_or_kind_
            "E       assert -1 == 0\nE        +  where -1 = clamp(-1, 0, 5)\n"
            "=========================== short test summary info ============================\n"
            "FAILED tests/test_lib.py::test_clamp_low - assert -1 == 0\n"
-           "FAILED tests/test_lib.py::test_other[a-b] - AssertionError: assert 'some very long text that the sum...\n")
+           "FAILED tests/test_lib.py::test_other[a-b] - AssertionError: assert 'some very long text that the sum...\n"
+           "FAILED tests/test_lib.py::test_spaced[a b] - ValueError: bad\n")
     messages = _messages(log)
     assert messages["tests/test_lib.py::test_clamp_low"] == "assert -1 == 0"
+    assert messages["tests/test_lib.py::test_spaced[a b]"] == "ValueError: bad"
     text = instruction("lib-1.0", ("tests/test_lib.py::test_clamp_low", "tests/test_lib.py::test_other[a-b]"), messages)
     assert "tests/test_lib.py::test_clamp_low: assert -1 == 0" in text
     for leak in ("clamp.py", "flip_comparison", "line", "operator", "mutat"):

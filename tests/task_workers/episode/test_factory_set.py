@@ -61,7 +61,7 @@ def every_line(tmp_path_factory: pytest.TempPathFactory, code_repo_image: str) -
     else:
         path = tmp_path_factory.mktemp("factory") / "tasks.jsonl"
         done = subprocess.run([sys.executable, "-m", "cli.main", "tasks", "factory", *PACKAGES, "--out", str(path),
-                               "--max-mutations", "9"], cwd=ROOT, capture_output=True, text=True, timeout=3600)
+                               "--max-mutations", "15"], cwd=ROOT, capture_output=True, text=True, timeout=3600)
         assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads(line) for line in path.read_text().splitlines()]
 
