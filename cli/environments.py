@@ -26,6 +26,15 @@ env_app = typer.Typer(help="Environments: register versioned specs, list and sho
 tasks_app = typer.Typer(help="Tasks: import them into an environment and list them.", no_args_is_help=True)
 
 
+def _quiet_http() -> None:
+    """httpx logs every request at INFO: the factory's index pages and calibration's policy probe are noise
+    ahead of a command's answer or its one-line error. (A worker keeps them: its masked request lines are
+    what tests/task_workers/episode/test_no_secret_in_logs.py greps.)"""
+    import logging
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
 def _env_json(row: Environment) -> dict[str, object]:
     return {"id": row.id, "name": row.name, "version": row.version, "kind": row.kind, "spec_hash": row.spec_hash,
             "created_at": row.created_at, "spec": row.spec}
@@ -195,6 +204,7 @@ def factory(
     from sandboxes.db_events import DbEventSink
     from task_workers.context import DockerSandboxes
 
+    _quiet_http()
     with readable_errors():
         check_split(split)
         if out.exists() and not out.is_file():
@@ -261,6 +271,7 @@ def calibrate_(
     from task_workers.context import DockerSandboxes
     from task_workers.policy.client import PolicyClient, PolicyError, local_tokenizer
 
+    _quiet_http()
     with readable_errors():
         check_split(split)
         with session_scope() as session:

@@ -60,8 +60,6 @@ def _configure(
     # Alembic ≥ 1.16 logs an INFO line per built-in plugin as it is imported (by the migrating commands):
     # noise ahead of their answer or one-line error.
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
-    # httpx logs every request at INFO (the policy probe, a package index page): noise ahead of an answer.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
     redact.install(redact.settings_secrets())  # before any command logs: no credential in any line
 
 
