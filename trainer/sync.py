@@ -109,7 +109,9 @@ class ExportedWeights(torch.nn.Module):
 class Publisher:
     def __init__(self, *, server: PolicyServer | None = None, syncer: WeightSyncer | None = None,
                  replicas: Sequence[Replica] | None = None, probe_ids: list[int],
-                 tolerance: float = DEFAULT_TOLERANCE, retry_s: float = 30.0) -> None:
+                 tolerance: float = DEFAULT_TOLERANCE, retry_s: float = 30.0, silence_grace_s: float = 120.0) -> None:
+        """`silence_grace_s`: how long every replica may fail to answer a re-sync's version check before the
+        publisher gives up (a CPU server busy with a long batch missed one 10 s check, and a trainer exited)."""
         if replicas is None:
             if server is None or syncer is None:
                 given = "server= alone" if server else "syncer= alone" if syncer else "neither"
@@ -126,6 +128,8 @@ class Publisher:
         self.probe_ids = probe_ids
         self.tolerance = tolerance
         self.retry_s = retry_s
+        self.silence_grace_s = silence_grace_s
+        self._silent_since: float | None = None
         self._probe_model: torch.nn.Module | None = None
         self._quarantined: dict[str, tuple[float, str | None]] = {}  # name → (paused at, tag left on)
         self._threads = ThreadPoolExecutor(max_workers=min(len(self.replicas), 32), thread_name_prefix="sync")
@@ -254,8 +258,15 @@ class Publisher:
         behind = [r for r in self.replicas if r not in serving and not isinstance(tags[r.name], WeightSyncError)]
         due = [r for r in behind if self._due(r, tags[r.name])]
         if not serving and not behind:
-            raise WeightSyncError("no policy replica answers: " + _describe(
-                {name: str(tag) for name, tag in tags.items()}, single=len(self.replicas) == 1))
+            now = time.monotonic()
+            self._silent_since = self._silent_since if self._silent_since is not None else now
+            if now - self._silent_since >= self.silence_grace_s:
+                raise WeightSyncError("no policy replica answers: " + _describe(
+                    {name: str(tag) for name, tag in tags.items()}, single=len(self.replicas) == 1))
+            log.warning("no policy replica answered the version check (%s); asking again on the next pass",
+                        "; ".join(f"{name}: {tag}" for name, tag in tags.items())[:500])
+            return None
+        self._silent_since = None
         if not due:
             return None
         log.warning("policy replicas %s report %s, expected %d (restarted or quarantined?): re-syncing",
