@@ -258,9 +258,9 @@ class Publisher:
         behind = [r for r in self.replicas if r not in serving and not isinstance(tags[r.name], WeightSyncError)]
         due = [r for r in behind if self._due(r, tags[r.name])]
         if not serving and not behind:
-            now = time.monotonic()
-            self._silent_since = self._silent_since if self._silent_since is not None else now
-            if now - self._silent_since >= self.silence_grace_s:
+            if self._silent_since is None:
+                self._silent_since = time.monotonic()
+            if time.monotonic() - self._silent_since >= self.silence_grace_s:
                 raise WeightSyncError("no policy replica answers: " + _describe(
                     {name: str(tag) for name, tag in tags.items()}, single=len(self.replicas) == 1))
             log.warning("no policy replica answered the version check (%s); asking again on the next pass",

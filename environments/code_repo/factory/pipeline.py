@@ -27,6 +27,7 @@ import json
 import random
 import re
 import tarfile
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -104,6 +105,8 @@ class Outcome:
     """`kept`, or why not (`no test fails`, `breaks collection`, `timed out`, ...)."""
     failing: tuple[str, ...] = ()
     messages: dict[str, str] = field(default_factory=dict)
+    repo: RepoSnapshot | None = None
+    """The mutated tree as validated (kept mutants): the task's repository, packed once."""
 
 
 def run_factory(sources: list[str], *, open_sandbox: OpenSandbox, out: Path, options: FactoryOptions = FactoryOptions(),
@@ -111,8 +114,6 @@ def run_factory(sources: list[str], *, open_sandbox: OpenSandbox, out: Path, opt
     """build_tasks over `sources`, one after the other, the tasks written to `out` (JSONL) as each package
     finishes and the summary to `<out>.report.json`; returns the summary: the tasks, the wall-clock,
     validated tasks per minute, and each package's report."""
-    import tempfile
-
     began = time.monotonic()
     reports: list[dict[str, Any]] = []
     written = 0
@@ -175,10 +176,10 @@ def _build(source: str, *, open_sandbox: OpenSandbox, workdir: Path, options: Fa
     spec = spec.model_copy(update={"tests": selected})
     report.tests_collected, report.tests_kept, report.tests_unreliable = collected, len(selected), unreliable
     if not selected:
-        raise ConfigError(f"no test passed twice out of {collected} collected")
+        raise ConfigError(f"no test passed every baseline run out of {collected} collected")
     report.functions_covered = sum(len(lines) for lines in covered.values())
-    found = [m for path, text in sorted(files.items()) if path in covered and _utf8(text) is not None
-             for m in mutations(path, text.decode(), covered=covered[path], operators=options.operators)]
+    found = [m for path, data in sorted(files.items()) if path in covered and (text := _utf8(data)) is not None
+             for m in mutations(path, text, covered=covered[path], operators=options.operators)]
     distinct: dict[str, Mutation] = {}
     for mutation in found:  # two operators can write the same file (e.g. `x - 1` → `x + 1` and `x - -1`…)
         distinct.setdefault(_digest(mutation, files), mutation)
@@ -189,6 +190,7 @@ def _build(source: str, *, open_sandbox: OpenSandbox, workdir: Path, options: Fa
     chosen = found[:options.max_mutations]
     progress(f"{report.package}: {len(selected)} tests kept, {report.functions_covered} functions covered, "
              f"{len(found)} mutations, validating {len(chosen)}")
+
     def validate(mutation: Mutation) -> Outcome:
         try:
             return _validate(mutation, files, spec, open_sandbox=open_sandbox)
@@ -403,7 +405,7 @@ def _validate(mutation: Mutation, files: dict[str, bytes], spec: TestSpec, *, op
         second, _ = reference_run(again, spec)
     if second is None or _failing(second, spec) != failing:
         return Outcome(mutation, "different failures when run again")
-    return Outcome(mutation, "kept", failing=failing, messages=_messages(log))
+    return Outcome(mutation, "kept", failing=failing, messages=_messages(log), repo=task.repo)
 
 
 def _failing(report: dict[str, Any], spec: TestSpec) -> tuple[str, ...]:
@@ -473,8 +475,7 @@ def instruction(package: str, failing: tuple[str, ...], messages: dict[str, str]
 def _task_line(task_id: str, package: str, outcome: Outcome, *, files: dict[str, bytes], spec: TestSpec, split: str,
                ) -> dict[str, Any]:
     mutation = outcome.mutation
-    original = files[mutation.path].decode()
-    mutated = {**files, mutation.path: mutation.apply(original).encode()}
+    assert outcome.repo is not None  # a kept mutant's
     passing = [test for test in spec.tests if test not in outcome.failing]
     hidden = TestSpec(tests=[*outcome.failing, *passing], pythonpath=spec.pythonpath, timeout_s=spec.timeout_s,
                       scoring="all")
@@ -483,10 +484,10 @@ def _task_line(task_id: str, package: str, outcome: Outcome, *, files: dict[str,
         "id": task_id,
         "instruction": instruction(package, outcome.failing, outcome.messages),
         "split": split,
-        "repo": _snapshot(mutated).model_dump(mode="json"),
+        "repo": outcome.repo.model_dump(mode="json"),
         "public_tests": public.model_dump(mode="json", exclude_defaults=True),
         "hidden_tests": hidden.model_dump(mode="json", exclude_defaults=True),
-        "solution": {"files": {mutation.path: original}},
+        "solution": {"files": {mutation.path: files[mutation.path].decode()}},
         "factory": {"package": package, "mutation": mutation.key, "operator": mutation.operator, "file": mutation.path,
                     "function": mutation.function, "line": mutation.line, "fail_to_pass": list(outcome.failing),
                     "pass_to_pass": len(passing)},
