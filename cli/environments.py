@@ -145,6 +145,9 @@ def import_(
     format: str = typer.Option("crucible", "--format", "-f",
                                help="crucible or swebench (files); miniwob or shop (generated, browser environments)"),
     repos_dir: Path | None = typer.Option(None, help="Where SWE-bench repositories are cloned."),
+    image: str | None = typer.Option(None, "--image", help="swebench: each instance's own image, a template "
+                                     "with {instance_id} or {instance_key}, e.g. "
+                                     "'swebench/sweb.eval.x86_64.{instance_key}:latest' (repository at /testbed)"),
     tasks: str | None = typer.Option(None, "--tasks", help="miniwob: task names separated by commas, or all (default)"),
     seeds: int | None = typer.Option(None, "--seeds", help="miniwob: seeds per task name (default 10)"),
     seed_start: int | None = typer.Option(None, "--seed-start", help="miniwob: the first seed (default 0)"),
@@ -167,13 +170,16 @@ def import_(
             if given:
                 raise ConfigError(f"{given[0]}: expected only with a generated format ({', '.join(GENERATED_FORMATS)}), "
                                   f"got it with --format {format} (the file's lines are the tasks)")
+        elif image is not None:
+            raise ConfigError(f"--image: expected only with --format swebench, got it with --format {format}")
         elif path is not None or repos_dir is not None:
             raise ConfigError(f"PATH: expected none with --format {format} (its tasks are generated), got "
                               f"{str(path or repos_dir)[:200]!r}")
     with readable_errors(), session_scope() as session:
         if path is not None:
             fmt: TaskFormat = "swebench" if format == "swebench" else "crucible"
-            imported = import_tasks(session, environment=environment, path=path, format=fmt, repos_dir=repos_dir)
+            imported = import_tasks(session, environment=environment, path=path, format=fmt, repos_dir=repos_dir,
+                                    image=image)
         else:
             imported = import_generated(session, environment=environment, format=format, **generated)
     if output is OutputFormat.json:

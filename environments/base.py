@@ -102,6 +102,11 @@ class GraderFault(RuntimeError):
     an infrastructure fault, retried. Whatever the agent caused is a Verdict, never this."""
 
 
+class TaskRefused(RuntimeError):
+    """The task itself is unfit to play (its own image holds the answer): the episode fails at once,
+    never retried (a retry would meet the same task) and never trained on."""
+
+
 class Sandbox(Protocol):
     """The part of a sandbox an environment uses (see sandboxes)."""
 

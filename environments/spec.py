@@ -10,13 +10,22 @@
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from core.config_files import load_model_file, parse_model
 from core.errors import ConfigError
@@ -25,6 +34,10 @@ from core.settings import public_url
 
 SANDBOX_IMAGE_PLACEHOLDER = "crucible/placeholder:validate"
 """The sandbox section has no image of its own (the spec's `image` is resolved at build time)."""
+IMAGE_REF = r"^([a-z0-9][a-z0-9.-]{0,99}(:[0-9]{1,5})?/)?[a-z0-9][a-z0-9._/-]{0,199}(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?(@sha256:[0-9a-f]{64})?$"
+"""A Docker image reference as a task may name one: [registry[:port]/]repository[:tag][@digest]; no options,
+no spaces, nothing a shell or the engine would read as more than a name."""
+_IMAGE_GLOB = r"^[a-z0-9*?\[][a-z0-9._/:@*?\[\]-]*$"
 
 
 class Limits(BaseModel):
@@ -199,6 +212,11 @@ class EnvironmentSpec(BaseModel):
     tool_parser: str = Field(default="hermes", max_length=64)
     """How tool calls are read out of completion text (environments.parsing.PARSERS). The token-in
     completions API that keeps prompts token-exact bypasses vLLM's own tool parsers, so the worker parses."""
+    task_images: list[Annotated[str, Field(min_length=1, max_length=256, pattern=_IMAGE_GLOB)]] = Field(
+        default_factory=list, max_length=64)
+    """Globs of the image tags this environment's tasks may name for themselves (a code_repo task's
+    `image`, e.g. a SWE-bench instance's `sweb.eval.x86_64.*`). Empty: a task naming an image is refused
+    at import. The operator's choice, not the uploader's: a task cannot pick any image on the engine."""
 
     @field_validator("sandbox")
     @classmethod
@@ -220,6 +238,38 @@ class EnvironmentSpec(BaseModel):
         if self.tool_parser not in PARSERS:
             raise ValueError(f"tool_parser: expected one of {', '.join(sorted(PARSERS))}, got {self.tool_parser!r}")
         return self
+
+    @model_validator(mode="after")
+    def _task_images_fit_kind(self) -> EnvironmentSpec:
+        if self.task_images and self.kind != "code_repo":
+            raise ValueError(f"task_images: expected it only for kind code_repo (its tasks may name an image), "
+                             f"got kind {self.kind!r}")
+        return self
+
+    def allows_task_image(self, image: str) -> bool:
+        return any(fnmatch.fnmatchcase(image, glob) for glob in self.task_images)
+
+    def for_task(self, task: Any) -> EnvironmentSpec:
+        """The spec one episode runs under: the environment's, or its copy on the image the task names
+        (its agent sandbox and every grading sandbox then start from that image). ConfigError when the
+        task names an image this spec does not allow (checked at import too; checked again here because
+        the spec is what the operator controls)."""
+        image = getattr(task, "image", None)
+        if image is None:
+            return self
+        if not self.allows_task_image(image):
+            allowed = ", ".join(self.task_images) or "none: task_images is empty"
+            raise ConfigError(f"image: expected an image the environment's task_images allows ({allowed}), got {image!r}")
+        spec = self.model_copy(update={"image": image})
+        spec._task_image = image
+        return spec
+
+    @property
+    def task_image(self) -> str | None:
+        """The image a task named, when this spec is that task's copy (for_task); else None."""
+        return self._task_image
+
+    _task_image: str | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _browser_section_fits_kind(self) -> EnvironmentSpec:
@@ -267,6 +317,8 @@ class EnvironmentSpec(BaseModel):
             data["verifier"].pop("mix")
         if data["verifier"].get("blind_hidden_tests") is True:  # and for blinding, at its default
             data["verifier"].pop("blind_hidden_tests")
+        if not data.get("task_images"):  # and for task images, at their default
+            data.pop("task_images", None)
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from core.errors import ConfigError
 from core.models import Task
 from environments.browser.importing import GENERATED_FORMATS
-from environments.service import get_environment
+from environments.service import get_environment, spec_of
 from environments.task_lines import PAYLOAD_KINDS, payload_records, read_payload_file
 
 if TYPE_CHECKING:
@@ -49,8 +49,14 @@ def _check_kind(session: Session, environment: str, format: str) -> str:
 
 
 def _store(session: Session, *, environment: str, records: Iterable[TaskRecord]) -> int:
+    spec = spec_of(get_environment(session, name=environment))
     count = 0
     for record in records:
+        image = record.payload.get("image")
+        if image is not None and not spec.allows_task_image(image):
+            allowed = ", ".join(spec.task_images) or f"none: {environment!r} has no task_images"
+            raise ConfigError(f"task {record.external_id[:200]!r}: image: expected an image the environment allows "
+                              f"({allowed}), got {str(image)[:300]!r}")
         statement = insert(Task).values(
             environment_name=environment, external_id=record.external_id, split=record.split,
             instruction=record.instruction, payload=record.payload, pass_rate_samples=0,
@@ -63,17 +69,40 @@ def _store(session: Session, *, environment: str, records: Iterable[TaskRecord])
     return count
 
 
+def _check_image_option(image: str | None, *, format: str, repos_dir: object) -> None:
+    """`image` (a SWE-bench image template) goes with format swebench and without repos_dir."""
+    import re
+
+    from environments.code_repo.importing import IMAGE_TEMPLATE
+
+    if image is None:
+        return
+    if format != "swebench":
+        raise ConfigError(f"image: expected only with format swebench (a crucible line names its own image), "
+                          f"got it with format {format[:80]!r}")
+    if repos_dir is not None:
+        raise ConfigError(f"repos_dir: expected none with an image template (the repository is in each image), "
+                          f"got {str(repos_dir)[:200]!r}")
+    if not re.fullmatch(IMAGE_TEMPLATE, image):
+        raise ConfigError("image: expected an image reference template such as "
+                          f"'swebench/sweb.eval.x86_64.{{instance_key}}:latest', got {image[:200]!r}")
+
+
 def import_tasks(
     session: Session, *, environment: str, path: Path, format: TaskFormat = "crucible", repos_dir: Path | None = None,
+    image: str | None = None,
 ) -> int:
-    """Client side: read `path`, pack the local repositories it names, upsert. Returns how many tasks."""
+    """Client side: read `path`, pack the local repositories it names, upsert. Returns how many tasks.
+    `image`: a SWE-bench image template; each instance then runs on its own image."""
     kind = _check_kind(session, environment, format)
+    _check_image_option(image, format=format, repos_dir=repos_dir)
     from environments.code_repo import importing
 
     if kind in PAYLOAD_KINDS:
         records: Iterable[TaskRecord] = read_payload_file(path, kind=kind)
     elif format == "swebench":
-        records = importing.read_swebench_jsonl(path, repos_dir=repos_dir or path.parent)
+        records = importing.read_swebench_jsonl(path, repos_dir=None if image else repos_dir or path.parent,
+                                                image=image)
     else:
         records = importing.read_crucible_jsonl(path)
     return _store(session, environment=environment, records=records)
@@ -81,11 +110,13 @@ def import_tasks(
 
 def import_uploaded(
     session: Session, *, environment: str, lines: Iterable[str], format: TaskFormat = "crucible",
-    repos_dir: str | None = None, repos_root: Path | None = None, source: str = "line",
+    repos_dir: str | None = None, repos_root: Path | None = None, source: str = "line", image: str | None = None,
 ) -> int:
     """Server side: upsert uploaded JSONL. Repositories are uploaded archives; a SWE-bench `repos_dir`
-    is read only inside `repos_root` (the operator's CRUCIBLE_TASK_REPOS_ROOT)."""
+    is read only inside `repos_root` (the operator's CRUCIBLE_TASK_REPOS_ROOT); with `image` (a template)
+    each instance's repository is the one in its own image."""
     kind = _check_kind(session, environment, format)
+    _check_image_option(image, format=format, repos_dir=repos_dir)
     from environments.code_repo import importing
 
     parsed = importing.json_lines(lines, source=source)
@@ -93,6 +124,8 @@ def import_uploaded(
         if repos_dir is not None:
             raise ConfigError(f"repos_dir: expected none for a {kind} environment, got {repos_dir[:200]!r}")
         records: Iterable[TaskRecord] = payload_records(parsed, kind=kind)
+    elif format == "swebench" and image is not None:
+        records = importing.swebench_records(parsed, repos_dir=None, image=image)
     elif format == "swebench":
         if repos_dir is None:
             raise ConfigError("repos_dir: expected the directory (inside CRUCIBLE_TASK_REPOS_ROOT) holding the "

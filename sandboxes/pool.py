@@ -366,6 +366,17 @@ class PoolSet:
                 pool = self._pools[spec] = SandboxPool(spec=spec, backend=self._backend, **self._options)
             return pool
 
+    @contextmanager
+    def fresh(self, spec: SandboxSpec) -> Iterator[Sandbox]:
+        """A sandbox of `spec` outside every pool, destroyed when done: for images too many or too rarely
+        used to keep warm (a task's own image: SWE-bench ships one per instance)."""
+        pool = SandboxPool(spec=spec, backend=self._backend, **{**self._options, "min_size": 0, "start": False})
+        try:
+            with pool.open_fresh() as sandbox:
+                yield sandbox
+        finally:
+            pool.close()
+
     def close(self) -> None:
         with self._lock:
             pools, self._pools = list(self._pools.values()), {}

@@ -16,6 +16,7 @@ from typing import Any
 from environments.spec import EnvironmentSpec
 from sandboxes import PoolSet, Reaper, SandboxBackend, SandboxSpec, make_backend
 from sandboxes.db_events import DbEventSink
+from sandboxes.errors import SandboxDead
 from sandboxes.events import EventSink
 from sandboxes.reaper import start_reaper
 from task_workers.policy.client import PolicyClient, local_tokenizer
@@ -45,12 +46,22 @@ class DockerSandboxes:
         return self._pools.pool(sandbox_spec_for(spec))
 
     @contextmanager
-    def lease(self, *, spec: EnvironmentSpec, run_id: int, episode_id: int) -> Iterator[Any]:
+    def lease(self, *, spec: EnvironmentSpec, run_id: int | None, episode_id: int | None) -> Iterator[Any]:
+        if spec.task_image is not None:  # a task's own image: one sandbox, made for this episode, kept by no pool
+            with self._pools.fresh(sandbox_spec_for(spec)) as sandbox:
+                if not sandbox.assign(run_id=run_id, episode_id=episode_id):
+                    raise SandboxDead(f"sandbox {sandbox.id} of {spec.image} died before its episode began")
+                yield sandbox
+            return
         with self.pool_for(spec).lease(run_id=run_id, episode_id=episode_id) as sandbox:
             yield sandbox
 
     @contextmanager
-    def fresh(self, *, spec: EnvironmentSpec, run_id: int, episode_id: int) -> Iterator[Any]:
+    def fresh(self, *, spec: EnvironmentSpec, run_id: int | None, episode_id: int | None) -> Iterator[Any]:
+        if spec.task_image is not None:
+            with self._pools.fresh(sandbox_spec_for(spec)) as sandbox:
+                yield sandbox
+            return
         with self.pool_for(spec).open_fresh() as sandbox:
             yield sandbox
 

@@ -153,6 +153,8 @@ class Session:
         self.tool_errors = 0
         self.deadline = 0.0
         self.done = False
+        self.spec = served.spec
+        """The episode's spec: the environment's, on the task's own image if it names one."""
 
     # -- the protocol's three calls ------------------------------------------------------------------
     def reset(self, data: dict[str, Any]) -> dict[str, Any]:
@@ -165,7 +167,9 @@ class Session:
         task = self.kind.parse_task(chosen.payload)
         stack = ExitStack()
         try:
-            sandbox = stack.enter_context(self.sandboxes.pool_for(self.served.spec).lease())
+            spec = self.served.spec.for_task(task)  # a task's own image is never pooled: one sandbox per episode
+            sandbox = stack.enter_context(self.sandboxes.fresh(spec=spec, run_id=None, episode_id=None)
+                                          if spec.task_image else self.sandboxes.pool_for(spec).lease())
             self.kind.setup(sandbox=sandbox, task=task)
             opening = self.kind.opening(sandbox=sandbox, task=task, instruction=chosen.instruction)
         except (RuntimeError, CrucibleError) as error:
@@ -175,6 +179,7 @@ class Session:
             stack.close()
             raise
         self._stack, self.sandbox, self.task, self.task_id = stack, sandbox, task, chosen.external_id
+        self.spec = spec
         self.episode_id, self.actions, self.tool_errors, self.done = episode_id, [], 0, False
         self.deadline = time.monotonic() + self.served.spec.limits.episode_timeout_s
         text = opening.text if opening is not None else chosen.instruction
@@ -247,11 +252,11 @@ class Session:
     def _end(self, reason: TerminationReason, observation: dict[str, Any]) -> dict[str, Any]:
         """The verifier's verdict on the episode; the sandbox goes back either way."""
         assert self.sandbox is not None
-        spec = self.served.spec
+        spec = self.spec
         try:
             verdict = self.kind.verify(sandbox=self.sandbox, task=self.task,
                                        submitted=reason is TerminationReason.SUBMITTED,
-                                       open_sandbox=lambda: self.sandboxes.pool_for(spec).open_fresh(),
+                                       open_sandbox=lambda: self.sandboxes.fresh(spec=spec, run_id=None, episode_id=None),
                                        actions=self.actions)
         except (GraderFault, CrucibleError) as error:
             raise ProtocolError(f"grading failed for a reason of the machine ({str(error)[:200]}); the episode is "

@@ -48,7 +48,7 @@ def run_episode_task(self: Any, episode_id: int) -> dict[str, Any]:
                               incarnation=heartbeat.announced())
     except (InfrastructureFault, SoftTimeLimitExceeded) as fault:
         reason = getattr(fault, "reason", TerminationReason.WORKER_LOST)
-        final = self.request.retries >= MAX_RETRIES
+        final = self.request.retries >= MAX_RETRIES or not getattr(fault, "retry", True)
         logger.warning("episode %s: %s (%s); %s", episode_id, reason, fault, "giving up" if final else "retrying")
         with session_scope() as session:
             record_fault(session, episode_id=episode_id, reason=reason, message=str(fault), worker=worker,

@@ -56,6 +56,9 @@ async def upload_tasks(
     name: EnvironmentName, request: Request, session: SessionDep,
     format: Literal["crucible", "swebench"] = "crucible",
     repos_dir: Annotated[str | None, Query(max_length=4096, pattern=r"^[^\x00]*$")] = None,
+    image: Annotated[str | None, Query(max_length=300, description=(
+        "swebench only: each instance's own image, as a template with {instance_id} or {instance_key} "
+        "(its repository at /testbed; the environment's task_images must allow it)"))] = None,
 ) -> TasksImported:
     """Upload tasks as JSONL (a raw body or a multipart `file`); known external ids are updated.
 
@@ -64,7 +67,8 @@ async def upload_tasks(
     upload = await _spooled_upload(request)
     try:
         count = await run_in_threadpool(
-            tasks.import_upload, session, environment=name, upload=upload, format=format, repos_dir=repos_dir)
+            tasks.import_upload, session, environment=name, upload=upload, format=format, repos_dir=repos_dir,
+            image=image)
     finally:
         upload.close()
     await run_in_threadpool(session.commit)

@@ -20,7 +20,8 @@ ELIDE_OVER = 2000
 
 
 def import_upload(
-    session: Session, *, environment: str, upload: BinaryIO, format: TaskFormat, repos_dir: str | None
+    session: Session, *, environment: str, upload: BinaryIO, format: TaskFormat, repos_dir: str | None,
+    image: str | None = None,
 ) -> int:
     """Import an uploaded JSONL file line by line; returns how many tasks it holds.
 
@@ -29,7 +30,7 @@ def import_upload(
     lines = io.TextIOWrapper(upload, encoding="utf-8", errors="strict", newline="")
     try:
         return import_uploaded(session, environment=environment, lines=lines, format=format, repos_dir=repos_dir,
-                               repos_root=get_settings().task_repos_root)
+                               repos_root=get_settings().task_repos_root, image=image)
     except UnicodeDecodeError as error:
         raise ConfigError(f"body: expected UTF-8 JSONL, got an invalid byte ({error.reason})") from None
     finally:

@@ -15,9 +15,16 @@ or a git repository with `commit` (bundled without writing to it), relative to t
 the store, and all the API accepts, is data: `repo` as `{"format": "tar" | "git_bundle", "data_b64": …}`,
 checked by `snapshot.check_snapshot` before it is kept.
 
+A task may instead run on its own image, whose repository is already in place: `"image":
+"sweb.eval.x86_64.django__django-11099", "repo": {"format": "image", "path": "/testbed", "commit": "<sha>"}`.
+The environment's `task_images` must allow the image; every setup checks that the image's repository is
+exactly that commit with nothing after it (repo.check_image_repo).
+
 SWE-bench JSONL (instance_id, repo, base_commit, problem_statement, test_patch, FAIL_TO_PASS,
-PASS_TO_PASS) with the repositories cloned under `repos_dir/<owner>__<name>` or `repos_dir/<name>`. The
-API reads such a `repos_dir` only inside the operator's CRUCIBLE_TASK_REPOS_ROOT.
+PASS_TO_PASS) with the repositories cloned under `repos_dir/<owner>__<name>` or `repos_dir/<name>`, or,
+with an image template (`--image 'swebench/sweb.eval.x86_64.{instance_key}:latest'`), on each instance's
+own image with its repository at /testbed. The API reads a `repos_dir` only inside the operator's
+CRUCIBLE_TASK_REPOS_ROOT.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from core.config_files import DataLimitError, check_data
 from core.errors import ConfigError
 from environments.code_repo.snapshot import (
     MAX_SNAPSHOT_BYTES,
+    ImageRepo,
     RepoSnapshot,
     check_snapshot,
     pack_directory,
@@ -104,11 +112,12 @@ def _text(data: dict[str, Any], key: str, where: str, *, limit: int, default: st
     return str(value)
 
 
-def _record(data: dict[str, Any], snapshot: RepoSnapshot, where: str, *, public: Any, hidden: Any,
-            id_key: str, instruction_key: str, default_split: str) -> TaskRecord:
-    check_snapshot(snapshot, where=f"{where}: repo")
+def _record(data: dict[str, Any], snapshot: RepoSnapshot | ImageRepo, where: str, *, public: Any, hidden: Any,
+            id_key: str, instruction_key: str, default_split: str, image: str | None = None) -> TaskRecord:
+    if isinstance(snapshot, RepoSnapshot):
+        check_snapshot(snapshot, where=f"{where}: repo")
     try:
-        task = CodeRepoTask(repo=snapshot, public_tests=public, hidden_tests=hidden,
+        task = CodeRepoTask(repo=snapshot, public_tests=public, hidden_tests=hidden, image=image,
                             **{key: data[key] for key in ("protected_paths", "solution") if key in data})
     except ValidationError as error:
         first = error.errors()[0]
@@ -119,20 +128,21 @@ def _record(data: dict[str, Any], snapshot: RepoSnapshot, where: str, *, public:
                       task.model_dump(mode="json"))
 
 
-def uploaded_snapshot(value: Any, where: str) -> RepoSnapshot:
-    """`repo` of an uploaded line: the archive itself, never a path on the server."""
+def uploaded_snapshot(value: Any, where: str) -> RepoSnapshot | ImageRepo:
+    """`repo` of an uploaded line: the archive itself (or the commit of the repository in the task's image),
+    never a path on the server."""
     if not isinstance(value, dict):
         raise ConfigError(f'{where}: repo: expected an uploaded archive {{"format": "tar" or "git_bundle", '
                           f'"data_b64": …}} (the API reads no server paths; `crucible tasks import` packs a local '
                           f"directory), got {value!r:.80}")
     try:
-        return RepoSnapshot.model_validate(value)
+        return ImageRepo.model_validate(value) if value.get("format") == "image" else RepoSnapshot.model_validate(value)
     except ValidationError as error:
         first = error.errors()[0]
         raise ConfigError(f"{where}: repo.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
 
 
-def _local_snapshot(base: Path, value: Any, commit: Any, where: str) -> RepoSnapshot:
+def _local_snapshot(base: Path, value: Any, commit: Any, where: str) -> RepoSnapshot | ImageRepo:
     """Client side: a path relative to the task file, packed here; or an archive already inline."""
     if isinstance(value, dict):
         return uploaded_snapshot(value, where)
@@ -154,7 +164,15 @@ def crucible_records(lines: Iterator[tuple[int, str, dict[str, Any]]], *, base: 
         raw = _require(data, "repo", where)
         snapshot = uploaded_snapshot(raw, where) if base is None else _local_snapshot(base, raw, data.get("commit"), where)
         yield _record(data, snapshot, where, public=data.get("public_tests"), hidden=_require(data, "hidden_tests", where),
-                      id_key="id", instruction_key="instruction", default_split="train")
+                      id_key="id", instruction_key="instruction", default_split="train", image=_image(data, where))
+
+
+def _image(data: dict[str, Any], where: str) -> str | None:
+    image = data.get("image")
+    if image is not None and not isinstance(image, str):
+        raise ConfigError(f"{where}: image: expected an image tag such as 'sweb.eval.x86_64.astropy__astropy-12907', "
+                          f"got {image!r:.80}")
+    return image
 
 
 def read_crucible_jsonl(path: Path) -> list[TaskRecord]:
@@ -184,21 +202,46 @@ def find_repo(repos_dir: Path, name: str, where: str) -> Path:
     raise ConfigError(f"{where}: repo {name[:200]!r}: expected a clone under {root} (as {name.replace('/', '__')})")
 
 
-def swebench_records(lines: Iterator[tuple[int, str, dict[str, Any]]], *, repos_dir: Path) -> Iterator[TaskRecord]:
+IMAGE_TEMPLATE = r"^[a-z0-9{][a-z0-9{}_./:@-]{0,299}$"
+"""An image template as `--image` takes it: an image reference with `{instance_id}` or `{instance_key}`."""
+
+
+def instance_image(template: str, instance_id: str, where: str) -> str:
+    """The image of one SWE-bench instance: `{instance_id}` as given, `{instance_key}` as Docker Hub's
+    swebench/ images spell it (lower case, `__` as `_1776_`)."""
+    try:
+        return template.format(instance_id=instance_id, instance_key=instance_id.lower().replace("__", "_1776_"))
+    except (KeyError, IndexError, ValueError) as error:
+        raise ConfigError(f"image: expected a template naming only {{instance_id}} or {{instance_key}}, got "
+                          f"{template[:200]!r} ({error!r:.80})") from None
+
+
+def swebench_records(lines: Iterator[tuple[int, str, dict[str, Any]]], *, repos_dir: Path | None,
+                     image: str | None = None) -> Iterator[TaskRecord]:
+    """`image` (a template): each instance on its own image, its repository at /testbed at base_commit;
+    else the clone under `repos_dir`, bundled at base_commit."""
     for _, where, data in lines:
         fail_to_pass = _test_ids(_require(data, "FAIL_TO_PASS", where), where)
         pass_to_pass = _test_ids(data.get("PASS_TO_PASS") or [], where)
-        repo = find_repo(repos_dir, str(_require(data, "repo", where)), where)
-        snapshot = pack_git(repo, commit=str(_require(data, "base_commit", where)))
+        commit = str(_require(data, "base_commit", where))
+        snapshot: RepoSnapshot | ImageRepo
+        if image is not None:
+            instance = _text(data, "instance_id", where, limit=MAX_ID_CHARS)
+            tag = instance_image(image, instance, where)
+            snapshot = uploaded_snapshot({"format": "image", "path": "/testbed", "commit": commit}, where)
+        else:
+            assert repos_dir is not None
+            tag = None
+            snapshot = pack_git(find_repo(repos_dir, str(_require(data, "repo", where)), where), commit=commit)
         hidden = TestSpec(tests=fail_to_pass + pass_to_pass, scoring="all",
                           patch=str(_require(data, "test_patch", where)))
         public = TestSpec(tests=pass_to_pass) if pass_to_pass else None
         yield _record(data, snapshot, where, public=public, hidden=hidden, id_key="instance_id",
-                      instruction_key="problem_statement", default_split="test")
+                      instruction_key="problem_statement", default_split="test", image=tag)
 
 
-def read_swebench_jsonl(path: Path, *, repos_dir: Path) -> list[TaskRecord]:
-    return list(swebench_records(_lines(path), repos_dir=repos_dir))
+def read_swebench_jsonl(path: Path, *, repos_dir: Path | None, image: str | None = None) -> list[TaskRecord]:
+    return list(swebench_records(_lines(path), repos_dir=repos_dir, image=image))
 
 
 def allowed_repos_dir(repos_dir: str, *, root: Path | None) -> Path:

@@ -21,7 +21,8 @@ import shlex
 from dataclasses import dataclass
 
 from environments.base import Sandbox
-from environments.code_repo.task import BUNDLE_REF, CodeRepoTask
+from environments.base import TaskRefused as BaseTaskRefused
+from environments.code_repo.task import BUNDLE_REF, CodeRepoTask, ImageRepo
 
 WORKSPACE = "/workspace"
 BASE_TAG = "crucible-base"
@@ -47,6 +48,10 @@ class SetupError(RuntimeError):
     """The task could not be put in place: an infrastructure fault, never the agent's."""
 
 
+class TaskRefused(SetupError, BaseTaskRefused):
+    """The task's own image is not fit to train on (its repository holds what came after the base)."""
+
+
 class SubmissionError(RuntimeError):
     """The agent's work cannot be graded because of what the agent did (unreadable or oversized
     workspace, a tree that cannot be unpacked): scored 0 with this message, never retried."""
@@ -68,11 +73,50 @@ def _exec(sandbox: Sandbox, script: str, *args: str, stdin: bytes | None = None,
     return result.exit_code, bytes(result.output), bytes(result.stderr).decode(errors="replace").strip()[-800:]
 
 
+_CHECK_IMAGE_REPO = r"""
+set -o pipefail
+src=$1 commit=$2
+export GIT_NO_REPLACE_OBJECTS=1
+g() { git -c safe.directory='*' -c core.hooksPath=/dev/null -c core.fsmonitor=false "$@"; }
+cd "$src" 2>/dev/null && [ -d .git ] || { echo "expected a git repository at $src in the image, got none"; exit 10; }
+[ -e .git/info/grafts ] && { echo "the repository has grafts (.git/info/grafts), which rewrite its history"; exit 11; }
+head=$(g rev-parse -q --verify 'HEAD^{commit}') || { echo "the repository has no HEAD commit"; exit 12; }
+[ "$head" = "$commit" ] || { echo "HEAD is $head, expected the base $commit"; exit 12; }
+# Every object stored (packs, loose objects, alternates) must be in the base's history: no later commit
+# under any ref, reflog or stash, no dangling blob of the fix.
+extra=$(comm -13 <(g rev-list --objects --no-object-names "$commit" | sort -u) \
+                 <(g cat-file --batch-all-objects --batch-check='%(objectname)' | sort -u)) || exit 13
+if [ -n "$extra" ]; then
+  n=$(printf '%s\n' "$extra" | wc -l)
+  kinds=$(printf '%s\n' "$extra" | head -200 | g cat-file --batch-check='%(objecttype)' | sort | uniq -c | tr -s ' \n' ' ')
+  echo "it stores $n objects not in the base's history (${kinds% }), e.g. $(printf '%s\n' "$extra" | head -1)"; exit 14
+fi
+g diff --quiet "$commit" -- || { echo "its tracked files differ from the base commit"; exit 15; }
+"""
+
+
+def check_image_repo(sandbox: Sandbox, repo: ImageRepo) -> None:
+    """TaskRefused unless the image's repository is exactly its base commit: HEAD is the base, its
+    tracked files are the base's, and every git object stored is in the base's history. A SWE-bench
+    image that kept the upstream history (SWE-bench#465) hands the agent the fix through `git log`."""
+    code, out, errors = _exec(sandbox, _CHECK_IMAGE_REPO, repo.path, repo.commit, as_keeper=True)
+    if code in {10, 11, 12, 14, 15}:
+        raise TaskRefused(f"image {sandbox.image}: {out.decode(errors='replace').strip()[-600:]}")
+    if code != 0:
+        raise SetupError(f"checking the image's repository at {repo.path} exited {code}: {errors[-400:]}")
+
+
 def install_repo(sandbox: Sandbox, task: CodeRepoTask) -> str:
-    """Unpack the snapshot into the workspace, add the public test files, commit that as the base
-    (tagged `crucible-base` for the agent's convenience) and return the base commit id."""
+    """Unpack the snapshot (or copy the image's checked repository, without its .git) into the workspace,
+    add the public test files, commit that as the base (tagged `crucible-base` for the agent's
+    convenience) and return the base commit id."""
     snapshot = task.repo
-    if snapshot.format == "tar":
+    if isinstance(snapshot, ImageRepo):
+        check_image_repo(sandbox, snapshot)
+        # Untracked files come too: an image's in-place build (compiled extensions, egg-info) is part of it.
+        _run(sandbox, f"set -o pipefail; cd {WORKSPACE} && tar -C {shlex.quote(snapshot.path)} --exclude=./.git -cf - . | tar -xf - "
+                      f"&& {GIT} init -q")
+    elif snapshot.format == "tar":
         sandbox.put_files({"/tmp/crucible-repo.tar.gz": snapshot.data})
         _run(sandbox, f"cd {WORKSPACE} && tar -xzf /tmp/crucible-repo.tar.gz && rm /tmp/crucible-repo.tar.gz "
                       f"&& {GIT} init -q")

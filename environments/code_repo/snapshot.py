@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from core.errors import ConfigError
 
@@ -50,6 +50,21 @@ class RepoSnapshot(BaseModel):
     @property
     def data(self) -> bytes:
         return base64.b64decode(self.data_b64)
+
+
+class ImageRepo(BaseModel):
+    """A repository the task's own image already holds (a SWE-bench instance image's /testbed), named by
+    its base commit. Nothing is carried in the payload; at every setup the sandbox's copy is checked to
+    hold nothing but the base and its history (repo.check_image_repo) before it is copied into the
+    workspace."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["image"]
+    path: str = Field(default="/testbed", max_length=200, pattern=r"^(/[A-Za-z0-9_][A-Za-z0-9._-]*)+$")
+    """The repository's directory in the image (absolute, no `..`)."""
+    commit: str = Field(pattern=r"^[0-9a-f]{40}$")
+    """The base commit's full id: HEAD must be it, and every object stored must be in its history."""
 
 
 def check_snapshot(snapshot: RepoSnapshot, *, where: str = "repo") -> None:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # The snapshot and its packers live beside their safety checks; re-exported here for the payload's users.
-from environments.code_repo.snapshot import BUNDLE_REF, RepoSnapshot, pack_directory, pack_git
+from environments.code_repo.snapshot import BUNDLE_REF, ImageRepo, RepoSnapshot, pack_directory, pack_git
+from environments.spec import IMAGE_REF
 
-__all__ = ["BUNDLE_REF", "DEFAULT_PROTECTED", "CodeRepoTask", "RepoSnapshot", "Solution", "TestSpec", "pack_directory", "pack_git"]
+__all__ = ["BUNDLE_REF", "DEFAULT_PROTECTED", "CodeRepoTask", "ImageRepo", "RepoSnapshot", "Solution", "TestSpec",
+           "pack_directory", "pack_git"]
 
 # What an agent may not change, as globs: a glob without "/" matches a file's name at any depth, one
 # with "/" matches the whole path ("*" crosses directories). A spec's `verifier.protected_paths`
@@ -110,7 +113,12 @@ class Solution(BaseModel):
 class CodeRepoTask(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    repo: RepoSnapshot
+    repo: RepoSnapshot | ImageRepo
+    """The repository: an archive carried in the payload, or (`format: image`) the one the task's image holds."""
+    image: str | None = None
+    """The image this task's sandboxes start from (a SWE-bench instance's own image) instead of the
+    environment's; it must match the environment's `task_images`. The agent's sandbox and every grading
+    sandbox are fresh containers of it."""
     public_tests: TestSpec | None = None
     """The agent may run these (`run_tests`); their files are in its workspace. Graded like the hidden
     tests, in a fresh sandbox."""
@@ -122,3 +130,17 @@ class CodeRepoTask(BaseModel):
     """The reference solution, never shown to the agent. With it the hidden tests are blinded: the grader
     runs them on base + solution in a trusted sandbox, and the graded sandbox never holds the values the
     tests expect (blinding.py)."""
+
+    @field_validator("image")
+    @classmethod
+    def _image_is_a_reference(cls, value: str | None) -> str | None:
+        if value is not None and (len(value) > 300 or not re.fullmatch(IMAGE_REF, value)):
+            raise ValueError(f"expected an image reference such as 'sweb.eval.x86_64.django__django-11099:latest' "
+                             f"([registry/]lower-case name[:tag][@sha256:digest]), got {value[:200]!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _image_repo_has_its_image(self) -> CodeRepoTask:
+        if isinstance(self.repo, ImageRepo) and self.image is None:
+            raise ValueError("image: expected the image that holds the repository (repo.format is image), got none")
+        return self

@@ -2,6 +2,7 @@
 
     InfrastructureFault
     ├── SandboxFault   the sandbox died, could not be created, or the task could not be set up
+    │   └── TaskRefusedFault   the task itself is unfit (its image holds the answer): not retried
     ├── PolicyFault    the policy server failed after its retries
     └── JudgeFault     a judge's or reward model's server failed after its retries (judge_error)
 """
@@ -11,10 +12,18 @@ from core.termination import TerminationReason
 
 class InfrastructureFault(RuntimeError):
     reason = TerminationReason.SANDBOX_ERROR
+    retry = True
+    """False: retrying cannot help (the task itself was refused); the episode fails at once."""
 
 
 class SandboxFault(InfrastructureFault):
     reason = TerminationReason.SANDBOX_ERROR
+
+
+class TaskRefusedFault(SandboxFault):
+    """The task was refused at setup (environments.base.TaskRefused): failed at once, not retried."""
+
+    retry = False
 
 
 class PolicyFault(InfrastructureFault):

@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from core.errors import ConfigError, NotFound
+from core.errors import ConfigError, CrucibleError, NotFound
 from core.models import Environment, Episode, EpisodeGroup, EpisodeRegrade, Run, Task, Turn
 from core.regrades import Regraded, changed_steps
 from environments.base import GraderFault, ToolCall
@@ -113,6 +113,11 @@ def _regrade(session: Session, episode: Episode, *, sandboxes: SandboxProvider,
         return None
     kind = get_kind(spec.kind)(spec)
     task = kind.parse_task(task_row.payload)  # as the runner does
+    try:
+        spec = spec.for_task(task)
+    except CrucibleError as error:
+        report.skipped[f"task refused: {str(error)[:80]}"] += 1
+        return None
     turns = session.execute(select(Turn.tool_call).where(Turn.run_id == episode.run_id, Turn.episode_id == episode.id)
                             .order_by(Turn.index)).scalars()
     actions = [ToolCall(call["name"], call.get("arguments", {})) for call in turns if isinstance(call, dict)]

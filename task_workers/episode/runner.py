@@ -29,7 +29,7 @@ from core.models import Environment, Episode, Task
 from core.schemas.run import Sampling, stored_checkpoint, stored_sampling, stored_seed
 from core.seeds import episode_seed
 from core.termination import RunPurpose, TerminationReason
-from environments.base import Artifact, GraderFault, LayerResult, Sandbox, ToolCall, Verdict
+from environments.base import Artifact, GraderFault, LayerResult, Sandbox, TaskRefused, ToolCall, Verdict
 from environments.judge import LAYER as JUDGE_LAYER
 from environments.judge import Judge, LearnedRewardUnavailable, flag_injection, transcript_of
 from environments.registry import get_kind
@@ -38,7 +38,7 @@ from environments.reward_model_layer import score_episode
 from environments.rewards import FlagPolicy, spec_weights, weighted_sum
 from environments.service import spec_of
 from environments.spec import EnvironmentSpec, JudgeConfig
-from task_workers.episode.errors import JudgeFault, SandboxFault
+from task_workers.episode.errors import JudgeFault, SandboxFault, TaskRefusedFault
 from task_workers.episode.group_judge import group_of, judge_finished_group
 from task_workers.episode.loop import LoopContext, initial_prompt, run_agent_loop
 from task_workers.episode.persist import Unscored, claim_episode, store_episode
@@ -135,6 +135,10 @@ def run_episode(
         return EpisodeOutcome(episode_id, False, None, None)
     kind = get_kind(loaded.spec.kind)(loaded.spec)
     task = kind.parse_task(loaded.payload)
+    try:  # a task may name its own image (a SWE-bench instance's): every sandbox of the episode is of it
+        loaded = replace(loaded, spec=loaded.spec.for_task(task))
+    except CrucibleError as error:
+        raise TaskRefusedFault(f"task refused: {error}") from error
     with ExitStack() as stack:
         episode_policy = stack.enter_context(policy.episode()) if isinstance(policy, PolicyPool) else policy
         try:
@@ -144,6 +148,8 @@ def run_episode(
         leased = time.monotonic()
         try:
             kind.setup(sandbox=sandbox, task=task)
+        except TaskRefused as error:
+            raise TaskRefusedFault(f"task refused: {error}") from error
         except (RuntimeError, CrucibleError) as error:
             raise SandboxFault(f"task setup failed: {error}") from error
         set_up = time.monotonic()

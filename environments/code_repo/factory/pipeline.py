@@ -405,6 +405,7 @@ def _validate(mutation: Mutation, files: dict[str, bytes], spec: TestSpec, *, op
         second, _ = reference_run(again, spec)
     if second is None or _failing(second, spec) != failing:
         return Outcome(mutation, "different failures when run again")
+    assert isinstance(task.repo, RepoSnapshot)  # the factory packs every mutant as an archive
     return Outcome(mutation, "kept", failing=failing, messages=_messages(log), repo=task.repo)
 
 
