@@ -80,6 +80,10 @@ export GIT_NO_REPLACE_OBJECTS=1
 g() { git -c safe.directory='*' -c core.hooksPath=/dev/null -c core.fsmonitor=false "$@"; }
 cd "$src" 2>/dev/null && [ -d .git ] || { echo "expected a git repository at $src in the image, got none"; exit 10; }
 [ -e .git/info/grafts ] && { echo "the repository has grafts (.git/info/grafts), which rewrite its history"; exit 11; }
+# Nested repositories (submodules' .git/modules, linked worktrees) keep objects of their own, unchecked here.
+for nested in .git/modules .git/worktrees; do
+  [ -n "$(ls -A "$nested" 2>/dev/null)" ] && { echo "the repository holds nested repositories ($nested), whose history is not checked"; exit 11; }
+done
 head=$(g rev-parse -q --verify 'HEAD^{commit}') || { echo "the repository has no HEAD commit"; exit 12; }
 [ "$head" = "$commit" ] || { echo "HEAD is $head, expected the base $commit"; exit 12; }
 # Every object stored (packs, loose objects, alternates) must be in the base's history: no later commit

@@ -73,6 +73,9 @@ def _testbed(root: Path, leak: str) -> tuple[Path, str]:
         (repo / "fix.txt").unlink()
     elif leak == "fixed-tree":  # HEAD is the base, but the fix is already in the files
         (repo / "calc.py").write_text(FIXED)
+    elif leak == "submodule-store":  # a nested repository's objects are not in the main store
+        (repo / ".git" / "modules" / "vendored").mkdir(parents=True)
+        (repo / ".git" / "modules" / "vendored" / "HEAD").write_text("ref: refs/heads/main\n")
     return repo, base
 
 
@@ -88,7 +91,7 @@ def _build(tag: str, base_image: str, testbed: Path) -> None:
 def instance_images(code_repo_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[str, str]]]:
     """leak → (image tag, base commit)."""
     images = {}
-    for leak in ("none", "later-commit", "stray-blob", "fixed-tree"):
+    for leak in ("none", "later-commit", "stray-blob", "fixed-tree", "submodule-store"):
         testbed, base = _testbed(tmp_path_factory.mktemp(f"instance-{leak}"), leak)
         tag = f"{PREFIX}.acme_1776_calc-1:{leak}"
         _build(tag, code_repo_image, testbed)
@@ -164,6 +167,7 @@ def test_the_agent_and_every_grading_sandbox_run_on_the_tasks_own_image(
     ("later-commit", "objects not in the base's history"),
     ("stray-blob", "objects not in the base's history"),
     ("fixed-tree", "tracked files differ from the base"),
+    ("submodule-store", "nested repositories"),
 ])
 def test_an_image_that_keeps_what_came_after_the_base_is_refused(
         db_session, scripted, provider, events, policy_client, code_repo_image, instance_images, leak, reason) -> None:
