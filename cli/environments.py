@@ -200,19 +200,24 @@ def factory(
     seed: int = typer.Option(0, "--seed", help="Which mutants are tried first."),
     jobs: int = typer.Option(2, "--jobs", min=1, max=32, help="Mutants validated at once, a sandbox each."),
     split: str = typer.Option("train", "--split", help="The tasks' split."),
+    requirements: list[str] = typer.Option([], "--with", help="A requirement every package's tests need besides "
+                                           "what it declares (repeatable), e.g. --with hypothesis==6.100.0; a "
+                                           "package with any gets its own image."),
     output: OutputFormat = OutputOption,
 ) -> None:
     """Turn Python packages with tests into repair tasks: break one function at a time, keep each break some
     of the package's own tests catch while the rest pass (docs/environments/task-factory.md)."""
     from environments.code_repo.factory import FactoryOptions, run_factory
+    from environments.code_repo.factory.requirements import check_requirements
     from environments.spec import EnvironmentSpec
     from sandboxes import make_backend
     from sandboxes.db_events import DbEventSink
-    from task_workers.context import DockerSandboxes
+    from task_workers.context import DockerSandboxes, package_sandboxes
 
     _quiet_http()
     with readable_errors():
         check_split(split)
+        extra = check_requirements(requirements, where="--with")
         if out.exists() and not out.is_file():
             raise ConfigError(f"--out: expected a file to write, got {str(out)[:200]!r} (not a file)")
         if environment is not None:
@@ -224,12 +229,13 @@ def factory(
                 spec = EnvironmentSpec.model_validate(registered.spec)
         else:
             spec = EnvironmentSpec.model_validate({"name": "task-factory", "kind": "code_repo", "image": "code-repo"})
-    options = FactoryOptions(max_mutations=max_mutations, seed=seed, jobs=jobs, split=split)
+    options = FactoryOptions(max_mutations=max_mutations, seed=seed, jobs=jobs, split=split, requirements=tuple(extra))
     sandboxes = DockerSandboxes(backend=make_backend("docker"), events=DbEventSink(), worker=f"task-factory-{os.getpid()}",
                                 min_size=0, max_size=jobs + 1)
     try:
         summary = run_factory(sources, open_sandbox=sandboxes.pool_for(spec).open_fresh, out=out, options=options,
-                              progress=lambda line: err_console.print(safe(line), highlight=False))
+                              progress=lambda line: err_console.print(safe(line), highlight=False),
+                              package_sandbox=package_sandboxes(sandboxes, spec))
     finally:
         sandboxes.close()
     written, reports = summary["tasks"], summary["packages"]

@@ -260,6 +260,11 @@ class EnvironmentSpec(BaseModel):
         if not self.allows_task_image(image):
             allowed = ", ".join(self.task_images) or "none: task_images is empty"
             raise ConfigError(f"image: expected an image the environment's task_images allows ({allowed}), got {image!r}")
+        return self.on_image(image)
+
+    def on_image(self, image: str) -> EnvironmentSpec:
+        """This spec on another image, whose sandboxes no pool keeps (task_workers.context.DockerSandboxes):
+        a task's own image, or a factory package's. Not checked against task_images: see for_task."""
         spec = self.model_copy(update={"image": image})
         spec._task_image = image
         return spec

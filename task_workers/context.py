@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +34,21 @@ def sandbox_spec_for(spec: EnvironmentSpec) -> SandboxSpec:
         image = image_tag(image)
     limits = {"command_timeout_s": spec.limits.tool_timeout_s, **spec.sandbox}
     return SandboxSpec.from_mapping({"image": image, **limits})
+
+
+def package_sandboxes(sandboxes: DockerSandboxes, spec: EnvironmentSpec) -> Callable[[str, list[str]], tuple[str, Any]]:
+    """The task factory's maker of package images (factory.pipeline.PackageSandbox): each one `spec`'s image
+    plus the package's requirements, its sandboxes fresh ones of `sandboxes` that no pool keeps."""
+    from environments.images.packages import package_image
+
+    base = sandbox_spec_for(spec).image
+
+    def make(package: str, requirements: list[str]) -> tuple[str, Any]:
+        tag = package_image(base, package, requirements)
+        on = spec.on_image(tag)
+        return tag, lambda: sandboxes.fresh(spec=on, run_id=None, episode_id=None)
+
+    return make
 
 
 class DockerSandboxes:

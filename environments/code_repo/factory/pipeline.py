@@ -1,6 +1,12 @@
 """The factory's steps for one package: baseline, coverage, mutations, validation, tasks.
 
     lines, report = build_tasks("pypi:toolz==1.0.0", open_sandbox=open_sandbox, workdir=tmp)
+    lines, report = build_tasks("./mylib", open_sandbox=open_sandbox, workdir=tmp, package_sandbox=on_package_image)
+
+0. **Image.** A package that declares dependencies (requirements.py: its runtime ones and a test extra's),
+   or is given some (`FactoryOptions.requirements`), gets its own image: the environment's plus those
+   wheels (environments/images/packages.py), made by `package_sandbox`. Every sandbox below is then of
+   that image, and so is every sandbox of its tasks (the task names it: `image`).
 
 1. **Baseline.** The package's tests run twice in a fresh sandbox through the grader's own runner
    (grader.reference_run: the entry point, ini and report the hidden tests will be graded with). A test
@@ -40,6 +46,7 @@ from core.errors import ConfigError, CrucibleError
 from environments.base import OpenSandbox, Sandbox
 from environments.code_repo import monitors
 from environments.code_repo.factory.mutations import OPERATORS, Mutation, mutations
+from environments.code_repo.factory.requirements import declared
 from environments.code_repo.factory.source import fetch, name_of
 from environments.code_repo.grader import reference_run
 from environments.code_repo.repo import SetupError, install_repo, installed_modules, matches
@@ -63,6 +70,12 @@ class FactoryOptions:
     split: str = "train"
     operators: tuple[str, ...] = OPERATORS
     baseline_timeout_s: float = 300.0
+    requirements: tuple[str, ...] = ()
+    """Installed for every package's tests besides what it declares (checked: requirements.check_requirements)."""
+
+
+PackageSandbox = Callable[[str, list[str]], tuple[str, OpenSandbox]]
+"""(package, requirements) → (its image's tag, a way to open a fresh sandbox of that image)."""
 
 
 @dataclass
@@ -72,6 +85,9 @@ class PackageReport:
     source: str
     package: str
     error: str | None = None
+    requirements: list[str] = field(default_factory=list)
+    image: str | None = None
+    """The package's own image (it has requirements), else None: the environment's."""
     tests_collected: int = 0
     tests_kept: int = 0
     tests_unreliable: int = 0
@@ -110,7 +126,8 @@ class Outcome:
 
 
 def run_factory(sources: list[str], *, open_sandbox: OpenSandbox, out: Path, options: FactoryOptions = FactoryOptions(),
-                progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+                progress: Callable[[str], None] = lambda _: None,
+                package_sandbox: PackageSandbox | None = None) -> dict[str, Any]:
     """build_tasks over `sources`, one after the other, the tasks written to `out` (JSONL) as each package
     finishes and the summary to `<out>.report.json`; returns the summary: the tasks, the wall-clock,
     validated tasks per minute, and each package's report."""
@@ -122,7 +139,7 @@ def run_factory(sources: list[str], *, open_sandbox: OpenSandbox, out: Path, opt
         for source in sources:
             with tempfile.TemporaryDirectory(prefix="crucible-factory-") as workdir:
                 lines, report = build_tasks(source, open_sandbox=open_sandbox, workdir=Path(workdir), options=options,
-                                            progress=progress)
+                                            progress=progress, package_sandbox=package_sandbox)
             for line in lines:
                 handle.write(json.dumps(line) + "\n")
             handle.flush()
@@ -138,16 +155,18 @@ def run_factory(sources: list[str], *, open_sandbox: OpenSandbox, out: Path, opt
 
 
 def build_tasks(source: str, *, open_sandbox: OpenSandbox, workdir: Path, options: FactoryOptions = FactoryOptions(),
-                progress: Callable[[str], None] = lambda _: None) -> tuple[list[dict[str, Any]], PackageReport]:
+                progress: Callable[[str], None] = lambda _: None,
+                package_sandbox: PackageSandbox | None = None) -> tuple[list[dict[str, Any]], PackageReport]:
     """Task lines (Crucible JSONL objects, repositories inline) and the report for one source. A package
     that cannot be fetched or whose tests do not run comes back with `report.error` (one line) and no
-    tasks; it never raises for the package's own faults."""
+    tasks; it never raises for the package's own faults. `package_sandbox` makes the image of a package
+    with requirements; without it such a package is reported, not built."""
     began = time.monotonic()
     report = PackageReport(source=source, package=name_of(source))
     try:
         lines = _build(source, open_sandbox=open_sandbox, workdir=workdir, options=options, report=report,
-                       progress=progress)
-    except (ConfigError, SetupError) as error:
+                       progress=progress, package_sandbox=package_sandbox)
+    except (CrucibleError, SetupError) as error:
         report.error = f"{report.package}: {error}"
         lines = []
     except Exception as error:  # a package's fault (or ours on it) must not end the other packages
@@ -159,10 +178,17 @@ def build_tasks(source: str, *, open_sandbox: OpenSandbox, workdir: Path, option
 
 
 def _build(source: str, *, open_sandbox: OpenSandbox, workdir: Path, options: FactoryOptions, report: PackageReport,
-           progress: Callable[[str], None]) -> list[dict[str, Any]]:
+           progress: Callable[[str], None], package_sandbox: PackageSandbox | None) -> list[dict[str, Any]]:
     root = fetch(source, into=workdir)
     files = _read_tree(root)
     layout = _layout(files)
+    report.requirements = list(dict.fromkeys([*declared(root), *options.requirements]))
+    if report.requirements:
+        if package_sandbox is None:
+            raise ConfigError(f"its tests need {', '.join(report.requirements)}; expected a way to build its image "
+                              "(crucible tasks factory builds one), got none")
+        report.image, open_sandbox = package_sandbox(report.package, report.requirements)
+        progress(f"{report.package}: image {report.image} with {', '.join(report.requirements)}")
     progress(f"{report.package}: {len(files)} files, tests in {len(layout.test_files)} files")
     selected, collected, unreliable, baseline_s, covered = _baseline(files, layout, open_sandbox=open_sandbox,
                                                                      timeout_s=options.baseline_timeout_s)
@@ -219,7 +245,8 @@ def _build(source: str, *, open_sandbox: OpenSandbox, workdir: Path, options: Fa
                 continue
             kept[mutation.operator] += 1
             task_id = f"{report.package}.s{options.seed}.{len(lines) + 1:04d}"  # says nothing of the bug
-            lines.append(_task_line(task_id, report.package, outcome, files=files, spec=spec, split=options.split))
+            lines.append(_task_line(task_id, report.package, outcome, files=files, spec=spec, split=options.split,
+                                    image=report.image))
     report.tried, report.kept, report.rejected = dict(tried), dict(kept), dict(rejected)
     return lines
 
@@ -474,7 +501,7 @@ def instruction(package: str, failing: tuple[str, ...], messages: dict[str, str]
 
 
 def _task_line(task_id: str, package: str, outcome: Outcome, *, files: dict[str, bytes], spec: TestSpec, split: str,
-               ) -> dict[str, Any]:
+               image: str | None = None) -> dict[str, Any]:
     mutation = outcome.mutation
     assert outcome.repo is not None  # a kept mutant's
     passing = [test for test in spec.tests if test not in outcome.failing]
@@ -485,6 +512,7 @@ def _task_line(task_id: str, package: str, outcome: Outcome, *, files: dict[str,
         "id": task_id,
         "instruction": instruction(package, outcome.failing, outcome.messages),
         "split": split,
+        **({"image": image} if image else {}),
         "repo": outcome.repo.model_dump(mode="json"),
         "public_tests": public.model_dump(mode="json", exclude_defaults=True),
         "hidden_tests": hidden.model_dump(mode="json", exclude_defaults=True),
