@@ -4,7 +4,8 @@
     .venv/bin/python bench/factory.py --max-mutations 150 --packages pypi:toolz==1.0.0
 
 `crucible tasks factory`'s pipeline (environments/code_repo/factory) over the packages, one after the
-other, on this machine's dockerd with the `code-repo` image: every mutant validated in a fresh sandbox,
+other, on this machine's dockerd with the `code-repo` image (a package with requirements on its own image,
+built first and counted in the time): every mutant validated in a fresh sandbox,
 two at a time. Counted, not computed: validated tasks, mutants tried and kept per operator (the yield
 is kept / tried), rejections by reason; timed: the whole run's wall-clock (package downloads, baselines
 and coverage runs included), whence validated tasks per minute. Nothing is compared, so there is no
@@ -24,8 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from environments.code_repo.factory import FactoryOptions, run_factory
 from environments.images import build_images
+from environments.spec import EnvironmentSpec
 from recipes.factory import PACKAGES
-from sandboxes import SandboxPool, SandboxSpec, make_backend
+from sandboxes import InMemoryEventSink, make_backend
+from task_workers.context import DockerSandboxes, package_sandboxes
 
 
 def main() -> None:
@@ -36,14 +39,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     tag = next(image.tag for image in build_images(names=["code-repo"]) if image.name == "code-repo")
-    pool = SandboxPool(spec=SandboxSpec.from_mapping({"image": tag}), backend=make_backend("docker"), min_size=0,
-                       max_size=args.jobs + 1, worker="bench-factory")
+    spec = EnvironmentSpec.model_validate({"name": "bench-factory", "kind": "code_repo", "image": tag})
+    sandboxes = DockerSandboxes(backend=make_backend("docker"), events=InMemoryEventSink(), worker="bench-factory",
+                                min_size=0, max_size=args.jobs + 1)
     try:
         with tempfile.TemporaryDirectory(prefix="bench-factory-") as directory:
-            summary = run_factory(args.packages, open_sandbox=pool.open_fresh, out=Path(directory) / "tasks.jsonl",
+            summary = run_factory(args.packages, open_sandbox=sandboxes.pool_for(spec).open_fresh,
+                                  out=Path(directory) / "tasks.jsonl", package_sandbox=package_sandboxes(sandboxes, spec),
                                   options=FactoryOptions(max_mutations=args.max_mutations, seed=args.seed, jobs=args.jobs))
     finally:
-        pool.close()
+        sandboxes.close()
     tried: Counter[str] = Counter()
     kept: Counter[str] = Counter()
     rejected: Counter[str] = Counter()

@@ -46,7 +46,7 @@ NAME = "factory-set"
 
 
 def _spec(image: str) -> dict[str, Any]:
-    return {"name": NAME, "kind": "code_repo", "image": image,
+    return {"name": NAME, "kind": "code_repo", "image": image, "task_images": ["crucible-factory/*"],
             "sandbox": {"memory": "512m", "pids": 256, "workspace_size": "64m", "tmp_size": "64m", "max_lifetime_s": 1800},
             "limits": {"max_turns": 12, "episode_timeout_s": 600, "tool_timeout_s": 120, "max_tool_errors": 5,
                        "max_response_tokens": 4096, "max_context_tokens": 16384},  # the scripted server: a token a byte
@@ -79,7 +79,8 @@ def _files(line: dict[str, Any]) -> dict[str, bytes]:
 
 
 def _task(line: dict[str, Any]) -> CodeRepoTask:
-    return CodeRepoTask.model_validate({key: line[key] for key in ("repo", "public_tests", "hidden_tests", "solution")})
+    keys = ("repo", "public_tests", "hidden_tests", "solution", "image")  # image: a package's own (it has requirements)
+    return CodeRepoTask.model_validate({key: line[key] for key in keys if key in line})
 
 
 def test_no_task_holds_history_and_no_two_share_a_diff(every_line: list[dict[str, Any]]) -> None:
@@ -96,17 +97,18 @@ def test_no_task_holds_history_and_no_two_share_a_diff(every_line: list[dict[str
 
 def test_each_sampled_task_fails_exactly_its_f2p_on_the_base_and_passes_everything_with_the_solution(  # type: ignore[no-untyped-def]
         sample: list[dict[str, Any]], sandboxes, code_repo_image: str) -> None:
-    pool = sandboxes.pool_for(parse_spec(_spec(code_repo_image)))
+    spec = parse_spec(_spec(code_repo_image))
     for line in sample:
         task = _task(line)
         f2p = set(line["factory"]["fail_to_pass"])
-        with pool.open_fresh() as sandbox:
+        on = spec.for_task(task)  # the environment's image, or the package's own
+        with sandboxes.fresh(spec=on, run_id=None, episode_id=None) as sandbox:
             install_repo(sandbox, task)
             report, _ = reference_run(sandbox, task.hidden_tests)
             assert report is not None, line["id"]
             failing = {t for t in task.hidden_tests.tests if report["outcomes"].get(t) != "passed"}
             assert failing == f2p, line["id"]
-        with pool.open_fresh() as sandbox:  # a fresh one: nothing of the first run carries over
+        with sandboxes.fresh(spec=on, run_id=None, episode_id=None) as sandbox:  # nothing of the first run carries over
             install_repo(sandbox, task)
             sandbox.put_files({f"{WORKSPACE}/{p}": text.encode() for p, text in task.solution.files.items()})  # type: ignore[union-attr]
             report, _ = reference_run(sandbox, task.hidden_tests)
