@@ -260,12 +260,14 @@ class EnvironmentSpec(BaseModel):
         if not self.allows_task_image(image):
             allowed = ", ".join(self.task_images) or "none: task_images is empty"
             raise ConfigError(f"image: expected an image the environment's task_images allows ({allowed}), got {image!r}")
-        return self.on_image(image)
+        return self.on_image(image, masked=getattr(task, "masked_paths", ()))
 
-    def on_image(self, image: str) -> EnvironmentSpec:
+    def on_image(self, image: str, *, masked: tuple[str, ...] = ()) -> EnvironmentSpec:
         """This spec on another image, whose sandboxes no pool keeps (task_workers.context.DockerSandboxes):
-        a task's own image, or a factory package's. Not checked against task_images: see for_task."""
-        spec = self.model_copy(update={"image": image})
+        a task's own image, or a factory package's; `masked`: directories of it every sandbox hides. Not
+        checked against task_images: see for_task."""
+        sandbox = {**self.sandbox, "masked_paths": [*self.sandbox.get("masked_paths", ()), *masked]} if masked else self.sandbox
+        spec = self.model_copy(update={"image": image, "sandbox": sandbox})
         spec._task_image = image
         return spec
 

@@ -72,6 +72,8 @@ def tmpfs_mounts(spec: SandboxSpec) -> dict[str, str]:
         CAPTURE_DIR: f"size={spec.capture_size},uid=0,gid=0,mode=0711,nosuid,nodev,noexec",
         PRISTINE_DIR: f"size={PRISTINE_SIZE},uid={keeper_uid},gid={keeper_gid},mode=0755,nosuid,nodev,noexec",
         KEEPER_DIR: f"size={KEEPER_SIZE},uid={keeper_uid},gid={keeper_gid},mode=0700,nosuid,nodev,noexec",
+        # Hidden: an empty, read-only tmpfs over the image's directory; what the image holds there is out of reach.
+        **{path: "size=4k,uid=0,gid=0,mode=0555,ro,nosuid,nodev,noexec" for path in spec.masked_paths},
     }
 
 

@@ -104,6 +104,9 @@ class SandboxSpec(BaseModel):
     """Bytes kept from the end of a command's output; the bytes between are counted, not returned."""
     nofile: int = 65536
     """Open-file limit (soft = hard); clamped to the engine's own hard limit if that is lower."""
+    masked_paths: tuple[str, ...] = ()
+    """Directories of the image hidden from every process in the sandbox: an empty read-only tmpfs is mounted
+    over each (a task's own image keeps its repository there, history included)."""
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> Self:
@@ -113,7 +116,8 @@ class SandboxSpec(BaseModel):
     @property
     def spec_hash(self) -> str:
         """16 hex digits identifying the normalised spec."""
-        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
+        unset = {"masked_paths"} if not self.masked_paths else set()  # specs from before the field keep their hash
+        return hashlib.sha256(self.model_dump_json(exclude=unset).encode()).hexdigest()[:16]
 
     @property
     def env_dict(self) -> dict[str, str]:
@@ -180,6 +184,22 @@ class SandboxSpec(BaseModel):
             )
         return norm
 
+    @field_validator("masked_paths", mode="before")
+    @classmethod
+    def _masked(cls, value: object) -> tuple[str, ...]:
+        paths = [value] if isinstance(value, str) else value
+        if not isinstance(paths, list | tuple) or len(paths) > 8:
+            raise ValueError(f"masked_paths: expected at most 8 absolute directories, got {_show(value)}")
+        out = []
+        for path in paths:
+            norm = posixpath.normpath(path) if isinstance(path, str) and path.startswith("/") else ""
+            if (not norm or norm == "/" or "\0" in norm or any(c.isspace() or c in ",:" for c in norm)
+                    or any(norm == d or norm.startswith(d + "/") or d.startswith(norm + "/") for d in (*_RESERVED_DIRS, "/etc", "/usr", "/bin", "/lib"))):
+                raise ValueError(f'masked_paths: expected absolute directories of the image such as "/testbed", '
+                                 f"outside the system's and the sandbox's own, got {_show(path)}")
+            out.append(norm)
+        return tuple(sorted(set(out)))
+
     @field_validator("workspace_seed")
     @classmethod
     def _seed(cls, value: str | None) -> str | None:
@@ -228,6 +248,10 @@ class SandboxSpec(BaseModel):
             raise ValueError(f'memory: expected at least "32m", got "{format_size(self.memory)}"')
         if self.workdir == self.home:
             raise ValueError(f"home: expected a directory other than workdir, got {_show(self.home)}")
+        for masked in self.masked_paths:
+            for own in (self.workdir, self.home):
+                if masked == own or own.startswith(masked + "/") or masked.startswith(own + "/"):
+                    raise ValueError(f"masked_paths: expected directories apart from workdir and home, got {_show(masked)}")
         return self
 
 

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from environments.base import GraderFault, OpenSandbox, Sandbox, ToolCall, ToolResult, Verdict
 from environments.code_repo import verifier
-from environments.code_repo.repo import install_repo
-from environments.code_repo.task import CodeRepoTask
+from environments.code_repo.repo import export_image_repo, install_repo
+from environments.code_repo.task import CodeRepoTask, ImageRepo, RepoSnapshot
 from environments.code_repo.tools import TOOL_SCHEMAS, execute_tool
 from environments.spec import EnvironmentSpec
+
+MAX_EXPORTS = 8
+"""Image repositories kept exported in a worker process (a few MiB each; one per SWE-bench instance)."""
+_exports: dict[tuple[str, str, str], RepoSnapshot] = {}
+_exports_lock = threading.Lock()
 
 SYSTEM_PROMPT = (
     "You are a software engineer working in a git repository at /workspace. Use the tools to inspect "
@@ -38,6 +45,26 @@ class CodeRepoKind:
     @staticmethod
     def parse_task(payload: dict[str, Any]) -> CodeRepoTask:
         return CodeRepoTask.model_validate(payload)
+
+    @staticmethod
+    def prepare(*, task: CodeRepoTask, open_image: Callable[[str], AbstractContextManager[Sandbox]]) -> CodeRepoTask:
+        """Before any sandbox of the episode: a task whose repository lives in its own image gets that
+        repository's checked export (repo.export_image_repo), made in a sandbox of the image no agent uses
+        (`open_image`, which hides nothing) and kept for the next episodes of the same image and commit.
+        The episode's own sandboxes hide the directory. TaskRefused when the image is unfit."""
+        if not isinstance(task.repo, ImageRepo) or task.image is None:
+            return task
+        key = (task.image, task.repo.path, task.repo.commit)
+        with _exports_lock:
+            snapshot = _exports.get(key)
+        if snapshot is None:
+            with open_image(task.image) as sandbox:
+                snapshot = export_image_repo(sandbox, task.repo)
+            with _exports_lock:
+                _exports[key] = snapshot
+                while len(_exports) > MAX_EXPORTS:
+                    _exports.pop(next(iter(_exports)))
+        return task.with_exported(snapshot)
 
     def opening(self, *, sandbox: Sandbox, task: CodeRepoTask, instruction: str) -> None:
         """The task's instruction is the first message."""

@@ -15,14 +15,18 @@ exactly the tree that is graded.
 
 from __future__ import annotations
 
+import base64
 import fnmatch
 import logging
 import shlex
 from dataclasses import dataclass
 
+from core.errors import ConfigError
 from environments.base import Sandbox
 from environments.base import TaskRefused as BaseTaskRefused
-from environments.code_repo.task import BUNDLE_REF, CodeRepoTask, ImageRepo
+from environments.code_repo.snapshot import MAX_SNAPSHOT_BYTES, check_snapshot
+from environments.code_repo.task import BUNDLE_REF, CodeRepoTask, ImageRepo, RepoSnapshot
+from sandboxes.layout import KEEPER_DIR
 
 WORKSPACE = "/workspace"
 BASE_TAG = "crucible-base"
@@ -73,54 +77,118 @@ def _exec(sandbox: Sandbox, script: str, *args: str, stdin: bytes | None = None,
     return result.exit_code, bytes(result.output), bytes(result.stderr).decode(errors="replace").strip()[-800:]
 
 
-_CHECK_IMAGE_REPO = r"""
+_EXPORT_IMAGE_REPO = r"""
 set -o pipefail
-src=$1 commit=$2
-export GIT_NO_REPLACE_OBJECTS=1
-g() { git -c safe.directory='*' -c core.hooksPath=/dev/null -c core.fsmonitor=false "$@"; }
-cd "$src" 2>/dev/null && [ -d .git ] || { echo "expected a git repository at $src in the image, got none"; exit 10; }
-[ -e .git/info/grafts ] && { echo "the repository has grafts (.git/info/grafts), which rewrite its history"; exit 11; }
-# Nested repositories (submodules' .git/modules, linked worktrees) keep objects of their own, unchecked here.
+src=$1 commit=$2 cap=$3 scratch=$4
+refuse() { printf '%s\n' "$1" >&2; exit 14; }
+export GIT_NO_REPLACE_OBJECTS=1 GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null HOME=/nonexistent GIT_TERMINAL_PROMPT=0
+cd "$src" 2>/dev/null && [ -d .git ] && [ ! -L .git ] || refuse "expected a git repository at $src in the image, got none"
+[ -e .git/info/grafts ] && refuse "the repository has grafts (.git/info/grafts), which rewrite its history"
 for nested in .git/modules .git/worktrees; do
-  [ -n "$(ls -A "$nested" 2>/dev/null)" ] && { echo "the repository holds nested repositories ($nested), whose history is not checked"; exit 11; }
+  [ -n "$(ls -A "$nested" 2>/dev/null)" ] && refuse "the repository holds nested repositories ($nested), whose history is not checked"
 done
-head=$(g rev-parse -q --verify 'HEAD^{commit}') || { echo "the repository has no HEAD commit"; exit 12; }
-[ "$head" = "$commit" ] || { echo "HEAD is $head, expected the base $commit"; exit 12; }
-# Every object stored (packs, loose objects, alternates) must be in the base's history: no later commit
-# under any ref, reflog or stash, no dangling blob of the fix.
-extra=$(comm -13 <(g rev-list --objects --no-object-names "$commit" | sort -u) \
-                 <(g cat-file --batch-all-objects --batch-check='%(objectname)' | sort -u)) || exit 13
-if [ -n "$extra" ]; then
-  n=$(printf '%s\n' "$extra" | wc -l)
-  kinds=$(printf '%s\n' "$extra" | head -200 | g cat-file --batch-check='%(objecttype)' | sort | uniq -c | tr -s ' \n' ' ')
-  echo "it stores $n objects not in the base's history (${kinds% }), e.g. $(printf '%s\n' "$extra" | head -1)"; exit 14
+work=$(mktemp -d "$scratch/export.XXXXXX") || exit 20
+trap 'rm -rf "$work"' EXIT
+# Our own git directory, borrowing the image's objects: the image's config, hooks, attributes, index and
+# commit-graph play no part in what is read.
+git init -q --bare "$work/git" || exit 20
+printf '%s\n' "$src/.git/objects" > "$work/git/objects/info/alternates"
+G() { GIT_DIR="$work/git" GIT_INDEX_FILE="$work/index" git -c safe.directory='*' -c core.hooksPath=/dev/null \
+      -c core.fsmonitor=false -c core.commitGraph=false -c core.multiPackIndex=false "$@"; }
+head=$(git --git-dir="$src/.git" -c safe.directory='*' -c core.fsmonitor=false rev-parse -q --verify 'HEAD^{commit}') \
+  || refuse "the repository has no HEAD commit"
+[ "$head" = "$commit" ] || refuse "HEAD is $head, expected the base $commit"
+# Every object stored must be in the base's history, and git must read the whole store without complaint:
+# a pack without its index, or a stray file where a directory of objects should be, hides objects from a
+# listing that still exits 0.
+garbage=$(git --git-dir="$src/.git" -c safe.directory='*' count-objects -v 2>&1 | sed -n 's/^garbage: //p')
+[ "$garbage" = 0 ] || refuse "its object store holds files that are not objects (garbage: ${garbage:-unreadable})"
+G rev-list --objects --no-object-names "$commit" 2>"$work/err" > "$work/base.unsorted" \
+  || refuse "the base's history cannot be read: $(head -c 300 "$work/err")"
+G cat-file --batch-all-objects --batch-check='%(objectname)' 2>>"$work/err" > "$work/all.unsorted" \
+  || refuse "its object store cannot be read: $(head -c 300 "$work/err")"
+[ -s "$work/err" ] && refuse "git could not read all of its object store: $(head -c 300 "$work/err")"
+sort -u "$work/base.unsorted" > "$work/base" && sort -u "$work/all.unsorted" > "$work/all" || exit 20
+comm -13 "$work/base" "$work/all" > "$work/extra" || exit 20
+if [ -s "$work/extra" ]; then
+  kinds=$(head -200 "$work/extra" | G cat-file --batch-check='%(objecttype)' | sort | uniq -c | tr -s ' \n' ' ')
+  refuse "it stores $(wc -l < "$work/extra") objects not in the base's history (${kinds% }), e.g. $(head -1 "$work/extra")"
 fi
-g diff --quiet "$commit" -- || { echo "its tracked files differ from the base commit"; exit 15; }
+# The files: the base's, from its objects (the image's working tree and index are not trusted), each one
+# hashed again against the base's tree; beside them only what .gitignore covers (build output); no
+# repository inside.
+nested=$(find . -mindepth 2 -name .git -print -quit 2>/dev/null)
+[ -z "$nested" ] || refuse "it holds another repository inside the working tree ($nested)"
+mkdir "$work/tree" && G read-tree "$commit" && G --work-tree="$work/tree" checkout-index -a -f || exit 20
+G ls-files -s -z > "$work/entries" || exit 20
+python3 -I -c "$VERIFY" "$work/tree" < "$work/entries" || refuse "its objects do not hash to their ids (the base's files were altered)"
+G --work-tree="$src" ls-files -z --others --exclude-standard > "$work/untracked" || exit 20
+if [ -s "$work/untracked" ]; then
+  refuse "its working tree holds files neither tracked nor ignored: $(tr '\0' ' ' < "$work/untracked" | head -c 300)"
+fi
+G --work-tree="$src" ls-files -z --others --ignored --exclude-standard > "$work/ignored" || exit 20
+if [ -s "$work/ignored" ]; then tar -C "$src" --null -T "$work/ignored" -cf - | tar -C "$work/tree" -xf - || exit 20; fi
+tar -C "$work/tree" --numeric-owner -czf - . | head -c "$cap"
 """
 
 
-def check_image_repo(sandbox: Sandbox, repo: ImageRepo) -> None:
-    """TaskRefused unless the image's repository is exactly its base commit: HEAD is the base, its
-    tracked files are the base's, and every git object stored is in the base's history. A SWE-bench
-    image that kept the upstream history (SWE-bench#465) hands the agent the fix through `git log`."""
-    code, out, errors = _exec(sandbox, _CHECK_IMAGE_REPO, repo.path, repo.commit, as_keeper=True)
-    if code in {10, 11, 12, 14, 15}:
-        raise TaskRefused(f"image {sandbox.image}: {out.decode(errors='replace').strip()[-600:]}")
+_VERIFY_EXPORT = r"""
+import hashlib, os, sys
+root = sys.argv[1]
+for record in sys.stdin.buffer.read().split(b"\0"):
+    meta, _, path = record.partition(b"\t")
+    if not path:
+        continue
+    mode, sha = meta.split()[:2]
+    full = os.path.join(os.fsencode(root), path)
+    if mode in (b"100644", b"100755"):
+        with open(full, "rb") as handle:
+            data = handle.read()
+    elif mode == b"120000":
+        data = os.readlink(full)
+    else:
+        continue  # a submodule's commit: no file
+    if hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest().encode() != sha:
+        sys.exit(f"{path!r} does not hash to {sha.decode()}")
+"""
+"""Every exported file hashed again against the base's tree: git reads a loose object without checking that
+its content hashes to its id, so a swapped object would export other content under the base's ids."""
+
+
+def export_image_repo(sandbox: Sandbox, repo: ImageRepo) -> RepoSnapshot:
+    """The base tree of the repository a task's image holds, as a checked tarball, made in a sandbox of that
+    image that no agent uses. TaskRefused (naming why) unless HEAD is the base, every git object stored is
+    in the base's history and the store reads cleanly, no other repository sits in the tree, and every
+    untracked file is one .gitignore covers. The tracked files come from the base's objects, each hashed
+    again; the image's working tree and index are never trusted. The agent's sandboxes hide the directory
+    (CodeRepoTask.masked_paths): this export is all of it they see."""
+    code, data, errors = _exec(sandbox, f"VERIFY={shlex.quote(_VERIFY_EXPORT)}; {_EXPORT_IMAGE_REPO}", repo.path,
+                               repo.commit, str(MAX_SNAPSHOT_BYTES + 1), KEEPER_DIR, as_keeper=True,
+                               timeout_s=TRANSFER_TIMEOUT_S)
+    if code == 14:
+        raise TaskRefused(f"image {sandbox.image}: {errors.strip()[-600:]}")
     if code != 0:
-        raise SetupError(f"checking the image's repository at {repo.path} exited {code}: {errors[-400:]}")
+        raise SetupError(f"exporting the image's repository at {repo.path} exited {code}: {errors[-400:]}")
+    if len(data) > MAX_SNAPSHOT_BYTES:
+        raise TaskRefused(f"image {sandbox.image}: its repository at {repo.path} packs to more than "
+                          f"{MAX_SNAPSHOT_BYTES >> 20} MiB")
+    snapshot = RepoSnapshot(format="tar", data_b64=base64.b64encode(data).decode())
+    try:
+        check_snapshot(snapshot, where=f"image {sandbox.image}: {repo.path}")
+    except ConfigError as error:  # a link out of the tree, a device: refused like any uploaded archive
+        raise TaskRefused(str(error)) from None
+    return snapshot
 
 
 def install_repo(sandbox: Sandbox, task: CodeRepoTask) -> str:
-    """Unpack the snapshot (or copy the image's checked repository, without its .git) into the workspace,
-    add the public test files, commit that as the base (tagged `crucible-base` for the agent's
-    convenience) and return the base commit id."""
-    snapshot = task.repo
-    if isinstance(snapshot, ImageRepo):
-        check_image_repo(sandbox, snapshot)
-        # Untracked files come too: an image's in-place build (compiled extensions, egg-info) is part of it.
-        _run(sandbox, f"set -o pipefail; cd {WORKSPACE} && tar -C {shlex.quote(snapshot.path)} --exclude=./.git -cf - . | tar -xf - "
-                      f"&& {GIT} init -q")
-    elif snapshot.format == "tar":
+    """Unpack the snapshot (or the export of the image's repository) into the workspace, add the public
+    test files, commit that as the base (tagged `crucible-base` for the agent's convenience) and return the
+    base commit id."""
+    try:
+        snapshot = task.snapshot()  # an image's repository: its checked export (export_image_repo)
+    except RuntimeError as error:
+        raise SetupError(str(error)) from None
+    if snapshot.format == "tar":
         sandbox.put_files({"/tmp/crucible-repo.tar.gz": snapshot.data})
         _run(sandbox, f"cd {WORKSPACE} && tar -xzf /tmp/crucible-repo.tar.gz && rm /tmp/crucible-repo.tar.gz "
                       f"&& {GIT} init -q")

@@ -6,7 +6,7 @@ import re
 import shlex
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 # The snapshot and its packers live beside their safety checks; re-exported here for the payload's users.
 from environments.code_repo.snapshot import BUNDLE_REF, ImageRepo, RepoSnapshot, pack_directory, pack_git
@@ -130,6 +130,28 @@ class CodeRepoTask(BaseModel):
     """The reference solution, never shown to the agent. With it the hidden tests are blinded: the grader
     runs them on base + solution in a trusted sandbox, and the graded sandbox never holds the values the
     tests expect (blinding.py)."""
+
+    _exported: RepoSnapshot | None = PrivateAttr(default=None)
+
+    @property
+    def masked_paths(self) -> tuple[str, ...]:
+        """What every sandbox of this task hides: the image's own repository (history and all). The agent
+        works on the tree exported from it (kind.prepare), never on the directory itself."""
+        return (self.repo.path,) if isinstance(self.repo, ImageRepo) else ()
+
+    def with_exported(self, snapshot: RepoSnapshot) -> CodeRepoTask:
+        """This task with its image repository's checked export (repo.export_image_repo) to install."""
+        task = self.model_copy()
+        task._exported = snapshot
+        return task
+
+    def snapshot(self) -> RepoSnapshot:
+        """The archive install_repo unpacks: the payload's, or the export of the image's repository."""
+        if isinstance(self.repo, RepoSnapshot):
+            return self.repo
+        if self._exported is None:
+            raise RuntimeError("the image's repository was not exported (CodeRepoKind.prepare) before setup")
+        return self._exported
 
     @field_validator("image")
     @classmethod

@@ -26,6 +26,8 @@ from sandboxes.docker_client import docker_api
 REPOSITORY = "crucible-factory"
 """Where package images are tagged: an environment's `task_images` allows `crucible-factory/*` to play them."""
 PIP_DEADLINE_S = 600.0
+MAX_INSTALLED_BYTES = 1 << 30
+"""What a package's requirements may install: metadata names them, and a name can pull in torch."""
 log = logging.getLogger(__name__)
 
 DOCKERFILE = """FROM {base}
@@ -62,6 +64,10 @@ def package_image(base_tag: str, package: str, requirements: list[str]) -> str:
         for scripts in (site / "bin",):  # console scripts name the host's interpreter; the tests import modules
             if scripts.is_dir():
                 subprocess.run(["rm", "-rf", "--", str(scripts)], check=True)
+        installed = sum(path.stat().st_size for path in site.rglob("*") if path.is_file() and not path.is_symlink())
+        if installed > MAX_INSTALLED_BYTES:
+            raise ImageBuildError(f"expected at most {MAX_INSTALLED_BYTES >> 20} MiB installed for "
+                                  f"{', '.join(requirements)}, got {installed >> 20} MiB")
         version = tuple(sys.version_info[:2])
         digest = _tree_hash(site, base_tag=base_tag, version=version)
         tag = f"{REPOSITORY}/{_repository_name(package)}:{digest}"

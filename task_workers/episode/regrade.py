@@ -30,7 +30,7 @@ from environments.code_repo import repo
 from environments.registry import get_kind
 from environments.service import spec_of
 from task_workers.episode.persist import layer_record
-from task_workers.episode.runner import SandboxProvider
+from task_workers.episode.runner import SandboxProvider, prepare_task
 
 _GRADER_SOURCES = Path(__file__).parents[2] / "environments" / "code_repo"
 
@@ -114,8 +114,9 @@ def _regrade(session: Session, episode: Episode, *, sandboxes: SandboxProvider,
     kind = get_kind(spec.kind)(spec)
     task = kind.parse_task(task_row.payload)  # as the runner does
     try:
+        task = prepare_task(kind, task, spec=spec, sandboxes=sandboxes, run_id=episode.run_id, episode_id=episode.id)
         spec = spec.for_task(task)
-    except CrucibleError as error:
+    except (CrucibleError, RuntimeError) as error:
         report.skipped[f"task refused: {str(error)[:80]}"] += 1
         return None
     turns = session.execute(select(Turn.tool_call).where(Turn.run_id == episode.run_id, Turn.episode_id == episode.id)

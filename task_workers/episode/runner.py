@@ -23,7 +23,7 @@ from sqlalchemy import select
 from core.canaries import canary_score, is_canary
 from core.db import session_scope
 from core.episode_text import render_turns
-from core.errors import CrucibleError
+from core.errors import ConfigError, CrucibleError
 from core.flags import EpisodeFlag
 from core.models import Environment, Episode, Task
 from core.schemas.run import Sampling, stored_checkpoint, stored_sampling, stored_seed
@@ -54,7 +54,8 @@ class SandboxProvider(Protocol):
 
     def lease(self, *, spec: EnvironmentSpec, run_id: int, episode_id: int) -> AbstractContextManager[Any]: ...
 
-    def fresh(self, *, spec: EnvironmentSpec, run_id: int, episode_id: int) -> AbstractContextManager[Sandbox]: ...
+    def fresh(self, *, spec: EnvironmentSpec, run_id: int | None,
+              episode_id: int | None) -> AbstractContextManager[Sandbox]: ...
 
 
 @dataclass(frozen=True)
@@ -136,9 +137,13 @@ def run_episode(
     kind = get_kind(loaded.spec.kind)(loaded.spec)
     task = kind.parse_task(loaded.payload)
     try:  # a task may name its own image (a SWE-bench instance's): every sandbox of the episode is of it
+        task = prepare_task(kind, task, spec=loaded.spec, sandboxes=sandboxes, run_id=loaded.run_id,
+                            episode_id=episode_id)
         loaded = replace(loaded, spec=loaded.spec.for_task(task))
-    except CrucibleError as error:
+    except (TaskRefused, ConfigError) as error:
         raise TaskRefusedFault(f"task refused: {error}") from error
+    except (RuntimeError, CrucibleError) as error:
+        raise SandboxFault(f"task preparation failed: {error}") from error
     with ExitStack() as stack:
         episode_policy = stack.enter_context(policy.episode()) if isinstance(policy, PolicyPool) else policy
         try:
@@ -197,6 +202,22 @@ def run_episode(
     if _is_pairwise(loaded.spec):  # if it was the group's last: compare them all before the trainer may claim it
         judge_finished_group(loaded.group_id, worker=worker)
     return EpisodeOutcome(episode_id, stored, trajectory.termination, verdict.reward)
+
+
+def prepare_task(kind: Any, task: Any, *, spec: EnvironmentSpec, sandboxes: SandboxProvider, run_id: int | None,
+                 episode_id: int | None) -> Any:
+    """The task as its episode's sandboxes need it: a kind with a `prepare` step (code_repo: export the
+    repository a task's own image holds) runs it, in sandboxes of the image that hide nothing and that no
+    agent uses. ConfigError when the environment does not allow the image the task names."""
+    prepare = getattr(kind, "prepare", None)
+    if prepare is None or getattr(task, "image", None) is None:
+        return task
+    spec.for_task(task)  # the allow-list first: no sandbox of an image the environment does not allow
+
+    def open_image(image: str) -> AbstractContextManager[Sandbox]:
+        return sandboxes.fresh(spec=spec.on_image(image), run_id=run_id, episode_id=episode_id)
+
+    return prepare(task=task, open_image=open_image)
 
 
 def _learned(loaded: _Loaded, trajectory: Trajectory, verdict: Verdict) -> Verdict:

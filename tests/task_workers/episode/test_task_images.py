@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.errors import ConfigError
-from core.models import Episode
+from core.models import Episode, Turn
 from environments.code_repo.task import CodeRepoTask, ImageRepo, TestSpec
 from environments.parsing import hermes_call
 from environments.service import register_environment
@@ -40,6 +41,8 @@ INSTANCE = "acme__calc-1"
 TEST_PATCH = ("diff --git a/test_hidden.py b/test_hidden.py\nnew file mode 100644\n--- /dev/null\n+++ b/test_hidden.py\n"
               "@@ -0,0 +1,5 @@\n" + "".join(f"+{line}\n" for line in HIDDEN_TEST.splitlines()))
 FIXED = BUGGY.replace("a - b", "a + b")
+LEAKS = ("none", "later-commit", "stray-blob", "pack-without-index", "objects-file", "swapped-blob", "fixed-tree",
+         "untracked-copy", "vendored-clone", "submodule-store", "build-output")
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -71,11 +74,50 @@ def _testbed(root: Path, leak: str) -> tuple[Path, str]:
         (repo / "fix.txt").write_text(FIXED)
         _git(repo, "hash-object", "-w", "fix.txt")
         (repo / "fix.txt").unlink()
-    elif leak == "fixed-tree":  # HEAD is the base, but the fix is already in the files
+    elif leak == "pack-without-index":  # git lists no object of a pack whose .idx is gone, and exits 0
+        (repo / "fix.txt").write_text(FIXED)
+        blob = _git(repo, "hash-object", "-w", "fix.txt")
+        (repo / "fix.txt").unlink()
+        pack = repo / ".git" / "objects" / "pack"
+        pack.mkdir(exist_ok=True)
+        name = subprocess.run(["git", "-C", str(repo), "pack-objects", "-q", str(pack / "tmp_pack")], input=blob + "\n",
+                              check=True, capture_output=True, text=True).stdout.strip()
+        (pack / f"tmp_pack-{name}.idx").unlink()
+        loose = repo / ".git" / "objects" / blob[:2] / blob[2:]
+        loose.unlink()
+    elif leak == "objects-file":  # a file where a directory of loose objects belongs stops git's listing
+        (repo / "fix.txt").write_text(FIXED)
+        _git(repo, "hash-object", "-w", "fix.txt")
+        (repo / "fix.txt").unlink()
+        (repo / ".git" / "objects" / "00").write_text("not a directory\n")
+    elif leak == "swapped-blob":  # the base's own blob id, holding the fix: nothing lists it as extra
+        blob = _git(repo, "rev-parse", "HEAD:calc.py")
+        loose = repo / ".git" / "objects" / blob[:2] / blob[2:]
+        loose.chmod(0o644)
+        loose.write_bytes(zlib.compress(b"blob %d\0" % len(FIXED.encode()) + FIXED.encode()))
+    elif leak == "fixed-tree":  # HEAD is the base, the fix in the files, hidden from git's index
         (repo / "calc.py").write_text(FIXED)
+        _git(repo, "update-index", "--assume-unchanged", "calc.py")
+    elif leak == "untracked-copy":  # beside the code, in no commit, not ignored
+        (repo / "calc.py.orig").write_text(FIXED)
+    elif leak == "vendored-clone":  # another repository in the working tree, with the fix in its history
+        vendored = repo / "vendor" / "calc"
+        vendored.mkdir(parents=True)
+        _git(vendored, "init", "-q", "-b", "main")
+        (vendored / "calc.py").write_text(FIXED)
+        _git(vendored, "add", "-A")
+        _git(vendored, "commit", "-q", "-m", "upstream fix")
+        (repo / ".gitignore").write_text("vendor/\n")
     elif leak == "submodule-store":  # a nested repository's objects are not in the main store
         (repo / ".git" / "modules" / "vendored").mkdir(parents=True)
         (repo / ".git" / "modules" / "vendored" / "HEAD").write_text("ref: refs/heads/main\n")
+    elif leak == "build-output":  # what an in-place build leaves, ignored by .gitignore: kept, not refused
+        (repo / ".gitignore").write_text("build/\n")
+        _git(repo, "add", ".gitignore")
+        _git(repo, "commit", "-q", "-m", "ignore the build")
+        base = _git(repo, "rev-parse", "HEAD")
+        (repo / "build").mkdir()
+        (repo / "build" / "compiled.txt").write_text("made by the image's build\n")
     return repo, base
 
 
@@ -91,7 +133,7 @@ def _build(tag: str, base_image: str, testbed: Path) -> None:
 def instance_images(code_repo_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[str, str]]]:
     """leak → (image tag, base commit)."""
     images = {}
-    for leak in ("none", "later-commit", "stray-blob", "fixed-tree", "submodule-store"):
+    for leak in LEAKS:
         testbed, base = _testbed(tmp_path_factory.mktemp(f"instance-{leak}"), leak)
         tag = f"{PREFIX}.acme_1776_calc-1:{leak}"
         _build(tag, code_repo_image, testbed)
@@ -163,10 +205,37 @@ def test_the_agent_and_every_grading_sandbox_run_on_the_tasks_own_image(
     assert provider._pools._pools == {}
 
 
+@pytest.mark.parametrize("leak", ["fixed-tree", "build-output"])
+def test_the_agent_sees_the_exported_base_and_never_the_images_repository(
+        db_session, scripted, provider, events, policy_client, code_repo_image, instance_images, leak) -> None:
+    """The fix sits in the image's working tree (hidden from git's index with assume-unchanged): the agent's
+    workspace holds the base's file, from the base's objects, and the image's directory cannot be read."""
+    policy, _ = scripted
+    image, base = instance_images[leak]
+    env = _environment(db_session, code_repo_image, task_images=[f"{PREFIX}.*"])
+    peek = hermes_call("bash", command="ls -la /testbed; cat /testbed/calc.py; git -C /testbed log --all --oneline; "
+                                       "cat /testbed/.git/HEAD; cat calc.py; ls build 2>&1; echo PEEKED")
+    policy.scripts[f"peek-{leak}"] = [peek, *FIX]
+    episode_id = _episode(db_session, env, _payload(image, base), f"peek-{leak}")
+    assert run_episode(episode_id, policy=policy_client, sandboxes=provider, worker="test").reward == pytest.approx(1.0)
+    db_session.expire_all()
+    (first, *_) = db_session.execute(select(Turn).where(Turn.episode_id == episode_id).order_by(Turn.index)).scalars()
+    seen = first.observation
+    assert "PEEKED" in seen and "cat: /testbed/calc.py: No such file" in seen, seen  # an empty directory now
+    assert "not a git repository" in seen and "cat: /testbed/.git/HEAD: No such file" in seen
+    assert "return a - b" in seen and "return a + b" not in seen  # the workspace's calc.py is the base's
+    assert ("compiled.txt" in seen) is (leak == "build-output")  # ignored build output comes along
+    assert not _leaked(events)
+
+
 @pytest.mark.parametrize("leak, reason", [
     ("later-commit", "objects not in the base's history"),
     ("stray-blob", "objects not in the base's history"),
-    ("fixed-tree", "tracked files differ from the base"),
+    ("pack-without-index", "files that are not objects"),
+    ("objects-file", "could not read all of its object store"),
+    ("swapped-blob", "do not hash to their ids"),
+    ("untracked-copy", "neither tracked nor ignored: calc.py.orig"),
+    ("vendored-clone", r"another repository inside the working tree \(./vendor/calc/.git\)"),
     ("submodule-store", "nested repositories"),
 ])
 def test_an_image_that_keeps_what_came_after_the_base_is_refused(
@@ -236,7 +305,8 @@ def test_a_swebench_file_imports_onto_each_instances_image_and_grades_there(
                 "PASS_TO_PASS": json.dumps(["tests/test_calc.py::test_mul"])}
     path = tmp_path / "swe.jsonl"
     path.write_text(json.dumps(instance) + "\n")
-    for bad, message in ((f"{PREFIX}.{{nope}}:none", "naming only"), ("--x {instance_key}", "image reference template")):
+    for bad, message in ((f"{PREFIX}.{{nope}}:none", "naming only"), ("--x {instance_key}", "image reference template"),
+                         ("{instance_id:1999999999}", "naming only"), ("x{0}", "naming only"), ("x}", "naming only")):
         with pytest.raises(ConfigError, match=message):
             import_tasks(db_session, environment=env.name, path=path, format="swebench", image=bad)
     with pytest.raises(ConfigError, match="repos_dir: expected none with an image template"):

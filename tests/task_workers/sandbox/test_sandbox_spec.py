@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from sandboxes import SandboxSpec, SpecError
@@ -74,3 +76,20 @@ def test_size_helpers_round_trip() -> None:
     assert parse_size(4096, field="x") == 4096
     assert format_size(512 << 20) == "512m"
     assert format_size(1000) == "1000"
+
+
+@pytest.mark.parametrize("masked", [["/"], ["/proc"], ["/run"], ["/run/crucible"], ["/tmp/x"], ["/usr/lib"], ["/etc"],
+                                    ["relative"], ["/a,b"], ["/a b"], ["/x:y"], [f"/d{n}" for n in range(9)], "/\0x",
+                                    ["/workspace"], ["/workspace/sub"], ["/home"], [7]])
+def test_a_masked_path_must_be_an_image_directory_apart_from_the_sandboxs_own(masked: object) -> None:
+    with pytest.raises(SpecError) as error:
+        SandboxSpec(image="x:1", masked_paths=masked)
+    assert "masked_paths: expected" in str(error.value)
+
+
+def test_masked_paths_are_normalised_and_a_spec_without_them_keeps_its_hash() -> None:
+    spec = SandboxSpec(image="x:1", masked_paths=["/testbed/", "/opt/repo/../repo"])
+    assert spec.masked_paths == ("/opt/repo", "/testbed")
+    plain = SandboxSpec(image="x:1")
+    before = hashlib.sha256(plain.model_dump_json(exclude={"masked_paths"}).encode()).hexdigest()[:16]
+    assert plain.spec_hash == before != spec.spec_hash
