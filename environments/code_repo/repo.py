@@ -97,19 +97,33 @@ G() { GIT_DIR="$work/git" GIT_INDEX_FILE="$work/index" git -c safe.directory='*'
       -c core.fsmonitor=false -c core.commitGraph=false -c core.multiPackIndex=false "$@"; }
 head=$(git --git-dir="$src/.git" -c safe.directory='*' -c core.fsmonitor=false rev-parse -q --verify 'HEAD^{commit}') \
   || refuse "the repository has no HEAD commit"
-[ "$head" = "$commit" ] || refuse "HEAD is $head, expected the base $commit"
+# HEAD is the base, or the base with commits that change no file on top (SWE-bench's images commit their
+# install step with `git commit --allow-empty -am SWE-bench`): a commit after the base that changes a file
+# is the history this check exists to refuse.
+if [ "$head" != "$commit" ]; then
+  G merge-base --is-ancestor "$commit" "$head" 2>/dev/null || refuse "HEAD is $head, expected the base $commit or a commit on top of it"
+  G diff-tree --quiet "$commit" "$head" 2>/dev/null || refuse "HEAD ($head) has commits after the base $commit that change files"
+fi
 # Every object stored must be in the base's history, and git must read the whole store without complaint:
 # a pack without its index, or a stray file where a directory of objects should be, hides objects from a
 # listing that still exits 0.
 garbage=$(git --git-dir="$src/.git" -c safe.directory='*' count-objects -v 2>&1 | sed -n 's/^garbage: //p')
 [ "$garbage" = 0 ] || refuse "its object store holds files that are not objects (garbage: ${garbage:-unreadable})"
-G rev-list --objects --no-object-names "$commit" 2>"$work/err" > "$work/base.unsorted" \
+G rev-list --objects --no-object-names "$head" 2>"$work/err" > "$work/base.unsorted" \
   || refuse "the base's history cannot be read: $(head -c 300 "$work/err")"
 G cat-file --batch-all-objects --batch-check='%(objectname)' 2>>"$work/err" > "$work/all.unsorted" \
   || refuse "its object store cannot be read: $(head -c 300 "$work/err")"
 [ -s "$work/err" ] && refuse "git could not read all of its object store: $(head -c 300 "$work/err")"
 sort -u "$work/base.unsorted" > "$work/base" && sort -u "$work/all.unsorted" > "$work/all" || exit 20
-comm -13 "$work/base" "$work/all" > "$work/extra" || exit 20
+comm -13 "$work/base" "$work/all" > "$work/beyond" || exit 20
+# An annotated tag of a commit in that history (a release before the base) is history too; anything else is not.
+: > "$work/extra"
+while read -r sha; do
+  if [ "$(G cat-file -t "$sha")" = tag ] && target=$(G rev-parse -q --verify "$sha^{}") && grep -qx "$target" "$work/base"; then
+    continue
+  fi
+  printf '%s\n' "$sha" >> "$work/extra"
+done < "$work/beyond"
 if [ -s "$work/extra" ]; then
   kinds=$(head -200 "$work/extra" | G cat-file --batch-check='%(objecttype)' | sort | uniq -c | tr -s ' \n' ' ')
   refuse "it stores $(wc -l < "$work/extra") objects not in the base's history (${kinds% }), e.g. $(head -1 "$work/extra")"

@@ -4,20 +4,26 @@ and a registered code_repo environment with one buggy-calculator task."""
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections.abc import Iterator
 
 import pytest
 from sqlalchemy.orm import Session
 
+from core.models import Episode
+from core.settings import get_settings
 from environments.code_repo.task import CodeRepoTask, Solution, TestSpec, pack_directory
 from environments.parsing import hermes_call
 from environments.service import register_environment
 from environments.spec import parse_spec
 from sandboxes import InMemoryEventSink
-from task_workers.context import DockerSandboxes
+from task_workers.celery_app import create_app
+from task_workers.context import DockerSandboxes, close_worker_context
 from task_workers.policy.client import PolicyClient
 from task_workers.policy.scripted import ScriptedPolicy, serve
 from tests import factories
+from tests.support.celery_worker import embedded_worker
 from tests.task_workers.episode.calc_red import CALC, HIDDEN, PUBLIC, WEIGHTS
 
 BUGGY = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
@@ -110,3 +116,34 @@ def wrong_fix_reward() -> float:
     return WEIGHTS["rules"] + WEIGHTS["public_tests"]  # rules pass, mul still passes, no hidden test passes
 
 
+CELERY_WORKER = f"celery-test-worker-{os.getpid()}"  # per process: another xdist worker runs its own
+
+
+@pytest.fixture
+def celery_worker(scripted, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    """A real Celery worker thread consuming code_repo, pointed at the scripted policy server. Its reaper sweeps
+    every crucible container on the machine: a test using it goes in xdist_group("docker-global")."""
+    monkeypatch.setenv("CRUCIBLE_POLICY_URL", scripted[1])
+    monkeypatch.setenv("CRUCIBLE_WORKER_NAME", CELERY_WORKER)
+    monkeypatch.setenv("CRUCIBLE_SANDBOX_POOL_MIN", "0")
+    get_settings.cache_clear()
+    app = create_app()
+    app.conf.task_default_queue = "code_repo"
+    try:
+        with embedded_worker(app, queues=["code_repo"]):
+            yield app
+    finally:
+        close_worker_context()
+        get_settings.cache_clear()
+
+
+def wait_ended(session: Session, episode_id: int, timeout: float = 240) -> Episode:
+    """The episode once it has ended (completed or failed), polled from the store."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        session.expire_all()
+        episode = session.get(Episode, episode_id)
+        if episode is not None and episode.status in ("completed", "failed"):
+            return episode
+        time.sleep(0.3)
+    raise AssertionError(f"episode {episode_id} did not end in {timeout}s")

@@ -1,9 +1,9 @@
 """The factory's shipped set (`make factory`, recipes/factory.py), re-checked by code that is not the
 factory's: a random sample of 50 tasks, each task's FAIL_TO_PASS tests failing on its base and passing
 with the reference solution, every PASS_TO_PASS test passing on both; no repository holding a commit
-or a `.git`; no two tasks sharing a diff. Then the real episode runner plays the sample: the inverse of
-each mutation (an edit_file a policy could write) earns 1, an unrelated change 0; and the red team's
-hacks, played on a factory task on top of the unrelated change, earn no more than it.
+or a `.git`; no two tasks sharing a diff. Then a real Celery worker plays the sample: the inverse of each
+mutation (an edit_file a policy could write) earns 1, an unrelated change 0; and the red team's hacks,
+played by the episode runner on a factory task on top of the unrelated change, earn no more than it.
 
 The set is CRUCIBLE_FACTORY_TASKS (a tasks.jsonl `make factory` wrote) when given; otherwise the recipe's
 packages at a small budget, made here by the CLI. Marked slow (minutes): `make test-all` runs it.
@@ -36,9 +36,11 @@ from environments.spec import parse_spec
 from recipes.factory import PACKAGES
 from task_workers.episode.runner import run_episode
 from tests import factories
+from tests.task_workers.episode.conftest import wait_ended
 from tests.task_workers.episode.test_red_team import HACKS, UNFLAGGED_HACKS
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+# The Celery worker's reaper sweeps every crucible container on the machine: test_celery's group.
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("docker-global")]
 
 ROOT = Path(__file__).resolve().parents[3]
 SAMPLE = 50
@@ -152,18 +154,29 @@ def _play(session: Session, env: Any, line: dict[str, Any], script: str, actions
     return float(episode.reward), (line["id"], episode.termination_reason, episode.verifier_layers)
 
 
-def test_the_inverse_fix_earns_1_and_an_unrelated_change_0_through_the_runner(  # type: ignore[no-untyped-def]
-        sample: list[dict[str, Any]], db_session: Session, code_repo_image: str, scripted, sandboxes, policy_client) -> None:
+def test_the_inverse_fix_earns_1_and_an_unrelated_change_0_through_the_worker(  # type: ignore[no-untyped-def]
+        sample: list[dict[str, Any]], db_session: Session, code_repo_image: str, scripted, celery_worker) -> None:
+    """Through a real Celery worker (the task the controller dispatches, on the code_repo queue)."""
     env, _ = register_environment(db_session, spec=parse_spec(_spec(code_repo_image)))
     policy, _ = scripted
+    expected: dict[int, tuple[float, str]] = {}
     for index, line in enumerate(sample):
         path, original = next(iter(line["solution"]["files"].items()))
         fix = inverse_edit(path, _files(line)[path].decode(), original)
-        reward, why = _play(db_session, env, line, f"inverse-{index}", [fix, SUBMIT], policy, sandboxes, policy_client)
-        assert reward == 1.0, why
-        reward, why = _play(db_session, env, line, f"unrelated-{index}", [UNRELATED, SUBMIT], policy, sandboxes,
-                            policy_client)
-        assert reward == 0.0, why
+        for script, actions, reward in ((f"inverse-{index}", [fix, SUBMIT], 1.0),
+                                        (f"unrelated-{index}", [UNRELATED, SUBMIT], 0.0)):
+            policy.scripts[script] = actions
+            task = factories.task(db_session, env, external_id=f"{line['id']}-{script}",
+                                  instruction=f"{line['instruction']} [script:{script}]",
+                                  payload=_task(line).model_dump(mode="json"))
+            _, (episode_id,) = factories.pending_group(db_session, env=env, the_task=task, name=f"set-{script}")
+            db_session.commit()
+            celery_worker.send_task("crucible.run_episode", args=[episode_id], queue="code_repo")
+            expected[episode_id] = (reward, script)
+    for episode_id, (reward, script) in expected.items():
+        episode = wait_ended(db_session, episode_id, timeout=1800)
+        assert (episode.status, episode.failures) == ("completed", []), (script, episode.failures)
+        assert episode.reward == reward, (script, episode.verifier_layers)
 
 
 def _on_factory_task(actions: list[str], *, library: str, test_file: str) -> list[str]:

@@ -42,7 +42,7 @@ TEST_PATCH = ("diff --git a/test_hidden.py b/test_hidden.py\nnew file mode 10064
               "@@ -0,0 +1,5 @@\n" + "".join(f"+{line}\n" for line in HIDDEN_TEST.splitlines()))
 FIXED = BUGGY.replace("a - b", "a + b")
 LEAKS = ("none", "later-commit", "stray-blob", "pack-without-index", "objects-file", "swapped-blob", "fixed-tree",
-         "untracked-copy", "vendored-clone", "submodule-store", "build-output")
+         "untracked-copy", "vendored-clone", "submodule-store", "build-output", "swebench-setup", "changing-setup-commit")
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -111,6 +111,12 @@ def _testbed(root: Path, leak: str) -> tuple[Path, str]:
     elif leak == "submodule-store":  # a nested repository's objects are not in the main store
         (repo / ".git" / "modules" / "vendored").mkdir(parents=True)
         (repo / ".git" / "modules" / "vendored" / "HEAD").write_text("ref: refs/heads/main\n")
+    elif leak == "swebench-setup":  # as SWE-bench's own images: older release tags, the install committed on top
+        _git(repo, "tag", "-a", "v0.1", "-m", "a release before the base", "HEAD~1")
+        _git(repo, "commit", "-q", "--allow-empty", "-m", "SWE-bench")
+    elif leak == "changing-setup-commit":  # a commit on top of the base that changes a file: history after it
+        (repo / "calc.py").write_text(FIXED)
+        _git(repo, "commit", "-q", "-am", "SWE-bench")
     elif leak == "build-output":  # what an in-place build leaves, ignored by .gitignore: kept, not refused
         (repo / ".gitignore").write_text("build/\n")
         _git(repo, "add", ".gitignore")
@@ -205,7 +211,7 @@ def test_the_agent_and_every_grading_sandbox_run_on_the_tasks_own_image(
     assert provider._pools._pools == {}
 
 
-@pytest.mark.parametrize("leak", ["fixed-tree", "build-output"])
+@pytest.mark.parametrize("leak", ["fixed-tree", "build-output", "swebench-setup"])
 def test_the_agent_sees_the_exported_base_and_never_the_images_repository(
         db_session, scripted, provider, events, policy_client, code_repo_image, instance_images, leak) -> None:
     """The fix sits in the image's working tree (hidden from git's index with assume-unchanged): the agent's
@@ -237,6 +243,7 @@ def test_the_agent_sees_the_exported_base_and_never_the_images_repository(
     ("untracked-copy", "neither tracked nor ignored: calc.py.orig"),
     ("vendored-clone", r"another repository inside the working tree \(./vendor/calc/.git\)"),
     ("submodule-store", "nested repositories"),
+    ("changing-setup-commit", "has commits after the base .* that change files"),
 ])
 def test_an_image_that_keeps_what_came_after_the_base_is_refused(
         db_session, scripted, provider, events, policy_client, code_repo_image, instance_images, leak, reason) -> None:
