@@ -235,7 +235,7 @@ def factory(
     try:
         summary = run_factory(sources, open_sandbox=sandboxes.pool_for(spec).open_fresh, out=out, options=options,
                               progress=lambda line: err_console.print(safe(line), highlight=False),
-                              package_sandbox=package_sandboxes(sandboxes, spec))
+                              package_sandbox=package_sandboxes(sandboxes, spec, importing=environment is not None))
     finally:
         sandboxes.close()
     written, reports = summary["tasks"], summary["packages"]

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from core.errors import ConfigError
 from environments.spec import EnvironmentSpec
 from sandboxes import PoolSet, Reaper, SandboxBackend, SandboxSpec, make_backend
 from sandboxes.db_events import DbEventSink
@@ -36,14 +37,21 @@ def sandbox_spec_for(spec: EnvironmentSpec) -> SandboxSpec:
     return SandboxSpec.from_mapping({"image": image, **limits})
 
 
-def package_sandboxes(sandboxes: DockerSandboxes, spec: EnvironmentSpec) -> Callable[[str, list[str]], tuple[str, Any]]:
+def package_sandboxes(sandboxes: DockerSandboxes, spec: EnvironmentSpec, *,
+                      importing: bool = False) -> Callable[[str, list[str]], tuple[str, Any]]:
     """The task factory's maker of package images (factory.pipeline.PackageSandbox): each one `spec`'s image
-    plus the package's requirements, its sandboxes fresh ones of `sandboxes` that no pool keeps."""
-    from environments.images.packages import package_image
+    plus the package's requirements, its sandboxes fresh ones of `sandboxes` that no pool keeps. `importing`:
+    the tasks go into `spec`'s environment, so its task_images must allow the image (checked before any is
+    built, not after the factory's whole run)."""
+    from environments.images.packages import REPOSITORY, package_image
 
     base = sandbox_spec_for(spec).image
 
     def make(package: str, requirements: list[str]) -> tuple[str, Any]:
+        if importing and not spec.allows_task_image(f"{REPOSITORY}/{package.lower()}:0"):
+            raise ConfigError(f"its tests need {', '.join(requirements)}, so its tasks run on an image of its own, "
+                              f"and environment {spec.name!r} does not allow it: expected task_images to match "
+                              f"{REPOSITORY}/*, got {spec.task_images}")
         tag = package_image(base, package, requirements)
         on = spec.on_image(tag)
         return tag, lambda: sandboxes.fresh(spec=on, run_id=None, episode_id=None)

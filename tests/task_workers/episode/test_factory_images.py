@@ -156,3 +156,19 @@ def test_the_cli_refuses_a_requirement_not_from_the_index(tmp_path: Path, value:
                           timeout=120)
     assert done.returncode != 0 and "--with: expected a requirement" in done.stderr + done.stdout
     assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_an_environment_that_does_not_allow_package_images_is_named_before_any_is_built(  # type: ignore[no-untyped-def]
+        db_session: Session, tmp_path: Path, code_repo_image: str) -> None:
+    register_environment(db_session, spec=parse_spec({**_spec(code_repo_image), "name": "factory-no-images"}))
+    db_session.commit()
+    done = subprocess.run(
+        [sys.executable, "-m", "cli.main", "tasks", "factory", str(_package(tmp_path / "widthlib")), "--out",
+         str(tmp_path / "t.jsonl"), "--env", "factory-no-images", "--output", "json"],
+        cwd=ROOT, env={**os.environ, "COLUMNS": "250"}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stderr[-2000:]  # no task written
+    (report,) = json.loads(done.stdout)["packages"]
+    assert report["image"] is None and report["tests_collected"] == 0
+    assert report["error"] == ("widthlib: its tests need wcwidth==0.2.13, so its tasks run on an image of its own, and "
+                               "environment 'factory-no-images' does not allow it: expected task_images to match "
+                               "crucible-factory/*, got []")
