@@ -95,7 +95,7 @@ def test_a_package_with_a_dependency_gets_its_own_image_and_its_tasks_are_graded
     out = tmp_path / "tasks.jsonl"
     factory = subprocess.run(
         [sys.executable, "-m", "cli.main", "tasks", "factory", str(_package(tmp_path / "widthlib")), "--out", str(out),
-         "--env", NAME, "--max-mutations", "8", "--output", "json"],
+         "--env", NAME, "--max-mutations", "4", "--output", "json"],
         cwd=ROOT, env={**os.environ, "COLUMNS": "250"}, capture_output=True, text=True, timeout=900)
     assert factory.returncode == 0, factory.stdout[-3000:] + factory.stderr[-3000:]
     (report,) = json.loads(factory.stdout)["packages"]

@@ -42,7 +42,9 @@ TEST_PATCH = ("diff --git a/test_hidden.py b/test_hidden.py\nnew file mode 10064
               "@@ -0,0 +1,5 @@\n" + "".join(f"+{line}\n" for line in HIDDEN_TEST.splitlines()))
 FIXED = BUGGY.replace("a - b", "a + b")
 LEAKS = ("none", "later-commit", "stray-blob", "pack-without-index", "objects-file", "swapped-blob", "fixed-tree",
-         "untracked-copy", "vendored-clone", "submodule-store", "build-output", "swebench-setup", "changing-setup-commit")
+         "untracked-copy", "vendored-clone", "submodule-store", "swebench-setup", "changing-setup-commit")
+IMAGE = f"{PREFIX}.acme_1776_calc-1:latest"
+"""One image holds every instance's repository, each at its own path (/testbed: the clean one): one build."""
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -111,42 +113,37 @@ def _testbed(root: Path, leak: str) -> tuple[Path, str]:
     elif leak == "submodule-store":  # a nested repository's objects are not in the main store
         (repo / ".git" / "modules" / "vendored").mkdir(parents=True)
         (repo / ".git" / "modules" / "vendored" / "HEAD").write_text("ref: refs/heads/main\n")
-    elif leak == "swebench-setup":  # as SWE-bench's own images: older release tags, the install committed on top
-        _git(repo, "tag", "-a", "v0.1", "-m", "a release before the base", "HEAD~1")
-        _git(repo, "commit", "-q", "--allow-empty", "-m", "SWE-bench")
-    elif leak == "changing-setup-commit":  # a commit on top of the base that changes a file: history after it
-        (repo / "calc.py").write_text(FIXED)
-        _git(repo, "commit", "-q", "-am", "SWE-bench")
-    elif leak == "build-output":  # what an in-place build leaves, ignored by .gitignore: kept, not refused
+    elif leak == "swebench-setup":  # as SWE-bench's own images: release tags, a build, the install committed on top
         (repo / ".gitignore").write_text("build/\n")
         _git(repo, "add", ".gitignore")
         _git(repo, "commit", "-q", "-m", "ignore the build")
         base = _git(repo, "rev-parse", "HEAD")
+        _git(repo, "tag", "-a", "v0.1", "-m", "a release before the base", "HEAD~2")
         (repo / "build").mkdir()
-        (repo / "build" / "compiled.txt").write_text("made by the image's build\n")
+        (repo / "build" / "compiled.txt").write_text("made by the image's build\n")  # ignored: exported as it is
+        _git(repo, "commit", "-q", "--allow-empty", "-m", "SWE-bench")
+    elif leak == "changing-setup-commit":  # a commit on top of the base that changes a file: history after it
+        (repo / "calc.py").write_text(FIXED)
+        _git(repo, "commit", "-q", "-am", "SWE-bench")
     return repo, base
 
 
-def _build(tag: str, base_image: str, testbed: Path) -> None:
-    context = testbed.parent
-    (context / "Dockerfile").write_text(f"FROM {base_image}\nUSER root\nCOPY testbed /testbed\n")
-    for chunk in docker_api().build(path=str(context), tag=tag, network_mode="none", rm=True, forcerm=True,
+@pytest.fixture(scope="module")
+def instance_images(code_repo_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[str, str, str]]]:
+    """leak → (image tag, base commit, the repository's path in the image)."""
+    context = tmp_path_factory.mktemp("instances")
+    copies, images = [], {}
+    for leak in LEAKS:
+        path = "/testbed" if leak == "none" else f"/testbed-{leak}"
+        _, base = _testbed(context / leak, leak)
+        copies.append(f"COPY {leak}/testbed {path}")
+        images[leak] = (IMAGE, base, path)
+    (context / "Dockerfile").write_text(f"FROM {code_repo_image}\nUSER root\n" + "\n".join(copies) + "\n")
+    for chunk in docker_api().build(path=str(context), tag=IMAGE, network_mode="none", rm=True, forcerm=True,
                                     pull=False, decode=True):
         assert "error" not in chunk, chunk
-
-
-@pytest.fixture(scope="module")
-def instance_images(code_repo_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[str, str]]]:
-    """leak → (image tag, base commit)."""
-    images = {}
-    for leak in LEAKS:
-        testbed, base = _testbed(tmp_path_factory.mktemp(f"instance-{leak}"), leak)
-        tag = f"{PREFIX}.acme_1776_calc-1:{leak}"
-        _build(tag, code_repo_image, testbed)
-        images[leak] = (tag, base)
     yield images
-    for tag, _ in images.values():
-        docker_api().remove_image(tag, force=True)
+    docker_api().remove_image(IMAGE, force=True)
 
 
 @pytest.fixture
@@ -168,8 +165,8 @@ def _environment(session: Session, image: str, *, task_images: list[str]):
     return env
 
 
-def _payload(image: str, base: str) -> dict:
-    task = CodeRepoTask(image=image, repo=ImageRepo(format="image", commit=base),
+def _payload(image: str, base: str, path: str = "/testbed") -> dict:
+    task = CodeRepoTask(image=image, repo=ImageRepo(format="image", commit=base, path=path),
                         public_tests=TestSpec(paths=["tests"], timeout_s=60),
                         hidden_tests=TestSpec(paths=["test_hidden.py"], files={"test_hidden.py": HIDDEN_TEST}, timeout_s=60))
     return task.model_dump(mode="json")
@@ -190,13 +187,13 @@ def _leaked(events: InMemoryEventSink) -> set[str]:
 def test_the_agent_and_every_grading_sandbox_run_on_the_tasks_own_image(
         db_session, scripted, provider, events, policy_client, code_repo_image, instance_images) -> None:
     policy, _ = scripted
-    image, base = instance_images["none"]
+    image, base, path = instance_images["none"]
     env = _environment(db_session, code_repo_image, task_images=[f"{PREFIX}.*"])
     policy.scripts["fix"] = FIX
     policy.scripts["wrong"] = [hermes_call("edit_file", path="calc.py", old_str="return a - b", new_str="return a * b"),
                                hermes_call("submit")]
-    right = _episode(db_session, env, _payload(image, base), "fix")
-    wrong = _episode(db_session, env, _payload(image, base), "wrong")
+    right = _episode(db_session, env, _payload(image, base, path), "fix")
+    wrong = _episode(db_session, env, _payload(image, base, path), "wrong")
 
     assert run_episode(right, policy=policy_client, sandboxes=provider, worker="test").reward == pytest.approx(1.0)
     assert run_episode(wrong, policy=policy_client, sandboxes=provider, worker="test").reward == pytest.approx(0.3)
@@ -211,26 +208,26 @@ def test_the_agent_and_every_grading_sandbox_run_on_the_tasks_own_image(
     assert provider._pools._pools == {}
 
 
-@pytest.mark.parametrize("leak", ["fixed-tree", "build-output", "swebench-setup"])
+@pytest.mark.parametrize("leak", ["fixed-tree", "swebench-setup"])
 def test_the_agent_sees_the_exported_base_and_never_the_images_repository(
         db_session, scripted, provider, events, policy_client, code_repo_image, instance_images, leak) -> None:
     """The fix sits in the image's working tree (hidden from git's index with assume-unchanged): the agent's
     workspace holds the base's file, from the base's objects, and the image's directory cannot be read."""
     policy, _ = scripted
-    image, base = instance_images[leak]
+    image, base, path = instance_images[leak]
     env = _environment(db_session, code_repo_image, task_images=[f"{PREFIX}.*"])
-    peek = hermes_call("bash", command="ls -la /testbed; cat /testbed/calc.py; git -C /testbed log --all --oneline; "
-                                       "cat /testbed/.git/HEAD; cat calc.py; ls build 2>&1; echo PEEKED")
+    peek = hermes_call("bash", command=f"ls -la {path}; cat {path}/calc.py; git -C {path} log --all --oneline; "
+                                       f"cat {path}/.git/HEAD; cat calc.py; ls build 2>&1; echo PEEKED")
     policy.scripts[f"peek-{leak}"] = [peek, *FIX]
-    episode_id = _episode(db_session, env, _payload(image, base), f"peek-{leak}")
+    episode_id = _episode(db_session, env, _payload(image, base, path), f"peek-{leak}")
     assert run_episode(episode_id, policy=policy_client, sandboxes=provider, worker="test").reward == pytest.approx(1.0)
     db_session.expire_all()
     (first, *_) = db_session.execute(select(Turn).where(Turn.episode_id == episode_id).order_by(Turn.index)).scalars()
     seen = first.observation
-    assert "PEEKED" in seen and "cat: /testbed/calc.py: No such file" in seen, seen  # an empty directory now
-    assert "not a git repository" in seen and "cat: /testbed/.git/HEAD: No such file" in seen
+    assert "PEEKED" in seen and f"cat: {path}/calc.py: No such file" in seen, seen  # an empty directory now
+    assert "not a git repository" in seen and f"cat: {path}/.git/HEAD: No such file" in seen
     assert "return a - b" in seen and "return a + b" not in seen  # the workspace's calc.py is the base's
-    assert ("compiled.txt" in seen) is (leak == "build-output")  # ignored build output comes along
+    assert ("compiled.txt" in seen) is (leak == "swebench-setup")  # ignored build output comes along
     assert not _leaked(events)
 
 
@@ -248,10 +245,10 @@ def test_the_agent_sees_the_exported_base_and_never_the_images_repository(
 def test_an_image_that_keeps_what_came_after_the_base_is_refused(
         db_session, scripted, provider, events, policy_client, code_repo_image, instance_images, leak, reason) -> None:
     policy, _ = scripted
-    image, base = instance_images[leak]
+    image, base, path = instance_images[leak]
     env = _environment(db_session, code_repo_image, task_images=[f"{PREFIX}.*"])
     policy.scripts[leak] = FIX
-    episode_id = _episode(db_session, env, _payload(image, base), leak)
+    episode_id = _episode(db_session, env, _payload(image, base, path), leak)
     with pytest.raises(TaskRefusedFault, match=reason) as refused:
         run_episode(episode_id, policy=policy_client, sandboxes=provider, worker="test")
     assert not refused.value.retry and image in str(refused.value)
@@ -263,14 +260,14 @@ def test_an_image_that_keeps_what_came_after_the_base_is_refused(
 
 def test_an_image_the_environment_does_not_allow_is_refused_at_import_and_at_play(
         db_session, scripted, provider, policy_client, code_repo_image, instance_images, tmp_path) -> None:
-    image, base = instance_images["none"]
+    image, base, path = instance_images["none"]
     env = _environment(db_session, code_repo_image, task_images=["someone-else/*"])
     line = {"id": "t1", "instruction": "fix add", "image": image, "repo": {"format": "image", "commit": base},
             "hidden_tests": {"paths": ["test_hidden.py"], "files": {"test_hidden.py": HIDDEN_TEST}}}
     with pytest.raises(ConfigError, match=r"task 't1': image: expected an image the environment allows \(someone-else/\*\)"):
         import_uploaded(db_session, environment=env.name, lines=[json.dumps(line)])
     # stored anyway (by hand, as an older spec allowed it): the episode's spec refuses it, not retried
-    episode_id = _episode(db_session, env, _payload(image, base), "not-allowed")
+    episode_id = _episode(db_session, env, _payload(image, base, path), "not-allowed")
     with pytest.raises(TaskRefusedFault, match="task_images allows"):
         run_episode(episode_id, policy=policy_client, sandboxes=provider, worker="test")
 
@@ -303,8 +300,8 @@ def test_an_image_repository_is_named_by_a_full_commit_and_an_absolute_path(db_s
 def test_a_swebench_file_imports_onto_each_instances_image_and_grades_there(
         db_session, scripted, provider, events, policy_client, code_repo_image, instance_images, tmp_path) -> None:
     policy, _ = scripted
-    image, base = instance_images["none"]
-    assert image == f"{PREFIX}.acme_1776_calc-1:none"
+    image, base, path = instance_images["none"]
+    assert image == f"{PREFIX}.acme_1776_calc-1:latest" and path == "/testbed"
     env = _environment(db_session, code_repo_image, task_images=[f"{PREFIX}.*"])
     instance = {"instance_id": INSTANCE, "repo": "acme/calc", "base_commit": base,
                 "problem_statement": "add() subtracts. [script:swe]", "test_patch": TEST_PATCH,
@@ -312,14 +309,14 @@ def test_a_swebench_file_imports_onto_each_instances_image_and_grades_there(
                 "PASS_TO_PASS": json.dumps(["tests/test_calc.py::test_mul"])}
     path = tmp_path / "swe.jsonl"
     path.write_text(json.dumps(instance) + "\n")
-    for bad, message in ((f"{PREFIX}.{{nope}}:none", "naming only"), ("--x {instance_key}", "image reference template"),
+    for bad, message in ((f"{PREFIX}.{{nope}}:latest", "naming only"), ("--x {instance_key}", "image reference template"),
                          ("{instance_id:1999999999}", "naming only"), ("x{0}", "naming only"), ("x}", "naming only")):
         with pytest.raises(ConfigError, match=message):
             import_tasks(db_session, environment=env.name, path=path, format="swebench", image=bad)
     with pytest.raises(ConfigError, match="repos_dir: expected none with an image template"):
         import_tasks(db_session, environment=env.name, path=path, format="swebench", image=image, repos_dir=tmp_path)
     assert import_tasks(db_session, environment=env.name, path=path, format="swebench",
-                        image=f"{PREFIX}.{{instance_key}}:none") == 1
+                        image=f"{PREFIX}.{{instance_key}}:latest") == 1
     from core.models import Task
 
     task = db_session.execute(select(Task).where(Task.environment_name == env.name)).scalar_one()
