@@ -14,6 +14,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -125,6 +126,7 @@ def _spec(image: str) -> dict:
             "verifier": {"weights": {"hidden_tests": 1.0}}}
 
 
+@pytest.mark.slow  # 80 s in the suite; test_factory_images.py runs the CLI end to end by default (make test-all: this)
 def test_the_factory_makes_validated_tasks_that_only_the_inverse_fix_solves(  # type: ignore[no-untyped-def]
         db_session: Session, tmp_path: Path, code_repo_image: str, backend, scripted, sandboxes, policy_client) -> None:
     env, _ = register_environment(db_session, spec=parse_spec(_spec(code_repo_image)))

@@ -6,10 +6,13 @@ as on every machine here; nothing is installed in the sandboxes at run time (the
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -29,7 +32,7 @@ from sandboxes.events import EventKind
 from task_workers.context import DockerSandboxes
 from task_workers.episode.runner import run_episode
 from tests import factories
-from tests.task_workers.episode.test_factory import _spec
+from tests.task_workers.episode.test_factory import _broken, _installed, _spec
 
 ROOT = Path(__file__).resolve().parents[3]
 NAME = "factory-deps"
@@ -84,6 +87,8 @@ def _package(root: Path) -> Path:
     (root / "tests" / "test_widthlib.py").write_text(TESTS)
     (root / "pyproject.toml").write_text('[project]\nname = "widthlib"\nversion = "1.0"\n'
                                          'dependencies = ["wcwidth==0.2.13"]\n')
+    (root / ".git").mkdir()  # a history that must never reach a task
+    (root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
     return root
 
 
@@ -94,16 +99,24 @@ def test_a_package_with_a_dependency_gets_its_own_image_and_its_tasks_are_graded
     db_session.commit()
     out = tmp_path / "tasks.jsonl"
     factory = subprocess.run(
-        [sys.executable, "-m", "cli.main", "tasks", "factory", str(_package(tmp_path / "widthlib")), "--out", str(out),
+        [sys.executable, "-m", "cli.main", "tasks", "factory", str(_package(tmp_path / "widthlib")),
+         str(_broken(tmp_path / "brokenlib")), str(_installed(tmp_path / "iniconfig")), "--out", str(out),
          "--env", NAME, "--max-mutations", "4", "--output", "json"],
         cwd=ROOT, env={**os.environ, "COLUMNS": "250"}, capture_output=True, text=True, timeout=900)
     assert factory.returncode == 0, factory.stdout[-3000:] + factory.stderr[-3000:]
-    (report,) = json.loads(factory.stdout)["packages"]
+    report, broken, installed = json.loads(factory.stdout)["packages"]
+    # A package's fault is its one line, and the others go on (test_factory.py's whole run is marked slow).
+    assert broken["tasks"] == 0 and broken["error"].startswith("brokenlib: ") and "\n" not in broken["error"]
+    assert installed["tasks"] == 0 and "already has iniconfig installed" in installed["error"], installed
     assert report["error"] is None and report["requirements"] == ["wcwidth==0.2.13"], report
     image = report["image"]
     assert image.startswith("crucible-factory/widthlib:") and report["tests_kept"] == 5 and report["tasks"] >= 1
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert {line["image"] for line in lines} == {image}
+    for line in lines:  # the package's .git never reaches a task, and no two tasks share a diff
+        with tarfile.open(fileobj=io.BytesIO(base64.b64decode(line["repo"]["data_b64"]))) as tar:
+            assert not any(name == ".git" or name.startswith(".git/") for name in tar.getnames())
+    assert len({line["repo"]["data_b64"] for line in lines}) == len(lines)
     # Built without network, from the environment's image: the wheel is there, and nothing else was added.
     labels = docker_api().inspect_image(image)["Config"]["Labels"]
     assert labels["crucible.package"] == "widthlib"
