@@ -168,9 +168,8 @@ class Session:
         task = self.kind.parse_task(chosen.payload)
         stack = ExitStack()
         try:
-            task = prepare_task(self.kind, task, spec=self.served.spec, sandboxes=self.sandboxes, run_id=None,
-                                episode_id=None)
-            spec = self.served.spec.for_task(task)  # a task's own image is never pooled: one sandbox per episode
+            task, spec = prepare_task(self.kind, task, spec=self.served.spec, sandboxes=self.sandboxes, run_id=None,
+                                      episode_id=None)  # a task's own image is never pooled: one sandbox per episode
             sandbox = stack.enter_context(self.sandboxes.fresh(spec=spec, run_id=None, episode_id=None)
                                           if spec.task_image else self.sandboxes.pool_for(spec).lease())
             self.kind.setup(sandbox=sandbox, task=task)

@@ -114,8 +114,8 @@ def _regrade(session: Session, episode: Episode, *, sandboxes: SandboxProvider,
     kind = get_kind(spec.kind)(spec)
     task = kind.parse_task(task_row.payload)  # as the runner does
     try:
-        task = prepare_task(kind, task, spec=spec, sandboxes=sandboxes, run_id=episode.run_id, episode_id=episode.id)
-        spec = spec.for_task(task)
+        task, spec = prepare_task(kind, task, spec=spec, sandboxes=sandboxes, run_id=episode.run_id,
+                                  episode_id=episode.id)
     except (CrucibleError, RuntimeError) as error:
         report.skipped[f"task refused: {str(error)[:80]}"] += 1
         return None

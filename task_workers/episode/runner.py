@@ -137,9 +137,9 @@ def run_episode(
     kind = get_kind(loaded.spec.kind)(loaded.spec)
     task = kind.parse_task(loaded.payload)
     try:  # a task may name its own image (a SWE-bench instance's): every sandbox of the episode is of it
-        task = prepare_task(kind, task, spec=loaded.spec, sandboxes=sandboxes, run_id=loaded.run_id,
-                            episode_id=episode_id)
-        loaded = replace(loaded, spec=loaded.spec.for_task(task))
+        task, spec = prepare_task(kind, task, spec=loaded.spec, sandboxes=sandboxes, run_id=loaded.run_id,
+                                  episode_id=episode_id)
+        loaded = replace(loaded, spec=spec)
     except (TaskRefused, ConfigError) as error:
         raise TaskRefusedFault(f"task refused: {error}") from error
     except (RuntimeError, CrucibleError) as error:
@@ -205,19 +205,20 @@ def run_episode(
 
 
 def prepare_task(kind: Any, task: Any, *, spec: EnvironmentSpec, sandboxes: SandboxProvider, run_id: int | None,
-                 episode_id: int | None) -> Any:
-    """The task as its episode's sandboxes need it: a kind with a `prepare` step (code_repo: export the
-    repository a task's own image holds) runs it, in sandboxes of the image that hide nothing and that no
-    agent uses. ConfigError when the environment does not allow the image the task names."""
+                 episode_id: int | None) -> tuple[Any, EnvironmentSpec]:
+    """The task as its episode's sandboxes need it, and the spec they run under (EnvironmentSpec.for_task).
+    A kind with a `prepare` step (code_repo: export the repository a task's own image holds) runs it, in
+    sandboxes of the image that hide nothing and that no agent uses. ConfigError when the environment does
+    not allow the image the task names: checked first, so no sandbox of such an image is made."""
+    episode_spec = spec.for_task(task)
     prepare = getattr(kind, "prepare", None)
     if prepare is None or getattr(task, "image", None) is None:
-        return task
-    spec.for_task(task)  # the allow-list first: no sandbox of an image the environment does not allow
+        return task, episode_spec
 
     def open_image(image: str) -> AbstractContextManager[Sandbox]:
         return sandboxes.fresh(spec=spec.on_image(image), run_id=run_id, episode_id=episode_id)
 
-    return prepare(task=task, open_image=open_image)
+    return prepare(task=task, open_image=open_image), episode_spec
 
 
 def _learned(loaded: _Loaded, trajectory: Trajectory, verdict: Verdict) -> Verdict:

@@ -136,16 +136,22 @@ UNRELATED = hermes_call("write_file", path="NOTES.md", content="I looked into it
 SUBMIT = hermes_call("submit")
 
 
-def _play(session: Session, env: Any, line: dict[str, Any], script: str, actions: list[str], policy: Any,
-          sandboxes: Any, client: Any) -> tuple[float, Any]:
-    from core.models import Episode
-
+def _pending(session: Session, env: Any, line: dict[str, Any], script: str, actions: list[str], policy: Any) -> int:
+    """A pending episode of `line`'s task whose policy plays `actions` (the scripted server's `script`)."""
     policy.scripts[script] = actions
     task = factories.task(session, env, external_id=f"{line['id']}-{script}",
                           instruction=f"{line['instruction']} [script:{script}]",
                           payload=_task(line).model_dump(mode="json"))
     _, (episode_id,) = factories.pending_group(session, env=env, the_task=task, name=f"set-{script}")
     session.commit()
+    return episode_id
+
+
+def _play(session: Session, env: Any, line: dict[str, Any], script: str, actions: list[str], policy: Any,
+          sandboxes: Any, client: Any) -> tuple[float, Any]:
+    from core.models import Episode
+
+    episode_id = _pending(session, env, line, script, actions, policy)
     run_episode(episode_id, policy=client, sandboxes=sandboxes, worker="test")
     session.expire_all()
     episode = session.get(Episode, episode_id)
@@ -165,12 +171,7 @@ def test_the_inverse_fix_earns_1_and_an_unrelated_change_0_through_the_worker(  
         fix = inverse_edit(path, _files(line)[path].decode(), original)
         for script, actions, reward in ((f"inverse-{index}", [fix, SUBMIT], 1.0),
                                         (f"unrelated-{index}", [UNRELATED, SUBMIT], 0.0)):
-            policy.scripts[script] = actions
-            task = factories.task(db_session, env, external_id=f"{line['id']}-{script}",
-                                  instruction=f"{line['instruction']} [script:{script}]",
-                                  payload=_task(line).model_dump(mode="json"))
-            _, (episode_id,) = factories.pending_group(db_session, env=env, the_task=task, name=f"set-{script}")
-            db_session.commit()
+            episode_id = _pending(db_session, env, line, script, actions, policy)
             celery_worker.send_task("crucible.run_episode", args=[episode_id], queue="code_repo")
             expected[episode_id] = (reward, script)
     for episode_id, (reward, script) in expected.items():
