@@ -9,6 +9,7 @@ fix already in the working tree — and every one of those is refused before the
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import zlib
 from collections.abc import Iterator
@@ -43,7 +44,8 @@ TEST_PATCH = ("diff --git a/test_hidden.py b/test_hidden.py\nnew file mode 10064
 FIXED = BUGGY.replace("a - b", "a + b")
 LEAKS = ("none", "later-commit", "stray-blob", "pack-without-index", "objects-file", "swapped-blob", "fixed-tree",
          "untracked-copy", "vendored-clone", "submodule-store", "swebench-setup", "changing-setup-commit")
-IMAGE = f"{PREFIX}.acme_1776_calc-1:latest"
+TAG = f"p{os.getpid()}"  # per process: a run that splits this module over workers builds one image in each
+IMAGE = f"{PREFIX}.acme_1776_calc-1:{TAG}"
 """One image holds every instance's repository, each at its own path (/testbed: the clean one): one build."""
 
 
@@ -301,7 +303,7 @@ def test_a_swebench_file_imports_onto_each_instances_image_and_grades_there(
         db_session, scripted, provider, events, policy_client, code_repo_image, instance_images, tmp_path) -> None:
     policy, _ = scripted
     image, base, path = instance_images["none"]
-    assert image == f"{PREFIX}.acme_1776_calc-1:latest" and path == "/testbed"
+    assert image == f"{PREFIX}.acme_1776_calc-1:{TAG}" and path == "/testbed"
     env = _environment(db_session, code_repo_image, task_images=[f"{PREFIX}.*"])
     instance = {"instance_id": INSTANCE, "repo": "acme/calc", "base_commit": base,
                 "problem_statement": "add() subtracts. [script:swe]", "test_patch": TEST_PATCH,
@@ -309,14 +311,14 @@ def test_a_swebench_file_imports_onto_each_instances_image_and_grades_there(
                 "PASS_TO_PASS": json.dumps(["tests/test_calc.py::test_mul"])}
     path = tmp_path / "swe.jsonl"
     path.write_text(json.dumps(instance) + "\n")
-    for bad, message in ((f"{PREFIX}.{{nope}}:latest", "naming only"), ("--x {instance_key}", "image reference template"),
+    for bad, message in ((f"{PREFIX}.{{nope}}:{TAG}", "naming only"), ("--x {instance_key}", "image reference template"),
                          ("{instance_id:1999999999}", "naming only"), ("x{0}", "naming only"), ("x}", "naming only")):
         with pytest.raises(ConfigError, match=message):
             import_tasks(db_session, environment=env.name, path=path, format="swebench", image=bad)
     with pytest.raises(ConfigError, match="repos_dir: expected none with an image template"):
         import_tasks(db_session, environment=env.name, path=path, format="swebench", image=image, repos_dir=tmp_path)
     assert import_tasks(db_session, environment=env.name, path=path, format="swebench",
-                        image=f"{PREFIX}.{{instance_key}}:latest") == 1
+                        image=f"{PREFIX}.{{instance_key}}:{TAG}") == 1
     from core.models import Task
 
     task = db_session.execute(select(Task).where(Task.environment_name == env.name)).scalar_one()
