@@ -1,4 +1,4 @@
-.PHONY: test test-all demo factory rl-discover rl-browser rl-mixed setup lint docs bench bench-api
+.PHONY: test test-all demo factory rl-discover rl-browser rl-mixed rl-openenv setup lint docs bench bench-api
 
 setup:
 	scripts/setup.sh
@@ -34,6 +34,11 @@ rl-browser:
 rl-mixed:
 	scripts/setup.sh
 	.venv/bin/python -m recipes.mixed_rl
+
+# One GRPO run over two OpenEnv environments from PyPI, served in sandboxes (recipes/openenv_rl.py).
+rl-openenv:
+	scripts/setup.sh
+	.venv/bin/python -m recipes.openenv_rl
 
 # The documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or anchor fails it.
 docs:

@@ -3,6 +3,7 @@
     crucible images build              # base + every environments/images/<name>/Dockerfile; no-op if unchanged
     crucible images build code-repo --force
     crucible images ls -o json
+    crucible images openenv echo dipg  # OpenEnv environments from PyPI (environments/openenv/images.py)
 """
 
 from __future__ import annotations
@@ -55,4 +56,56 @@ def list_(output: OutputFormat = OutputOption) -> None:
     table = Table("IMAGE", "TAG", "BUILT")
     for r in rows:
         table.add_row(str(r["name"]), str(r["tag"]), "yes" if r["built"] else "no")
+    console.print(table)
+
+
+@app.command()
+def openenv(
+    names: list[str] = typer.Argument(..., help="recipes to build (echo, dipg), or with --app the image's name"),
+    app_: str = typer.Option(None, "--app", help="module:attribute of the ASGI app of your own OpenEnv environment"),
+    requirements: list[str] = typer.Option(None, "--requirement", "-r",
+                                           help="PEP 508 requirement of your environment (with --app; repeatable)"),
+    output: OutputFormat = OutputOption,
+) -> None:
+    """Build OpenEnv environment images: an environment from PyPI installed into the base image, with the bridge
+    the `openenv` kind talks to. Prints each image's tag (also tagged :latest)."""
+    from core.errors import ConfigError
+    from environments.code_repo.factory.requirements import check_requirements
+    from environments.images import build_images
+    from environments.openenv.images import OPENENV_CORE, RECIPES, Recipe, openenv_image
+
+    with readable_errors():
+        if app_ is not None:
+            if names and names[0] in RECIPES:
+                raise ConfigError(f"--app: expected a name of your own for the image, got the recipe {names[0]!r} "
+                                  f"(its :latest tag would then name your environment)")
+            if len(names) != 1 or not requirements:
+                raise ConfigError(f"--app: expected one image name and at least one --requirement, got names "
+                                  f"{names} and requirements {requirements or []}")
+            from pydantic import ValidationError
+
+            from environments.spec import OpenEnvSettings
+
+            try:
+                OpenEnvSettings(app=app_)  # the spec's own check of the app's spelling
+            except ValidationError:
+                raise ConfigError(f"--app: expected module:attribute (a Python module path, a colon, a name), got "
+                                  f"{app_[:200]!r}") from None
+            checked = check_requirements(requirements, where="--requirement")
+            recipes = {names[0]: Recipe(requirements=(*checked, OPENENV_CORE), app=app_)}
+        else:
+            unknown = [name for name in names if name not in RECIPES]
+            if unknown:
+                raise ConfigError(f"recipe: expected one of {', '.join(RECIPES)} (or --app with --requirement), got "
+                                  f"{', '.join(unknown)}")
+            recipes = {name: RECIPES[name] for name in names}
+        base = build_images(names=[])[0].tag
+        rows = [{"name": name, "tag": openenv_image(name, recipe, base_tag=base), "app": recipe.app,
+                 "env": recipe.env} for name, recipe in recipes.items()]
+    if output is OutputFormat.json:
+        print_json(rows)
+        return
+    table = Table("IMAGE", "TAG", "APP")
+    for row in rows:
+        table.add_row(str(row["name"]), str(row["tag"]), str(row["app"]))
     console.print(table)

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from environments.spec import EnvironmentSpec
 from sandboxes.backend import ExecResult
 from sandboxes.browser import BrowserSession
+from sandboxes.openenv import OpenEnvSession
 from sandboxes.shell import StepResult
 
 
@@ -126,6 +127,9 @@ class Sandbox(Protocol):
     def get_file(self, path: str) -> bytes: ...
     def browser(self) -> BrowserSession:
         """A browser image's driver session."""
+        ...
+    def openenv(self, **hello: Any) -> OpenEnvSession:
+        """An openenv image's bridge session (started with `hello`: the app, its folder, its environment)."""
         ...
 
 

@@ -14,6 +14,7 @@ KINDS: dict[str, str] = {
     "browser": "environments.browser.kind:BrowserKind",
     "chat": "environments.chat.kind:ChatKind",
     "code_repo": "environments.code_repo.kind:CodeRepoKind",
+    "openenv": "environments.openenv.kind:OpenEnvKind",
     "read_number": "environments.read_number.kind:ReadNumberKind",
 }
 

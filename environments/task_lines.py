@@ -1,4 +1,4 @@
-"""Tasks that are payloads (the browser, chat and read_number kinds) as Crucible JSONL: one object a line,
+"""Tasks that are payloads (the browser, chat, read_number and openenv kinds) as Crucible JSONL: one object a line,
 
     {"id": "refund-1", "instruction": "My order came broken.", "split": "train", "payload": {"follow_ups": ["Thanks!"]}}
     {"id": "rn-42", "instruction": "The file number.txt holds a number. Read it and submit it.",
@@ -33,6 +33,7 @@ EXAMPLES = {
     "browser": '{"family": "miniwob", "name": "click-button", "seed": 0}',
     "chat": '{"follow_ups": ["And in French?"]}',
     "read_number": '{"path": "number.txt", "number": "42"}',
+    "openenv": '{"seed": 3, "options": {}}',
 }
 """The kinds whose tasks are payloads, each with a payload to show in an error."""
 PAYLOAD_KINDS = tuple(EXAMPLES)
@@ -75,6 +76,8 @@ def default_instruction(kind: str, task: Any) -> str | None:
         from environments.read_number.task import instruction_for
 
         return instruction_for(task)
+    if kind == "openenv":  # the environment's first observation follows it
+        return "Act in the environment." if task.seed is None else f"Act in the environment (instance {task.seed})."
     return None
 
 

@@ -5,7 +5,7 @@
     import_generated(session, environment="miniwob", format="miniwob", tasks="all", seeds=10)  # browser
 
 A code_repo environment imports `crucible` and `swebench` files; the kinds whose tasks are payloads
-(browser, chat, read_number) `crucible` files of environments.task_lines; a browser environment also
+(browser, chat, read_number, openenv) `crucible` files of environments.task_lines; a browser environment also
 the generated formats of environments.browser.importing (`miniwob`, and one per self-hosted site).
 
 Both store records one at a time as they are read (an upload is never held whole), inside the caller's
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 TaskFormat = Literal["crucible", "swebench"]
 FORMATS = {"code_repo": ("crucible", "swebench"), "browser": ("crucible", *GENERATED_FORMATS),
-           "chat": ("crucible",), "read_number": ("crucible",)}
+           "chat": ("crucible",), "read_number": ("crucible",), "openenv": ("crucible",)}
 """Environment kind -> the task formats it imports."""
 
 

@@ -47,7 +47,15 @@ def driver_argv() -> list[str]:
 
 
 class BrowserSession:
-    """One driver process; calls are serialised."""
+    """One driver process; calls are serialised. A JSON-lines driver of another kind (the OpenEnv bridge,
+    sandboxes/openenv.py) subclasses it with its own argv, deadlines, fault and name."""
+
+    what = "browser driver"
+    fault: type[SandboxError] = BrowserFault
+    deadlines = DEADLINES
+
+    def argv(self) -> list[str]:
+        return driver_argv()
 
     def __init__(self, open_stream: Callable[[list[str]], ExecStream]) -> None:
         self._open_stream = open_stream
@@ -60,25 +68,25 @@ class BrowserSession:
     def alive(self) -> bool:
         return self._stream is not None and not self._stream.eof
 
-    def start(self) -> dict[str, Any]:
+    def start(self, **hello: Any) -> dict[str, Any]:
         with self._lock:
             if self._stream is None:
-                self._stream = self._open_stream(driver_argv())
+                self._stream = self._open_stream(self.argv())
             try:
-                self.info = self._call_locked("hello", {})
-            except BrowserFault as fault:
+                self.info = self._call_locked("hello", hello)
+            except self.fault as fault:
                 if self._stream is None:  # the driver died or went silent: nothing to ask again
                     raise
                 # The driver answered with a fault: its Chromium did not answer in time (on a loaded
                 # machine one took over 30 s to start). Asked once more; a second fault is final.
-                log.warning("browser driver: %s; asking it once more", fault)
-                self.info = self._call_locked("hello", {})
+                log.warning("%s: %s; asking it once more", self.what, fault)
+                self.info = self._call_locked("hello", hello)
             return self.info
 
     def call(self, op: str, **params: Any) -> dict[str, Any]:
         with self._lock:
             if self._stream is None:
-                raise BrowserFault("the browser driver is not running")
+                raise self.fault(f"the {self.what} is not running")
             return self._call_locked(op, params)
 
     def _call_locked(self, op: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -90,25 +98,25 @@ class BrowserSession:
         request = {"id": self._next_id, "op": op, **params}
         try:
             stream.send(json.dumps(request, separators=(",", ":")).encode() + b"\n")
-            end = stream.read_until(b"\n", deadline=time.monotonic() + DEADLINES.get(op, 30.0))
+            end = stream.read_until(b"\n", deadline=time.monotonic() + self.deadlines.get(op, 30.0))
             line = stream.take(end)
         except (StreamClosed, StreamTimeout) as error:
             self._kill(stream)
             detail = stream.stderr.decode(errors="replace").strip()[-800:]
-            raise BrowserFault(f"browser driver ({op}): {error}" + (f"; it said: {detail}" if detail else "")) from None
+            raise self.fault(f"{self.what} ({op}): {error}" + (f"; it said: {detail}" if detail else "")) from None
         if len(line) > MAX_REPLY:
             self._kill(stream)
-            raise BrowserFault(f"browser driver ({op}): expected a reply under {MAX_REPLY} bytes, got {len(line)}")
+            raise self.fault(f"{self.what} ({op}): expected a reply under {MAX_REPLY} bytes, got {len(line)}")
         try:
             reply = json.loads(line)
         except ValueError:
             self._kill(stream)
-            raise BrowserFault(f"browser driver ({op}): expected a JSON reply, got {line[:200]!r}") from None
+            raise self.fault(f"{self.what} ({op}): expected a JSON reply, got {line[:200]!r}") from None
         if not isinstance(reply, dict) or reply.get("id") != self._next_id:
             self._kill(stream)
-            raise BrowserFault(f"browser driver ({op}): expected the reply to request {self._next_id}, got {str(reply)[:200]}")
+            raise self.fault(f"{self.what} ({op}): expected the reply to request {self._next_id}, got {str(reply)[:200]}")
         if reply.get("fault"):
-            raise BrowserFault(f"browser ({op}): {reply['fault']}")
+            raise self.fault(f"{self.what.removesuffix(' driver')} ({op}): {reply['fault']}")
         if not reply.get("ok"):
             raise ActionRefused(str(reply.get("error", "refused")))
         return reply

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from core.tar import pack_path
 from sandboxes import files as files_
@@ -32,6 +33,7 @@ from sandboxes.browser import BrowserSession
 from sandboxes.errors import ResetFailed, SandboxDead, SandboxError, SessionError
 from sandboxes.events import EventKind, EventRecorder, EventSink, NullEventSink
 from sandboxes.layout import CONTROL_USER, KEEPER_USER, sandbox_env
+from sandboxes.openenv import OpenEnvSession
 from sandboxes.reset import (
     BASELINE_SCRIPT,
     PRISTINE_GIT,
@@ -85,6 +87,7 @@ class Sandbox:
         self.is_repo = False
         self._session: ShellSession | None = None
         self._browser: BrowserSession | None = None
+        self._openenv: OpenEnvSession | None = None
         self._lock = threading.RLock()
         self._destroy_lock = threading.Lock()
         self._destroyed = False
@@ -186,6 +189,26 @@ class Sandbox:
                     self._browser = None
                     raise
             return self._browser
+
+    def openenv(self, **hello: Any) -> OpenEnvSession:
+        """The OpenEnv bridge of an openenv image (started on first use with `hello`: the app, its folder and
+        environment variables; kept across episodes, each of which opens its own session on the server)."""
+        with self._lock:
+            if self._destroyed:
+                raise SandboxDead(f"sandbox {self.id}: expected a live sandbox, got it destroyed")
+            if self._openenv is None or not self._openenv.alive or self._openenv.hello != hello:
+                if self._openenv is not None:  # gone, or another spec's server on the same image: a new one
+                    self._openenv.close()
+                backend, cid = self.backend, self.container_id
+                self._openenv = OpenEnvSession(lambda argv: backend.open_exec(
+                    cid, argv=argv, user=KEEPER_USER, env={}, workdir="/"), hello=dict(hello))
+                try:
+                    self._openenv.start(**hello)
+                except SandboxError:
+                    self.healthy = False
+                    self._openenv = None
+                    raise
+            return self._openenv
 
     def _ensure_session(self, *, restore_from: str | None = None) -> ShellSession:
         if self._session is None or not self._session.alive:
@@ -337,9 +360,10 @@ class Sandbox:
                 session, self._session = self._session, None
                 if session is not None:
                     session.close()
-                browser, self._browser = self._browser, None
-                if browser is not None:
-                    browser.close()
+                for driver in (self._browser, self._openenv):
+                    if driver is not None:
+                        driver.close()
+                self._browser = self._openenv = None
 
 
 def _excerpt(command: str | bytes) -> str:

@@ -121,6 +121,9 @@ def load_served(session: Any, *, name: str, split: str, version: int | None = No
         raise ConfigError(f"environment {name!r}: its verifier asks a judge or a reward model, which score a "
                           "policy's transcript; serving it over OpenEnv is not supported (expected a verifier "
                           "of its own layers only)")
+    if spec.kind == "openenv":
+        raise ConfigError(f"environment {name!r} is itself an OpenEnv environment: expected a Crucible kind to serve "
+                          f"(code_repo, browser, read_number); its own image already serves OpenEnv")
     rows = session.execute(select(Task.external_id, Task.instruction, Task.payload)
                            .where(Task.environment_name == name, Task.split == split).order_by(Task.id)).all()
     if not rows:

@@ -38,3 +38,10 @@ def test_the_chat_and_read_number_examples_register_and_import(db_session: Sessi
 def test_the_factory_example_registers(db_session: Session) -> None:
     env, created = register_environment(db_session, spec=load_spec_file(EXAMPLES / "factory-env.yaml"))
     assert created and env.kind == "code_repo" and env.spec["verifier"]["weights"] == {"hidden_tests": 1.0}
+
+
+def test_the_openenv_examples_register_and_import(db_session: Session) -> None:
+    for name in ("openenv-echo", "openenv-dipg"):
+        env, created = register_environment(db_session, spec=load_spec_file(EXAMPLES / f"{name}.yaml"))
+        assert created and env.kind == "openenv"
+        assert import_tasks(db_session, environment=env.name, path=EXAMPLES / "openenv-echo.jsonl") == 3

@@ -46,6 +46,14 @@ def package_image(base_tag: str, package: str, requirements: list[str]) -> str:
     """The tag of `base_tag` + `requirements` installed (built if it is not there yet). `requirements` are
     checked PEP 508 strings without URLs (factory.requirements.check_requirements). ImageBuildError names
     the requirement pip could not install as a wheel, or the build's last lines."""
+    return wheel_image(base_tag, repository=REPOSITORY, name=package, requirements=requirements)
+
+
+def wheel_image(base_tag: str, *, repository: str, name: str, requirements: list[str],
+                files: dict[str, bytes] | None = None, steps: str = "") -> str:
+    """`<repository>/<name>:<hash>`: `base_tag` with the wheels of `requirements` in its site-packages, then
+    `files` (paths relative to the build context, e.g. `extra/app.py`) and the Dockerfile `steps` that use
+    them, run with no network. The hash covers all of it."""
     api = docker_api()
     with tempfile.TemporaryDirectory(prefix="crucible-package-image-") as directory:
         context = Path(directory)
@@ -69,15 +77,24 @@ def package_image(base_tag: str, package: str, requirements: list[str]) -> str:
             raise ImageBuildError(f"expected at most {MAX_INSTALLED_BYTES >> 20} MiB installed for "
                                   f"{', '.join(requirements)}, got {installed >> 20} MiB")
         version = tuple(sys.version_info[:2])
-        digest = _tree_hash(site, base_tag=base_tag, version=version)
-        tag = f"{REPOSITORY}/{_repository_name(package)}:{digest}"
+        digest = hashlib.sha256(_tree_hash(site, base_tag=base_tag, version=version).encode())
+        for path, data in sorted((files or {}).items()):
+            digest.update(f"{path}\0{hashlib.sha256(data).hexdigest()}\0".encode())
+        digest.update(steps.encode())
+        tag = f"{repository}/{_repository_name(name)}:{digest.hexdigest()[:12]}"
         if _image_exists(api, tag):
             return tag
-        (context / "Dockerfile").write_text(DOCKERFILE.format(base=base_tag, version=version))
+        for path, data in (files or {}).items():
+            target = context / path
+            if target.resolve().parent != context.resolve() and context.resolve() not in target.resolve().parents:
+                raise ImageBuildError(f"expected a file inside the build context, got {path!r}")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        (context / "Dockerfile").write_text(DOCKERFILE.format(base=base_tag, version=version) + steps)
         log.info("building %s (%s)", tag, ", ".join(requirements))
         lines: list[str] = []
         for chunk in api.build(path=str(context), tag=tag, network_mode="none", rm=True, forcerm=True, pull=False,
-                               decode=True, labels={"crucible.inputs": digest, "crucible.package": package[:200]}):
+                               decode=True, labels={"crucible.inputs": tag.rsplit(":", 1)[1], "crucible.package": name[:200]}):
             if "error" in chunk:
                 raise ImageBuildError(f"docker build of its image: {chunk['error'].strip()[:400]}")
             lines.append(str(chunk.get("stream", "")))
