@@ -55,6 +55,9 @@ class RecipeSettings:
     guess_fraction: float = 0.5
     """Share of the sloppy expert's demonstrations that guess without reading."""
     short_fraction: float = 0.8
+    train_temperature: float = 1.0
+    """The train run's sampling temperature (held-out evaluations sample at 1.0): above 1, groups differ
+    more where the policy has settled on one choice."""
 
 
 S = TypeVar("S", bound=RecipeSettings)
@@ -406,7 +409,8 @@ def launch_training(procs: Processes, *, settings: RecipeSettings, model: str, e
         "name": f"{prefix}-train-{time.strftime('%Y%m%d-%H%M%S')}", "model": model,
         "environments": [{"name": name} for name in ([environment] if isinstance(environment, str) else environment)],
         "split": "train", "group_size": settings.group_size, "batch_size": settings.batch_size, "mode": "async",
-        "max_staleness": 1, "seed": settings.seed, "trainer": {"optimizer": {"lr": settings.lr}}})
+        "max_staleness": 1, "seed": settings.seed, "trainer": {"optimizer": {"lr": settings.lr}},
+        "sampling": {"temperature": settings.train_temperature}})
     with session_scope() as session:
         run_id = create_run(session, config=config).id
     server = procs.server
