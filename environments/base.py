@@ -71,6 +71,11 @@ class ToolResult:
         return self.status != "ok" and self.status != "output_truncated"
 
 
+def tool_error(message: str, *, prefix: str = "Error: ") -> ToolResult:
+    """A tool call the kind refused (a wrong tool, argument or value): the agent sees `prefix` + `message`."""
+    return ToolResult(observation=f"{prefix}{message}", output=message, status="error")
+
+
 @dataclass(frozen=True)
 class LayerResult:
     name: str

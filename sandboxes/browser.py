@@ -57,8 +57,11 @@ class BrowserSession:
     def argv(self) -> list[str]:
         return driver_argv()
 
-    def __init__(self, open_stream: Callable[[list[str]], ExecStream]) -> None:
+    def __init__(self, open_stream: Callable[[list[str]], ExecStream], *, hello: dict[str, Any] | None = None) -> None:
         self._open_stream = open_stream
+        self.hello = dict(hello or {})
+        """What `hello` sends at start (the OpenEnv bridge's app and environment; nothing for the browser):
+        a sandbox asked for a driver with other settings starts a new one (Sandbox._driver)."""
         self._stream: ExecStream | None = None
         self._lock = threading.Lock()
         self._next_id = 0
@@ -68,19 +71,19 @@ class BrowserSession:
     def alive(self) -> bool:
         return self._stream is not None and not self._stream.eof
 
-    def start(self, **hello: Any) -> dict[str, Any]:
+    def start(self) -> dict[str, Any]:
         with self._lock:
             if self._stream is None:
                 self._stream = self._open_stream(self.argv())
             try:
-                self.info = self._call_locked("hello", hello)
+                self.info = self._call_locked("hello", self.hello)
             except self.fault as fault:
                 if self._stream is None:  # the driver died or went silent: nothing to ask again
                     raise
                 # The driver answered with a fault: its Chromium did not answer in time (on a loaded
                 # machine one took over 30 s to start). Asked once more; a second fault is final.
                 log.warning("%s: %s; asking it once more", self.what, fault)
-                self.info = self._call_locked("hello", hello)
+                self.info = self._call_locked("hello", self.hello)
             return self.info
 
     def call(self, op: str, **params: Any) -> dict[str, Any]:

@@ -39,12 +39,8 @@ class OpenEnvSession(BrowserSession):
     fault = OpenEnvFault
     deadlines = DEADLINES
 
-    def __init__(self, open_stream: Any, *, hello: dict[str, Any]) -> None:
-        super().__init__(open_stream)
-        self.hello = hello
-        """What the bridge was started with: a spec asking for another app or environment gets a new bridge."""
-        self.episodes = 0
-        """Episodes reset on this bridge's server (the kind counts them: `server: per_episode` restarts it)."""
+    episodes = 0
+    """Episodes reset on this bridge's server (the kind counts them: `server: per_episode` restarts it)."""
 
     def _call_locked(self, op: str, params: dict[str, Any]) -> dict[str, Any]:
         try:

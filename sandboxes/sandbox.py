@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from core.tar import pack_path
 from sandboxes import files as files_
@@ -52,6 +52,7 @@ from sandboxes.shell import (
 from sandboxes.spec import SandboxSpec
 
 log = logging.getLogger(__name__)
+D = TypeVar("D", bound=BrowserSession)
 DEFAULT_LEASE_TTL_S = 600.0
 
 
@@ -173,42 +174,35 @@ class Sandbox:
     def browser(self) -> BrowserSession:
         """The browser driver of a browser image (started on first use, kept across episodes: the
         pool's reset leaves it, its browser context is what each episode resets)."""
-        with self._lock:
-            if self._destroyed:
-                raise SandboxDead(f"sandbox {self.id}: expected a live sandbox, got it destroyed")
-            if self._browser is None or not self._browser.alive:
-                if self._browser is not None:
-                    self._browser.close()
-                backend, cid = self.backend, self.container_id
-                self._browser = BrowserSession(lambda argv: backend.open_exec(
-                    cid, argv=argv, user=KEEPER_USER, env={}, workdir="/"))
-                try:
-                    self._browser.start()
-                except SandboxError:
-                    self.healthy = False
-                    self._browser = None
-                    raise
-            return self._browser
+        return self._driver("_browser", BrowserSession, {})
 
     def openenv(self, **hello: Any) -> OpenEnvSession:
         """The OpenEnv bridge of an openenv image (started on first use with `hello`: the app, its folder and
         environment variables; kept across episodes, each of which opens its own session on the server)."""
+        return self._driver("_openenv", OpenEnvSession, hello)
+
+    def _driver(self, slot: str, kind: type[D], hello: dict[str, Any]) -> D:
+        """The keeper-uid JSON-lines driver kept in `slot`, started anew when it is gone or was started with
+        other `hello` settings (another spec's server on the same image). A driver that fails to start marks
+        the sandbox unhealthy."""
         with self._lock:
             if self._destroyed:
                 raise SandboxDead(f"sandbox {self.id}: expected a live sandbox, got it destroyed")
-            if self._openenv is None or not self._openenv.alive or self._openenv.hello != hello:
-                if self._openenv is not None:  # gone, or another spec's server on the same image: a new one
-                    self._openenv.close()
+            driver = getattr(self, slot)
+            if driver is None or not driver.alive or driver.hello != hello:
+                if driver is not None:
+                    driver.close()
+                setattr(self, slot, None)
                 backend, cid = self.backend, self.container_id
-                self._openenv = OpenEnvSession(lambda argv: backend.open_exec(
-                    cid, argv=argv, user=KEEPER_USER, env={}, workdir="/"), hello=dict(hello))
+                driver = kind(lambda argv: backend.open_exec(cid, argv=argv, user=KEEPER_USER, env={}, workdir="/"),
+                              hello=hello)
                 try:
-                    self._openenv.start(**hello)
+                    driver.start()
                 except SandboxError:
                     self.healthy = False
-                    self._openenv = None
                     raise
-            return self._openenv
+                setattr(self, slot, driver)
+            return driver  # type: ignore[no-any-return]
 
     def _ensure_session(self, *, restore_from: str | None = None) -> ShellSession:
         if self._session is None or not self._session.alive:

@@ -44,6 +44,7 @@ from environments.base import (
     ToolCall,
     ToolResult,
     Verdict,
+    tool_error,
 )
 from environments.browser.actions import canonical
 from environments.browser.sandbox.sites import site_module
@@ -156,11 +157,11 @@ class BrowserKind:
 
     def execute(self, *, sandbox: Sandbox, call: ToolCall, task: BrowserTask) -> ToolResult:
         if call.name not in self.tool_names:
-            return _error(f"tool: expected one of {', '.join(self.tool_names)}, got {json.dumps(call.name)}")
+            return tool_error(f"tool: expected one of {', '.join(self.tool_names)}, got {json.dumps(call.name)}")
         try:  # BrowserGym's argument names and send_msg_to_user (environments/browser/actions.py)
             call = canonical(call)
         except MalformedToolCall as malformed:
-            return _error(str(malformed))
+            return tool_error(str(malformed))
         if call.name == "submit":
             answer = call.arguments.get("answer", "")
             return ToolResult(observation="submitted", output=json.dumps({"answer": answer})[:4000], exit_code=0,
@@ -169,7 +170,7 @@ class BrowserKind:
             page = self._session.call("act", action=call.name, args=dict(call.arguments),
                                       screenshot=self.settings.screenshots == "every_turn")
         except ActionRefused as refused:
-            return _error(str(refused))
+            return tool_error(str(refused))
         error = str(page.get("error") or "")
         text = _page_text(page, tree=self.settings.tree)
         if error:
@@ -227,6 +228,3 @@ def browsergym_tree(text: str) -> str:
     text = _INDENT.sub(lambda match: "\t" * (len(match.group(1)) // 2), text)
     return text.replace("', value=", "' value=")
 
-
-def _error(message: str) -> ToolResult:
-    return ToolResult(observation=f"Error: {message}", output=message, status="error")

@@ -24,7 +24,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from environments.base import LayerResult, OpenSandbox, Sandbox, ToolCall, ToolResult, Verdict
+from environments.base import LayerResult, OpenSandbox, Sandbox, ToolCall, ToolResult, Verdict, tool_error
 from environments.rewards import layer_weights, weighted_sum
 from environments.spec import EnvironmentSpec
 
@@ -44,9 +44,6 @@ class ChatTask(BaseModel):
         default_factory=list, max_length=32)
     """What the user says after each of the agent's replies, in order (the instruction is the first message)."""
 
-
-def _error(message: str) -> ToolResult:
-    return ToolResult(observation=message, output=message, status="error")
 
 
 class ChatKind:
@@ -78,12 +75,12 @@ class ChatKind:
 
     def execute(self, *, sandbox: Sandbox, call: ToolCall, task: ChatTask) -> ToolResult:
         if call.name != "reply":
-            return _error(f"tool: expected reply, got {json.dumps(call.name)[:80]}")
+            return tool_error(f"tool: expected reply, got {json.dumps(call.name)[:80]}", prefix="")
         message = call.arguments.get("message")
         if not isinstance(message, str) or not message.strip():
-            return _error("reply: expected a non-empty string argument 'message'")
+            return tool_error("reply: expected a non-empty string argument 'message'", prefix="")
         if len(message) > MAX_MESSAGE_CHARS:
-            return _error(f"reply: expected at most {MAX_MESSAGE_CHARS} characters, got {len(message)}")
+            return tool_error(f"reply: expected at most {MAX_MESSAGE_CHARS} characters, got {len(message)}", prefix="")
         done = self._replies.get(id(task), 0)
         self._replies[id(task)] = done + 1
         if done >= len(task.follow_ups):

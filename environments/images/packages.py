@@ -86,7 +86,7 @@ def wheel_image(base_tag: str, *, repository: str, name: str, requirements: list
             return tag
         for path, data in (files or {}).items():
             target = context / path
-            if target.resolve().parent != context.resolve() and context.resolve() not in target.resolve().parents:
+            if context.resolve() not in target.resolve().parents:
                 raise ImageBuildError(f"expected a file inside the build context, got {path!r}")
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)

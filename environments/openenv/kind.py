@@ -37,6 +37,7 @@ from environments.base import (
     ToolCall,
     ToolResult,
     Verdict,
+    tool_error,
 )
 from environments.openenv.task import OpenEnvTask
 from environments.rewards import layer_weights, weighted_sum
@@ -63,7 +64,8 @@ class OpenEnvKind:
         self.spec = spec
         self.settings = spec.openenv
         self._session: Any = None
-        self._schema: dict[str, Any] | None = None
+        self._tool: dict[str, Any] | None = None
+        """The one tool, made from the environment's action schema at setup (action_tool)."""
         self._opening: dict[str, Any] = {}
         self.rewards: list[float | None] = []
         self.done = False
@@ -78,21 +80,10 @@ class OpenEnvKind:
         return self.spec.system_prompt or SYSTEM_PROMPT.format(tool=self.settings.tool)
 
     def tools(self) -> list[dict[str, Any]]:
-        if self._schema is None:
+        if self._tool is None:
             raise GraderFault("openenv: the tools come from the environment's action schema, read at setup; "
                               "expected setup first")
-        return [self._tool()]
-
-    def _tool(self) -> dict[str, Any]:
-        action = dict(self._schema or {})
-        properties = {k: v for k, v in (action.get("properties") or {}).items() if k != "metadata"}
-        parameters: dict[str, Any] = {"type": "object", "properties": properties,
-                                      "required": [k for k in action.get("required") or [] if k in properties]}
-        if action.get("$defs"):
-            parameters["$defs"] = action["$defs"]
-        description = str(action.get("description") or action.get("title") or "Act in the environment.")[:1000]
-        return {"type": "function", "function": {"name": self.settings.tool, "description": description,
-                                                 "parameters": parameters}}
+        return [self._tool]
 
     # -- episode ----------------------------------------------------------------------------------
     def setup(self, *, sandbox: Sandbox, task: OpenEnvTask) -> None:
@@ -101,7 +92,7 @@ class OpenEnvKind:
         schema = self._session.info.get("schema") or {}
         if not isinstance(schema, dict) or not isinstance(schema.get("action"), dict):
             raise GraderFault(f"openenv: expected /schema to give an action schema, got {str(schema)[:300]}")
-        self._schema = schema["action"]
+        self._tool = action_tool(self.settings.tool, schema["action"])
         self.rewards, self.done, self.failed = [], False, None
         self.server_pid = self._session.info.get("pid")
         if self.settings.server == "per_episode" and self._session.episodes:
@@ -120,22 +111,22 @@ class OpenEnvKind:
 
     def execute(self, *, sandbox: Sandbox, call: ToolCall, task: OpenEnvTask) -> ToolResult:
         if call.name != self.settings.tool:
-            return _error(f"tool: expected {self.settings.tool}, got {json.dumps(call.name)[:100]}")
-        offered = set(self._tool()["function"]["parameters"]["properties"])
+            return tool_error(f"tool: expected {self.settings.tool}, got {json.dumps(call.name)[:100]}")
+        offered = set(self.tools()[0]["function"]["parameters"]["properties"])
         unknown = sorted(set(call.arguments) - offered)
         if unknown:
-            return _error(f"arguments: expected names among {', '.join(sorted(offered)) or 'none'}, got "
+            return tool_error(f"arguments: expected names among {', '.join(sorted(offered)) or 'none'}, got "
                           f"{', '.join(unknown)[:300]}")
         try:
             size = len(json.dumps(call.arguments, allow_nan=False))
         except (TypeError, ValueError) as error:
-            return _error(f"arguments: expected JSON values, got {error}")
+            return tool_error(f"arguments: expected JSON values, got {error}")
         if size > MAX_ACTION_BYTES:
-            return _error(f"arguments: expected at most {MAX_ACTION_BYTES} bytes, got {size}")
+            return tool_error(f"arguments: expected at most {MAX_ACTION_BYTES} bytes, got {size}")
         try:
             after = self._session.call("step", action=dict(call.arguments))
         except ActionRefused as refused:  # the environment's validation: the agent's mistake
-            return _error(f"the environment refused the action: {refused}"[:4000])
+            return tool_error(f"the environment refused the action: {refused}"[:4000])
         except SandboxError as fault:  # the server died or stalled on this action: the episode ends, unpaid
             self.failed = str(fault)[:500]
             return ToolResult(observation="Error: the environment failed on this action; the episode is over.",
@@ -177,6 +168,18 @@ class OpenEnvKind:
         return Verdict(reward=weighted_sum(layers, weights), layers=layers)
 
 
+def action_tool(name: str, action: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAI function schema of the agent's one tool: `action` (the environment's action JSON schema)
+    less the `metadata` field every OpenEnv action carries."""
+    properties = {k: v for k, v in (action.get("properties") or {}).items() if k != "metadata"}
+    parameters: dict[str, Any] = {"type": "object", "properties": properties,
+                                  "required": [k for k in action.get("required") or [] if k in properties]}
+    if action.get("$defs"):
+        parameters["$defs"] = action["$defs"]
+    description = str(action.get("description") or action.get("title") or "Act in the environment.")[:1000]
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": parameters}}
+
+
 MAX_REWARD = 1e12
 
 
@@ -203,6 +206,3 @@ def observation_text(observation: dict[str, Any]) -> str:
         lines.append(f"{name}: {text}")
     return "\n".join(lines) or "(the observation is empty)"
 
-
-def _error(message: str) -> ToolResult:
-    return ToolResult(observation=f"Error: {message}", output=message, status="error")

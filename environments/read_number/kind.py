@@ -17,7 +17,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from environments.base import LayerResult, OpenSandbox, Sandbox, ToolCall, ToolResult, Verdict
+from environments.base import LayerResult, OpenSandbox, Sandbox, ToolCall, ToolResult, Verdict, tool_error
 from environments.read_number.task import ReadNumberTask
 from environments.rewards import layer_weights, weighted_sum
 from environments.spec import EnvironmentSpec
@@ -33,9 +33,6 @@ TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
         "parameters": {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}}},
 }
 
-
-def _error(message: str) -> ToolResult:
-    return ToolResult(observation=message, output=message, status="error")
 
 
 class ReadNumberKind:
@@ -66,14 +63,14 @@ class ReadNumberKind:
         if call.name == "bash":
             command = call.arguments.get("command")
             if not isinstance(command, str) or not command.strip():
-                return _error("bash: expected a non-empty string argument 'command'")
+                return tool_error("bash: expected a non-empty string argument 'command'", prefix="")
             step = sandbox.step(command, timeout=self.spec.limits.tool_timeout_s)
             return ToolResult(observation=step.output, output=step.output, exit_code=step.exit_code,
                               status=step.status, duration_s=step.duration_s,
                               truncated_bytes=step.truncated_bytes)
         if call.name == "submit":
             return ToolResult(observation="submitted", exit_code=0, ends_episode=True)
-        return _error(f"tool: expected one of {', '.join(TOOL_SCHEMAS)}, got {json.dumps(call.name)}")
+        return tool_error(f"tool: expected one of {', '.join(TOOL_SCHEMAS)}, got {json.dumps(call.name)}", prefix="")
 
     def verify(self, *, sandbox: Sandbox, task: ReadNumberTask, submitted: bool, open_sandbox: OpenSandbox,
                actions: Sequence[ToolCall]) -> Verdict:

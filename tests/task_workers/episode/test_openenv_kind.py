@@ -195,7 +195,7 @@ def test_bad_specs_and_tasks_are_refused_at_the_edge():
 def test_an_action_past_the_size_bound_never_reaches_the_environment():
     """The bound the worker puts on an action (a response-token limit usually cuts such a call first)."""
     from environments.base import ToolCall
-    from environments.openenv.kind import MAX_ACTION_BYTES, OpenEnvKind
+    from environments.openenv.kind import MAX_ACTION_BYTES, OpenEnvKind, action_tool
     from environments.openenv.task import OpenEnvTask
 
     class Session:
@@ -206,7 +206,8 @@ def test_an_action_past_the_size_bound_never_reaches_the_environment():
             return {"observation": {}, "reward": 1.0, "done": False}
 
     kind = OpenEnvKind(parse_spec(echo_spec("crucible-openenv/echo:latest", "bound")))
-    kind._schema, kind._session = {"properties": {"message": {"type": "string"}}, "required": ["message"]}, Session()
+    kind._tool = action_tool("say", {"properties": {"message": {"type": "string"}}, "required": ["message"]})
+    kind._session = Session()
     result = kind.execute(sandbox=None, call=ToolCall("say", {"message": "y" * MAX_ACTION_BYTES}),  # type: ignore[arg-type]
                           task=OpenEnvTask())
     assert result.status == "error" and f"expected at most {MAX_ACTION_BYTES} bytes" in result.observation
