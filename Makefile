@@ -20,12 +20,13 @@ factory:
 	.venv/bin/python -m recipes.factory
 
 # RL asked to learn what no demonstration showed: find the unnamed file (recipes/discover.py; ~15 min on
-# 2 cores). Not learnt yet: docs/training/learning.md#discover.
+# 2 cores). Over three seeds +10.4 points, short of the target: docs/training/learning.md#discover.
 rl-discover:
 	scripts/setup.sh
 	.venv/bin/python -m recipes.discover
 
-# A short real RL run on MiniWoB++ pages with the tiny model (recipes/browser_rl.py; ~20 min on 2 cores).
+# A short real RL run on MiniWoB++ pages with the tiny model, one page held out (recipes/browser_rl.py;
+# ~17 min on 2 cores).
 rl-browser:
 	scripts/setup.sh
 	.venv/bin/python -m recipes.browser_rl

@@ -2,9 +2,11 @@
 
     .venv/bin/python bench/learning.py                         # the demo recipe, seeds 0 1 2
     .venv/bin/python bench/learning.py --recipe discover       # RL beyond the demonstrations (recipes/discover.py)
+    .venv/bin/python bench/learning.py --recipe browser        # MiniWoB++ pages, one held out (recipes/browser_rl.py)
     .venv/bin/python bench/learning.py --seeds 0 1 2 3 4 --rl-minutes 5
 
-Each seed runs the whole recipe (`recipes.demo.run_demo` or `recipes.discover.run_discover`: warm-up,
+Each seed runs the whole recipe (`recipes.demo.run_demo`, `recipes.discover.run_discover` or
+`recipes.browser_rl.run_browser_rl`: warm-up,
 held-out evaluation, RL, held-out evaluation) in a scratch database of its own (bench/store.py), one
 seed after the other; the seed fixes
 the tiny model's initialisation, the tasks and the sampling. Prints one JSON object: per seed the
@@ -35,7 +37,7 @@ from core.stats import mean_interval
 from recipes.common import RecipeSettings
 
 DEFAULT_SEEDS = (0, 1, 2)
-RECIPES = ("demo", "discover")
+RECIPES = ("demo", "discover", "browser")
 
 
 def recipe(name: str) -> tuple[RecipeSettings, Callable[..., dict[str, Any]]]:
@@ -48,6 +50,10 @@ def recipe(name: str) -> tuple[RecipeSettings, Callable[..., dict[str, Any]]]:
         from recipes.discover import SETTINGS, run_discover
 
         return SETTINGS, run_discover
+    if name == "browser":
+        from recipes.browser_rl import BrowserRLSettings, run_browser_rl
+
+        return BrowserRLSettings(), run_browser_rl
     raise ValueError(f"recipe: expected one of {', '.join(RECIPES)}, got {name!r}")
 
 
@@ -62,7 +68,7 @@ def summary(per_seed: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "per_seed": [{key: run[key] for key in ("seed", "held_out_success_before", "held_out_interval_before",
                                                  "held_out_success_after", "held_out_interval_after",
                                                  "delta_points", "first_action_before", "first_action_after",
-                                                 "minutes", "wall_s") if key in run}
+                                                 "held_out_by_page", "minutes", "wall_s") if key in run}
                      for run in per_seed],
     }
 

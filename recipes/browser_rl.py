@@ -11,7 +11,11 @@ tasks played by a sloppy player whose first click is a wrong element (`collect`,
 warm-up on the solver's episodes, then a few steps on a mix with the sloppy player's (`warm_up`); then vLLM on CPU, a task worker consuming the `browser` queue and the controller
 (`Processes`), a held-out evaluation, a GRPO train run with its trainer (`launch_training`,
 `watch_training`), and the held-out evaluation again. Prints the per-step success rate and writes it
-with the held-out success before and after to `<workdir>/result.json`.
+with the held-out success before and after, overall and per page, to `<workdir>/result.json`.
+
+The held-out split is the train pages at seeds no train task has, and `held_out_pages` (click-link by
+default), a page no demonstration and no train episode shows. `bench/learning.py --recipe browser`
+runs it over seeds.
 
 Rewards are the MiniWoB++ page's own (1 when the page says the task is solved, -1 for a wrong click
 on a page that ends the task, 0 when the turns run out); success is reward 1.
@@ -49,6 +53,9 @@ TOOLS = ["click", "noop"]
 CLICK_TASKS = ("click-button", "click-button-sequence", "click-checkboxes", "click-dialog", "click-link",
                "click-option", "click-tab", "click-test", "click-test-2", "focus-text")
 """Pages of environments/browser/solver.py whose plans only click."""
+HELD_OUT_PAGES = ("click-link",)
+"""A page only the held-out split has: a click on the link the goal quotes, among the page's text (the
+trained pages click buttons, a dialog's button, a text box)."""
 HELD_OUT_SEED = 100_000
 """Held-out tasks use seeds from here on; train seeds start at 0: the two never meet."""
 RETIRED = "retired"
@@ -61,7 +68,7 @@ class BrowserRLSettings(RecipeSettings):
     """RecipeSettings (group size, batch size, lr, eval samples, budgets …) plus the browser tasks; the
     train/held-out task counts follow from `tasks` × seeds."""
 
-    rl_minutes: float = 6.0
+    rl_minutes: float = 8.0
     sft_steps: int = 200
     sft_batch: int = 8
     sloppy_steps: int = 10
@@ -71,6 +78,8 @@ class BrowserRLSettings(RecipeSettings):
     batch_size: int = 4
     eval_samples: int = 2
     tasks: tuple[str, ...] = TASKS
+    held_out_pages: tuple[str, ...] = HELD_OUT_PAGES
+    """Pages in the held-out split only: no demonstration and no train episode ever shows them."""
     train_seeds: int = 10
     test_seeds: int = 6
     max_turns: int = 3
@@ -84,21 +93,25 @@ class BrowserRLSettings(RecipeSettings):
     test_tasks: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
-        unknown = [name for name in self.tasks if name not in CLICK_TASKS]
-        if not self.tasks or unknown:
-            raise ValueError(f"tasks: expected MiniWoB++ pages the scripted solver plays with clicks alone "
-                             f"({', '.join(CLICK_TASKS)}), got {unknown or list(self.tasks)}")
+        for field_name, pages in (("tasks", self.tasks), ("held_out_pages", self.held_out_pages)):
+            unknown = [name for name in pages if name not in CLICK_TASKS]
+            if (field_name == "tasks" and not pages) or unknown:
+                raise ValueError(f"{field_name}: expected MiniWoB++ pages the scripted solver plays with clicks "
+                                 f"alone ({', '.join(CLICK_TASKS)}), got {unknown or list(pages)}")
+        if both := sorted(set(self.tasks) & set(self.held_out_pages)):
+            raise ValueError(f"held_out_pages: expected pages no train task shows, got {both} (also in tasks)")
         if self.train_seeds < 1 or self.test_seeds < 1:
             raise ValueError(f"train_seeds and test_seeds: expected at least 1 each, got {self.train_seeds} and "
                              f"{self.test_seeds}")
         object.__setattr__(self, "train_tasks", len(self.tasks) * self.train_seeds)
-        object.__setattr__(self, "test_tasks", len(self.tasks) * self.test_seeds)
+        object.__setattr__(self, "test_tasks", (len(self.tasks) + len(self.held_out_pages)) * self.test_seeds)
 
 
 def env_spec(settings: BrowserRLSettings) -> dict[str, Any]:
     return {
         "name": ENV_NAME, "kind": "browser", "image": "browser",
-        "description": f"MiniWoB++ pages ({', '.join(settings.tasks)}): the page's own reward.",
+        "description": f"MiniWoB++ pages ({', '.join(settings.tasks)}; held out only: "
+                       f"{', '.join(settings.held_out_pages) or 'none'}): the page's own reward.",
         "tools": TOOLS, "browser": {"screenshots": "none"}, "sandbox": SANDBOX,
         "limits": {"max_turns": settings.max_turns, "max_context_tokens": settings.max_context_tokens,
                    "max_response_tokens": 48, "episode_timeout_s": 120, "tool_timeout_s": 10, "max_tool_errors": 2},
@@ -107,9 +120,11 @@ def env_spec(settings: BrowserRLSettings) -> dict[str, Any]:
 
 
 def task_seeds(settings: BrowserRLSettings) -> dict[str, list[tuple[str, int]]]:
-    """split -> [(task name, seed)]."""
+    """split -> [(task name, seed)]: the train pages at train seeds; the held-out split has them at other
+    seeds, and the held-out pages."""
     return {"train": [(name, seed) for name in settings.tasks for seed in range(settings.train_seeds)],
-            "test": [(name, HELD_OUT_SEED + seed) for name in settings.tasks for seed in range(settings.test_seeds)]}
+            "test": [(name, HELD_OUT_SEED + seed) for name in (*settings.tasks, *settings.held_out_pages)
+                     for seed in range(settings.test_seeds)]}
 
 
 def register(settings: BrowserRLSettings) -> dict[str, int]:
@@ -294,6 +309,35 @@ def consumed_groups(run_id: int) -> dict[str, int]:
     return {kind: int(count) for kind, count in rows}
 
 
+def by_page(run_id: int) -> dict[str, dict[str, Any]]:
+    """An eval run's pass@1 per MiniWoB++ page, with its 95 % interval (tasks resampled, as `crucible eval`
+    reports a whole run: core.stats.task_rate), from the episodes that ended with the agent's outcome."""
+    from collections import defaultdict
+
+    from sqlalchemy import func, select
+
+    from core.db import session_scope
+    from core.models import Episode, Task
+    from core.stats import task_rate
+    from core.termination import EpisodeStatus
+
+    per_page: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    with session_scope() as session:
+        rows = session.execute(
+            select(Task.payload, func.count(), func.count().filter(Episode.reward >= SOLVED_AT))
+            .join(Task, Task.id == Episode.task_id)
+            .where(Episode.run_id == run_id, Episode.status == EpisodeStatus.COMPLETED)
+            .group_by(Task.id, Task.payload)).all()
+    for payload, counted, solved in rows:
+        per_page[payload["name"]].append((int(counted), int(solved)))
+    out = {}
+    for page, counts in sorted(per_page.items()):
+        rate = task_rate(counts, 1)
+        out[page] = {"tasks": len(counts), "success": round(rate.value, 4),
+                     "interval": [round(rate.low, 4), round(rate.high, 4)]}
+    return out
+
+
 def rendering_check(run_ids: list[int], *, tokenizer_dir: Path, limit: int = 200) -> dict[str, int]:
     """Re-render stored episodes of these runs with `render` (their opening page, observations, and
     the tokens the policy sampled for each action) and count those whose token ids and loss mask equal
@@ -354,9 +398,13 @@ def run_browser_rl(settings: BrowserRLSettings, *, console: Console) -> dict[str
                     queues="celery,browser", max_model_len=settings.max_context_tokens)
     before, after, run_id, curve = learned.before, learned.after, learned.run_id, learned.curve
     rendering = rendering_check([before.run_id, run_id, after.run_id], tokenizer_dir=path / "tiny")
+    pages_before, pages_after = by_page(before.run_id), by_page(after.run_id)
     sloppy_solved = sum(p.reward >= SOLVED_AT for p in played if p.wrong)
     result: dict[str, Any] = {
         **learned.figures(), "environment": ENV_NAME, "tasks": list(settings.tasks),
+        "held_out_pages": list(settings.held_out_pages),
+        "held_out_by_page": {page: {"before": pages_before.get(page), "after": pages_after.get(page)}
+                             for page in (*settings.tasks, *settings.held_out_pages)},
         "train_tasks": settings.train_tasks, "test_tasks": settings.test_tasks,
         "episodes": episodes_of([before.run_id, run_id, after.run_id]),
         "consumed_groups": consumed_groups(run_id), "rendering": rendering,
@@ -368,6 +416,11 @@ def run_browser_rl(settings: BrowserRLSettings, *, console: Console) -> dict[str
                   f"stored episodes re-rendered token for token as the warm-up renders them: "
                   f"{rendering['matched']}/{rendering['compared']} ({rendering['canonical']} with the "
                   f"demonstrations' very action tokens)")
+    console.print("\n  held-out page      before → after")
+    for page, cell in result["held_out_by_page"].items():
+        shown = [f"{c['success']:.0%}" if c else "-" for c in (cell["before"], cell["after"])]
+        new = " (never trained on)" if page in settings.held_out_pages else ""
+        console.print(f"  {page:<17}  {shown[0]} → {shown[1]}{new}")
     console.print("\n  step  train success")
     for point in curve:
         console.print(f"  {point['step']:>4}  {point['success']:.0%}" if point["success"] is not None
@@ -380,20 +433,30 @@ def run_browser_rl(settings: BrowserRLSettings, *, console: Console) -> dict[str
 
 
 
+DEFAULTS = BrowserRLSettings()
+
+
 def main(
-    rl_minutes: float = typer.Option(6.0, help="Wall-clock budget of the RL phase."),
+    rl_minutes: float = typer.Option(DEFAULTS.rl_minutes, help="Wall-clock budget of the RL phase."),
     rl_steps: int | None = typer.Option(None, help="Stop RL after this many trainer steps (default: the minutes)."),
-    sft_steps: int = typer.Option(200, help="Warm-up optimizer steps on the solver's episodes."),
-    train_seeds: int = typer.Option(10, help="Train tasks per MiniWoB++ page."),
-    test_seeds: int = typer.Option(6, help="Held-out tasks per MiniWoB++ page."),
+    sft_steps: int = typer.Option(DEFAULTS.sft_steps, help="Warm-up optimizer steps on the solver's episodes."),
+    train_seeds: int = typer.Option(DEFAULTS.train_seeds, help="Train tasks per MiniWoB++ page."),
+    test_seeds: int = typer.Option(DEFAULTS.test_seeds, help="Held-out tasks per MiniWoB++ page."),
+    held_out_pages: str = typer.Option(",".join(DEFAULTS.held_out_pages),
+                                       help="Comma-separated pages only the held-out split has ('' for none)."),
     seed: int = typer.Option(0, help="Seed of the model, the demonstrations and the run."),
     workdir: Path | None = typer.Option(None, help="Default: <data dir>/browser-rl/<timestamp>."),
 ) -> None:
     """A short real RL run on MiniWoB++ pages with the tiny model (about 20 minutes on 2 cores)."""
     from cli.console import console
 
-    settings = BrowserRLSettings(rl_minutes=rl_minutes, rl_steps=rl_steps, sft_steps=sft_steps,
-                                 train_seeds=train_seeds, test_seeds=test_seeds, seed=seed, workdir=workdir)
+    try:
+        settings = BrowserRLSettings(rl_minutes=rl_minutes, rl_steps=rl_steps, sft_steps=sft_steps,
+                                     train_seeds=train_seeds, test_seeds=test_seeds, seed=seed, workdir=workdir,
+                                     held_out_pages=tuple(page.strip() for page in held_out_pages.split(",")
+                                                          if page.strip()))
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
     run_browser_rl(settings, console=console)
 
 

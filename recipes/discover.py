@@ -1,5 +1,5 @@
-"""`make rl-discover`: RL asked to learn what no demonstration showed (it does not yet: the variants
-tried and what each measured are in docs/training/learning.md#discover).
+"""`make rl-discover`: RL asked to learn what no demonstration showed (what each variant measured is in
+docs/training/learning.md#discover).
 
     make rl-discover                                  # = .venv/bin/python -m recipes.discover
     .venv/bin/python -m recipes.discover --rl-minutes 8 --seed 1
@@ -9,15 +9,16 @@ instruction does not say which file (`environments.read_number.task.UNNAMED`), a
 `NAMES`, different from task to task. The one way to solve it is to look before reading: `ls`, then
 `cat` the file the listing shows, then submit what it holds.
 
-The warm-up teaches the tool-call format and the environment's conventions, never that strategy. Its
-demonstrations are episodes of a different family, whose instruction names the file: some read it at
-once, some list the workspace first, and there the listing always shows two or three files, so the
-file read is the one the instruction named, never one the listing singled out. No demonstration has
-an instruction that leaves the file unnamed, and none reads a file because a listing showed it
-(`tests/recipes/test_discover.py` checks both on every demonstration). Before RL the model reads a
-file it guesses or the listing's file by chance; RL has to discover that the listing tells it which.
-Everything after the warm-up is the demo's (recipes/common.learn): held-out evaluation, async GRPO,
-held-out evaluation.
+The warm-up teaches the tool-call format and the environment's conventions, never that strategy
+(`demonstrations`). Every demonstration lists the workspace, reads one file and submits what it
+printed. Half of them name the file in the instruction, and there the listing shows two or three
+files, so the file read is the one the instruction named. The other half are the trained family's own
+episodes played blind: the file read is drawn from `NAMES` whatever the listing shows, right a fifth
+of the time. No demonstration's choice of file depends on the listing (`tests/recipes/test_discover.py`
+checks every one). Before RL the model guesses; RL has to discover that the listing tells it which
+file. Everything after the warm-up is the demo's (recipes/common.learn): held-out evaluation, async
+GRPO, held-out evaluation; `strategies` counts how often the episodes read the listed file, before
+and after.
 """
 
 from __future__ import annotations
@@ -59,9 +60,18 @@ ENV_SPEC: dict[str, Any] = {
                "tool_timeout_s": 5, "max_tool_errors": 2},
     "verifier": {"weights": {"answer": 1.0}},
 }
-SETTINGS = RecipeSettings(sloppy_steps=0, rl_minutes=8.0)
-"""The demo's sizes, one warm-up stage (there is no sloppy expert), and a longer RL phase. Not yet
-enough: see docs/training/learning.md#discover for what each variant measured."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DiscoverSettings(RecipeSettings):
+    blind_fraction: float = 0.5
+    """Share of the warm-up's episodes that are the trained family's, played blind to the listing
+    (`demonstrations`)."""
+
+
+SETTINGS = DiscoverSettings(sloppy_steps=0, rl_minutes=8.0, lr=3e-4)
+"""The demo's sizes, one warm-up stage (there is no sloppy expert), a longer RL phase and a larger step
+(at the demo's 1e-4, seed 0 went 14 % → 24 % held out in 8 minutes, train success still rising)."""
 
 
 def tasks(settings: RecipeSettings) -> tuple[list[Any], list[Any]]:
@@ -90,36 +100,69 @@ class Demonstration:
     instruction: str
     listing: tuple[str, ...]
     turns: list[tuple[dict[str, Any], str | None]]
+    blind: bool = False
+    """An episode of the trained family played by a policy blind to the listing (`demonstrations`)."""
 
 
-def demonstrations(settings: RecipeSettings, *, count: int, look_fraction: float = 1.0) -> list[Demonstration]:
-    """`count` episodes of the named family over the train tasks' numbers: the instruction names the
-    file; a `look_fraction` of them (all, by default: looking first is the convention) list the
-    workspace first (the file and one or two others), then read the named file; every one submits
-    what the file holds. (With half of them looking first, the model mostly guessed a name at once,
-    and 8 minutes of RL never found the listing: 14 % → 21 % held out, seed 0.)"""
-    from environments.read_number.task import ReadNumberTask, instruction_for
+def missing(path: str) -> str:
+    """What `cat` of an absent file prints in the code-repo sandbox (tests/trainer/test_read_number.py
+    checks it against a real one)."""
+    return f"cat: {path}: No such file or directory\n"
 
+
+def demonstrations(settings: DiscoverSettings, *, count: int, blind_fraction: float | None = None) -> list[Demonstration]:
+    """`count` warm-up episodes over the train tasks' numbers, every one of them listing the workspace
+    first (the convention), then reading one file and submitting what it printed.
+
+    - **Named** (1 - `blind_fraction` of them): the instruction names the file; the listing shows it
+      and one or two others; the named file is read.
+    - **Blind** (`blind_fraction`): the trained family's own episodes (`UNNAMED`, a listing of the one
+      file), played by a policy that does not look at the listing: the file read is one of `NAMES`,
+      each as often as the others whatever the listing shows (for each listed file, the names in a
+      shuffled order, again and again). It is the listed file a fifth of the time, and then the number
+      is submitted; otherwise `cat` fails and the episode submits 0.
+
+    So the warm-up teaches the format, the conventions and the trained family's turns, but no
+    demonstration's choice of file depends on the listing: the model leaves the warm-up guessing, a
+    fifth right, and with a choice that differs from sample to sample (what GRPO needs). That the
+    listing names the file is what RL has to find. (Without blind episodes the model named the same
+    file in all 8 samples of a task: most groups had nothing to learn from, +8.3 points at best.)"""
+    from environments.read_number.task import UNNAMED, ReadNumberTask, instruction_for
+
+    blind_fraction = settings.blind_fraction if blind_fraction is None else blind_fraction
     rng = random.Random(f"discover-demos:{settings.seed}")
     train, _ = tasks(settings)
+    guesses: dict[str, list[str]] = {name: [] for name in NAMES}
     demos = []
     for index in range(count):
         number = train[index % len(train)].payload.number
         path = rng.choice(NAMES)
+        ls = {"name": "bash", "arguments": {"command": "ls"}}
+        if rng.random() < blind_fraction:
+            # Per listed file, the guesses go through the five names in a shuffled order, then again: a
+            # fifth of each listing's blind episodes read it, not a fifth plus what chance adds (drawn
+            # independently, seed 0 read info.txt in 11 of its 24 blind episodes).
+            if not guesses[path]:
+                guesses[path] = rng.sample(NAMES, len(NAMES))
+            guess = guesses[path].pop()
+            printed = f"{number}\n" if guess == path else missing(guess)
+            turns: list[tuple[dict[str, Any], str | None]] = [
+                (ls, f"{path}\n"), ({"name": "bash", "arguments": {"command": f"cat {guess}"}}, printed),
+                ({"name": "submit", "arguments": {"answer": number if guess == path else "0"}}, None)]
+            demos.append(Demonstration(instruction=UNNAMED, listing=(path,), turns=turns, blind=True))
+            continue
         others = rng.sample([name for name in NAMES if name != path], rng.randint(1, 2))
         listing = tuple(sorted([path, *others]))
-        turns: list[tuple[dict[str, Any], str | None]] = []
-        if rng.random() < look_fraction:
-            turns.append(({"name": "bash", "arguments": {"command": "ls"}}, "".join(f"{n}\n" for n in listing)))
-        turns.append(({"name": "bash", "arguments": {"command": f"cat {path}"}}, f"{number}\n"))
-        turns.append(({"name": "submit", "arguments": {"answer": number}}, None))
+        turns = [(ls, "".join(f"{n}\n" for n in listing)),
+                 ({"name": "bash", "arguments": {"command": f"cat {path}"}}, f"{number}\n"),
+                 ({"name": "submit", "arguments": {"answer": number}}, None)]
         demos.append(Demonstration(instruction=instruction_for(ReadNumberTask(path=path, number=number)),
                                    listing=listing, turns=turns))
     return demos
 
 
-def warm_up(settings: RecipeSettings, *, workdir: Path, console: Console) -> Path:
-    """One SFT stage on the named family's demonstrations (`demonstrations`)."""
+def warm_up(settings: DiscoverSettings, *, workdir: Path, console: Console) -> Path:
+    """One SFT stage on the demonstrations (`demonstrations`)."""
     from environments.read_number.kind import SYSTEM_PROMPT, TOOL_SCHEMAS
 
     rng = random.Random(settings.seed)
@@ -133,34 +176,50 @@ def warm_up(settings: RecipeSettings, *, workdir: Path, console: Console) -> Pat
 
     return sft_in_two_stages(
         settings, workdir=workdir, console=console, batch_size=16, demonstrations=rendered,
-        what=f"{settings.sft_steps} SFT steps on episodes whose instruction names the file (the tool format, "
-             f"`ls`, `cat`, `submit`; never a file left unnamed)")
+        what=f"{settings.sft_steps} SFT steps: the tool format, `ls`, `cat`, `submit`; "
+             f"{settings.blind_fraction:.0%} of the episodes the trained family's, played blind to the listing")
 
 
 def strategies(run_ids: list[int]) -> dict[int, dict[str, int]]:
-    """Per run, how its episodes began: `ls` first, `cat` first, or anything else (a submit at once, an
-    other command): what RL changed, read off the stored actions."""
+    """Per run, how its episodes began (`ls` first, `cat` first, or anything else: a submit at once, an
+    other command) and how many read a file the listing had shown (`reads_listed`: the episode's first
+    `cat` names a file that an earlier `ls` in it printed): what RL changed, read off the stored actions."""
+    from collections import defaultdict
+
     from sqlalchemy import select
 
     from core.db import session_scope
     from core.models import Turn
 
+    def command(call: dict[str, Any] | None) -> str:
+        value = ((call or {}).get("arguments") or {}).get("command")
+        return value.strip() if isinstance(value, str) else ""
+
     out: dict[int, dict[str, int]] = {}
     with session_scope() as session:
         for run_id in run_ids:
-            counts = {"ls_first": 0, "cat_first": 0, "other": 0}
-            calls = session.execute(select(Turn.tool_call).where(Turn.run_id == run_id, Turn.index == 0)).scalars()
-            for call in calls:
-                command = ((call or {}).get("arguments") or {}).get("command")
-                command = command.strip() if isinstance(command, str) else ""
-                key = "ls_first" if command.startswith("ls") else "cat_first" if command.startswith("cat") else "other"
-                counts[key] += 1
+            episodes: dict[int, list[tuple[str, str]]] = defaultdict(list)
+            rows = session.execute(select(Turn.episode_id, Turn.tool_call, Turn.observation)
+                                   .where(Turn.run_id == run_id).order_by(Turn.episode_id, Turn.index))
+            for episode_id, call, observation in rows:
+                episodes[episode_id].append((command(call), observation or ""))
+            counts = {"ls_first": 0, "cat_first": 0, "other": 0, "reads_listed": 0}
+            for turns in episodes.values():
+                first = turns[0][0]
+                counts["ls_first" if first.startswith("ls") else "cat_first" if first.startswith("cat") else "other"] += 1
+                listed: set[str] = set()
+                for text, observation in turns:
+                    if text.startswith("ls"):
+                        listed |= set(observation.split())
+                    elif text.startswith("cat "):
+                        counts["reads_listed"] += text.removeprefix("cat ").strip() in listed
+                        break
             out[run_id] = counts
     return out
 
 
 @says_what_stays_running
-def run_discover(settings: RecipeSettings, *, console: Console) -> dict[str, Any]:
+def run_discover(settings: DiscoverSettings, *, console: Console) -> dict[str, Any]:
     """Every stage with these settings; returns what it writes to result.json."""
     settings = settled(settings, name="discover")
     began = time.monotonic()

@@ -51,14 +51,17 @@ def test_each_seed_runs_in_a_database_of_its_own() -> None:
 
 
 def test_each_recipe_runs_with_its_own_defaults() -> None:
+    from recipes.browser_rl import BrowserRLSettings, run_browser_rl
     from recipes.common import RecipeSettings
     from recipes.demo import run_demo
     from recipes.discover import SETTINGS, run_discover
 
     assert recipe("demo") == (RecipeSettings(), run_demo)
     assert recipe("discover") == (SETTINGS, run_discover)
-    with pytest.raises(ValueError, match="expected one of demo, discover, got 'browser'"):
-        recipe("browser")
+    assert recipe("browser") == (BrowserRLSettings(), run_browser_rl)
+    assert recipe("browser")[0].held_out_pages  # the browser figures include a page never trained on
+    with pytest.raises(ValueError, match="expected one of demo, discover, browser, got 'mixed'"):
+        recipe("mixed")
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,16 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from core.models import Environment, Episode, EpisodeGroup, Run, Task, TrainingStep
-from recipes.browser_rl import ENV_NAME, RETIRED, BrowserRLSettings, _wrong_call, register, run_browser_rl
+from recipes.browser_rl import (
+    ENV_NAME,
+    RETIRED,
+    TASKS,
+    BrowserRLSettings,
+    _wrong_call,
+    register,
+    run_browser_rl,
+    task_seeds,
+)
 
 OPENING = """# Goal
 Click button ONE.
@@ -52,6 +61,9 @@ def test_the_sloppy_players_mistake_is_another_element_of_the_same_role() -> Non
     ({"tasks": ()}, "got []"),
     ({"train_seeds": 0}, "got 0 and"),
     ({"test_seeds": -3}, "got 10 and -3"),
+    ({"held_out_pages": ("click-test",)}, "got ['click-test'] (also in tasks)"),  # a trained page is not new
+    ({"held_out_pages": ("enter-password",)}, "held_out_pages: expected"),
+    ({"held_out_pages": ("../../etc",)}, "../../etc"),
 ])
 def test_settings_name_what_they_expected(options: dict, message: str) -> None:
     with pytest.raises(ValueError, match="expected") as error:
@@ -60,18 +72,29 @@ def test_settings_name_what_they_expected(options: dict, message: str) -> None:
 
 
 def test_task_counts_follow_from_pages_and_seeds() -> None:
-    settings = BrowserRLSettings(tasks=("click-test", "focus-text"), train_seeds=3, test_seeds=2)
+    settings = BrowserRLSettings(tasks=("click-test", "focus-text"), train_seeds=3, test_seeds=2, held_out_pages=())
     assert (settings.train_tasks, settings.test_tasks) == (6, 4)
+    settings = BrowserRLSettings(tasks=("click-test", "focus-text"), train_seeds=3, test_seeds=2)
+    assert settings.held_out_pages == ("click-link",) and (settings.train_tasks, settings.test_tasks) == (6, 6)
+
+
+def test_a_held_out_page_is_in_no_train_task_and_at_no_train_seed() -> None:
+    seeds = task_seeds(BrowserRLSettings())
+    train, test = set(seeds["train"]), set(seeds["test"])
+    assert not train & test
+    assert {name for name, _ in train} == set(TASKS) and {name for name, _ in test} == {*TASKS, "click-link"}
+    assert max(seed for _, seed in train) < min(seed for _, seed in test)
 
 
 def test_a_second_task_set_retires_the_first_ones_leftovers(db_session: Session) -> None:
     register(BrowserRLSettings(tasks=("click-test", "focus-text"), train_seeds=2, test_seeds=1))
-    register(BrowserRLSettings(tasks=("click-test",), train_seeds=1, test_seeds=1))
+    register(BrowserRLSettings(tasks=("click-test",), train_seeds=1, test_seeds=1, held_out_pages=()))
     splits = dict(db_session.execute(select(Task.external_id, Task.split)
                                      .where(Task.environment_name == ENV_NAME)).all())
     assert splits == {"miniwob/click-test/0": "train", "miniwob/click-test/100000": "test",
                       "miniwob/click-test/1": RETIRED, "miniwob/focus-text/0": RETIRED,
-                      "miniwob/focus-text/1": RETIRED, "miniwob/focus-text/100000": RETIRED}
+                      "miniwob/focus-text/1": RETIRED, "miniwob/focus-text/100000": RETIRED,
+                      "miniwob/click-link/100000": RETIRED}
 
 
 @pytest.mark.docker
@@ -113,3 +136,26 @@ def test_rl_trains_on_browser_episodes_end_to_end(tmp_path: Path, db_session: Se
     assert rendering["compared"] >= 1 and rendering["matched"] == rendering["compared"], rendering
     assert rendering["canonical"] >= 1, rendering
     assert "held-out success" in out.getvalue()
+    # The held-out page was evaluated, before and after, and never trained on.
+    assert set(result["held_out_by_page"]) == {*settings.tasks, *settings.held_out_pages}
+    for cell in result["held_out_by_page"]["click-link"].values():
+        assert cell["tasks"] == settings.test_seeds and 0.0 <= cell["success"] <= 1.0
+    trained_pages = db_session.execute(select(Task.payload["name"].astext).join(Episode, Episode.task_id == Task.id)
+                                       .where(Episode.run_id == run.id).distinct()).scalars().all()
+    assert "click-link" not in trained_pages and trained_pages
+
+
+@pytest.mark.parametrize(("pages", "message"), [
+    ("click-test", "also in tasks"),
+    ("click-link,../../etc/passwd", "../../etc/passwd"),
+])
+def test_the_command_line_refuses_a_held_out_page_in_one_line(pages: str, message: str) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from recipes.browser_rl import main
+
+    app = typer.Typer()
+    app.command()(main)
+    result = CliRunner().invoke(app, ["--held-out-pages", pages])
+    assert result.exit_code == 2 and message in result.output and "held_out_pages: expected" in result.output

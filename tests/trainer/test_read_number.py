@@ -85,6 +85,25 @@ def test_reading_and_submitting_the_number_is_rewarded(
         assert first.observation == "4821\n"
 
 
+def test_the_discover_recipes_blind_demonstrations_print_what_the_sandbox_prints(
+    db_session: Session, sandboxes: DockerSandboxes,
+) -> None:
+    """recipes/discover.py renders its blind demonstrations' turns without a sandbox: the listing of the
+    one file and the failed `cat` must be, byte for byte, what the runner stores for the same calls."""
+    from recipes.discover import missing
+
+    script = [hermes_call("bash", command="ls"), hermes_call("bash", command="cat box.txt"),
+              hermes_call("submit", answer="0")]
+    with serve(ScriptedPolicy({"blind": script})) as url:
+        client = PolicyClient(base_url=url, retries=1, backoff_s=0.05)
+        episode_id = _episode(db_session, script="blind")
+        run_episode(episode_id, policy=client, sandboxes=sandboxes, worker="test")
+        client.close()
+    db_session.expire_all()
+    turns = db_session.execute(select(Turn).where(Turn.episode_id == episode_id).order_by(Turn.index)).scalars().all()
+    assert [t.observation for t in turns[:2]] == ["value.txt\n", missing("box.txt")]
+
+
 def test_demonstrations_match_what_the_runner_stores(tokenizer) -> None:
     """A demonstration's tokens are the chat-template prompt, the call, the observation framing the
     runner appends, the submit call — with the runner's mask layout."""
