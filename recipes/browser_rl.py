@@ -310,26 +310,25 @@ def consumed_groups(run_id: int) -> dict[str, int]:
 
 
 def by_page(run_id: int) -> dict[str, dict[str, Any]]:
-    """An eval run's pass@1 per MiniWoB++ page, with its 95 % interval (tasks resampled, as `crucible eval`
-    reports a whole run: core.stats.task_rate), from the episodes that ended with the agent's outcome."""
+    """An eval run's pass@1 per MiniWoB++ page, with its 95 % interval (tasks resampled: core.stats.task_rate),
+    from `crucible eval`'s own per-task counts (api.services.run_eval.task_counts)."""
     from collections import defaultdict
 
-    from sqlalchemy import func, select
+    from sqlalchemy import select
 
+    from api.services.run_eval import task_counts
     from core.db import session_scope
-    from core.models import Episode, Task
+    from core.models import Task
     from core.stats import task_rate
-    from core.termination import EpisodeStatus
 
     per_page: dict[str, list[tuple[int, int]]] = defaultdict(list)
     with session_scope() as session:
-        rows = session.execute(
-            select(Task.payload, func.count(), func.count().filter(Episode.reward >= SOLVED_AT))
-            .join(Task, Task.id == Episode.task_id)
-            .where(Episode.run_id == run_id, Episode.status == EpisodeStatus.COMPLETED)
-            .group_by(Task.id, Task.payload)).all()
-    for payload, counted, solved in rows:
-        per_page[payload["name"]].append((int(counted), int(solved)))
+        rows = task_counts(session, run_id=run_id)
+        pages = {task_id: str(name) for task_id, name in session.execute(
+            select(Task.id, Task.payload["name"].astext).where(Task.id.in_([row.task_id for row in rows])))}
+    for row in rows:
+        if row.counted:
+            per_page[pages[row.task_id]].append((int(row.counted), int(row.solved)))
     out = {}
     for page, counts in sorted(per_page.items()):
         rate = task_rate(counts, 1)
@@ -430,7 +429,6 @@ def run_browser_rl(settings: BrowserRLSettings, *, console: Console) -> dict[str
                   f"in {result['minutes']} min. Run {run_id} stays in the store (`crucible run show {run_id}`); "
                   f"curve and numbers in {path / 'result.json'}")
     return result
-
 
 
 DEFAULTS = BrowserRLSettings()

@@ -110,13 +110,13 @@ def missing(path: str) -> str:
     return f"cat: {path}: No such file or directory\n"
 
 
-def demonstrations(settings: DiscoverSettings, *, count: int, blind_fraction: float | None = None) -> list[Demonstration]:
+def demonstrations(settings: DiscoverSettings, *, count: int) -> list[Demonstration]:
     """`count` warm-up episodes over the train tasks' numbers, every one of them listing the workspace
     first (the convention), then reading one file and submitting what it printed.
 
-    - **Named** (1 - `blind_fraction` of them): the instruction names the file; the listing shows it
+    - **Named** (1 - `settings.blind_fraction` of them): the instruction names the file; the listing shows it
       and one or two others; the named file is read.
-    - **Blind** (`blind_fraction`): the trained family's own episodes (`UNNAMED`, a listing of the one
+    - **Blind** (`settings.blind_fraction`): the trained family's own episodes (`UNNAMED`, a listing of the one
       file), played by a policy that does not look at the listing: the file read is one of `NAMES`,
       each as often as the others whatever the listing shows (for each listed file, the names in a
       shuffled order, again and again). It is the listed file a fifth of the time, and then the number
@@ -129,7 +129,6 @@ def demonstrations(settings: DiscoverSettings, *, count: int, blind_fraction: fl
     file in all 8 samples of a task: most groups had nothing to learn from, +8.3 points at best.)"""
     from environments.read_number.task import UNNAMED, ReadNumberTask, instruction_for
 
-    blind_fraction = settings.blind_fraction if blind_fraction is None else blind_fraction
     rng = random.Random(f"discover-demos:{settings.seed}")
     train, _ = tasks(settings)
     guesses: dict[str, list[str]] = {name: [] for name in NAMES}
@@ -138,7 +137,7 @@ def demonstrations(settings: DiscoverSettings, *, count: int, blind_fraction: fl
         number = train[index % len(train)].payload.number
         path = rng.choice(NAMES)
         ls = {"name": "bash", "arguments": {"command": "ls"}}
-        if rng.random() < blind_fraction:
+        if rng.random() < settings.blind_fraction:
             # Per listed file, the guesses go through the five names in a shuffled order, then again: a
             # fifth of each listing's blind episodes read it, not a fifth plus what chance adds (drawn
             # independently, seed 0 read info.txt in 11 of its 24 blind episodes).

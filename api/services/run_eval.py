@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -35,12 +36,23 @@ TaskCounts = tuple[int, int, int]
 """(counted episodes n, solved c, excluded) of one task."""
 
 
-def eval_report(session: Session, *, run_id: int) -> EvalReport:
-    run = get_run(session, run_id=run_id)
-    config = stored_run_config(run)
-    k = run.group_size
+class TaskRow(NamedTuple):
+    """One task's episodes in a run, counted and solved as METHOD says."""
+
+    task_id: int
+    environment: str
+    difficulty: str | None
+    counted: int
+    solved: int
+    excluded: int
+    unfinished: int
+
+
+def task_counts(session: Session, *, run_id: int) -> list[TaskRow]:
+    """Per task of run `run_id`, by task id: what every report of the run groups (eval_report by environment
+    and difficulty, recipes.browser_rl.by_page by page)."""
     ended = Episode.status == EpisodeStatus.COMPLETED
-    rows = session.execute(
+    return [TaskRow(*row) for row in session.execute(
         select(Episode.task_id, Environment.name, Task.difficulty,
                func.count().filter(ended),
                func.count().filter(ended, Episode.reward >= SOLVED_AT),
@@ -50,20 +62,27 @@ def eval_report(session: Session, *, run_id: int) -> EvalReport:
         .where(Episode.run_id == run_id)
         .group_by(Episode.task_id, Environment.name, Task.difficulty)
         .order_by(Episode.task_id)
-    ).all()
+    )]
+
+
+def eval_report(session: Session, *, run_id: int) -> EvalReport:
+    run = get_run(session, run_id=run_id)
+    config = stored_run_config(run)
+    k = run.group_size
+    rows = task_counts(session, run_id=run_id)
     by_environment: dict[str, list[TaskCounts]] = defaultdict(list)
     by_bucket: dict[str, list[TaskCounts]] = defaultdict(list)
     every: list[TaskCounts] = []
-    for _task, environment, difficulty, counted, solved, excluded, _unfinished in rows:
-        counts = (int(counted), int(solved), int(excluded))
+    for row in rows:
+        counts = (int(row.counted), int(row.solved), int(row.excluded))
         every.append(counts)
-        by_environment[environment].append(counts)
-        by_bucket[difficulty or Bucket.UNKNOWN].append(counts)
+        by_environment[row.environment].append(counts)
+        by_bucket[row.difficulty or Bucket.UNKNOWN].append(counts)
     return EvalReport(
         run_id=run.id, purpose=run.purpose, status=run.status, model=run.model, split=config.split, k=k,
         checkpoint=stored_checkpoint(run.config, run_id=run.id),
         environments=[share.name for share in config.environments],
-        unfinished=sum(int(row[6]) for row in rows), overall=_cell(every, k=k),
+        unfinished=sum(int(row.unfinished) for row in rows), overall=_cell(every, k=k),
         by_environment={name: _cell(tasks, k=k) for name, tasks in sorted(by_environment.items())},
         by_bucket={bucket.value: _cell(by_bucket[bucket], k=k) for bucket in Bucket if bucket in by_bucket},
         method=METHOD,

@@ -227,4 +227,3 @@ def browsergym_tree(text: str) -> str:
     value='1', required`)."""
     text = _INDENT.sub(lambda match: "\t" * (len(match.group(1)) // 2), text)
     return text.replace("', value=", "' value=")
-

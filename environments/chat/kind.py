@@ -45,7 +45,6 @@ class ChatTask(BaseModel):
     """What the user says after each of the agent's replies, in order (the instruction is the first message)."""
 
 
-
 class ChatKind:
     name = "chat"
     default_weights = {"judge": 1.0, "reward_model": 1.0}

@@ -205,4 +205,3 @@ def observation_text(observation: dict[str, Any]) -> str:
             text = text[:MAX_FIELD_CHARS] + f" [... {len(text) - MAX_FIELD_CHARS} characters cut]"
         lines.append(f"{name}: {text}")
     return "\n".join(lines) or "(the observation is empty)"
-

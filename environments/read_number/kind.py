@@ -34,7 +34,6 @@ TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
 }
 
 
-
 class ReadNumberKind:
     name = "read_number"
     default_weights = {"answer": 1.0}

@@ -159,3 +159,23 @@ def test_the_command_line_refuses_a_held_out_page_in_one_line(pages: str, messag
     app.command()(main)
     result = CliRunner().invoke(app, ["--held-out-pages", pages])
     assert result.exit_code == 2 and message in result.output and "held_out_pages: expected" in result.output
+
+
+def test_by_page_counts_what_crucible_eval_counts(db_session: Session) -> None:
+    from recipes.browser_rl import by_page
+    from tests import factories
+
+    env = factories.environment(db_session)
+    the_run = factories.run(db_session, group_size=2)
+    outcomes = {"click-link": [(1.0, "completed"), (0.0, "completed")],  # one task: half solved
+                "click-test": [(1.0, "completed"), (1.0, "failed")]}  # a machine's fault is excluded, not a miss
+    for page, episodes in outcomes.items():
+        the_task = factories.task(db_session, env, payload={"family": "miniwob", "name": page, "seed": 100_000})
+        the_group = factories.group(db_session, env=env, task=the_task, run=the_run)
+        for index, (reward, status) in enumerate(episodes):
+            factories.episode(db_session, the_group, sample_index=index, reward=reward, status=status)
+    db_session.commit()
+    assert by_page(the_run.id) == {
+        "click-link": {"tasks": 1, "success": 0.5, "interval": [0.5, 0.5]},
+        "click-test": {"tasks": 1, "success": 1.0, "interval": [1.0, 1.0]},
+    }
