@@ -67,17 +67,11 @@ class DiscoverSettings(RecipeSettings):
     blind_fraction: float = 0.5
     """Share of the warm-up's episodes that are the trained family's, played blind to the listing
     (`demonstrations`)."""
-    demonstration_count: int = 1000
-    demonstration_digits: tuple[int, int] = (2, 6)
-    """Length range of the warm-up's numbers, one drawn afresh for every demonstration and never a
-    held-out task's: with numbers it cannot recall, the warm-up teaches copying what `cat` printed."""
 
 
-SETTINGS = DiscoverSettings(sloppy_steps=0, sft_steps=1600, rl_minutes=8.0, lr=3e-4)
-"""The demo's sizes, one warm-up stage (there is no sloppy expert) and a longer one (in a pilot, seed 1's
-warm-up copied the number `cat` printed in 23 % of held-out episodes after 1000 steps, 96 % after 1600:
-docs/training/learning.md#discover), a longer RL phase and a larger step (at the demo's 1e-4, seed 0 went
-14 % → 24 % held out in 8 minutes, train success still rising)."""
+SETTINGS = DiscoverSettings(sloppy_steps=0, rl_minutes=8.0, lr=3e-4)
+"""The demo's sizes, one warm-up stage (there is no sloppy expert), a longer RL phase and a larger step
+(at the demo's 1e-4, seed 0 went 14 % → 24 % held out in 8 minutes, train success still rising)."""
 
 
 def tasks(settings: RecipeSettings) -> tuple[list[Any], list[Any]]:
@@ -117,8 +111,8 @@ def missing(path: str) -> str:
 
 
 def demonstrations(settings: DiscoverSettings, *, count: int) -> list[Demonstration]:
-    """`count` warm-up episodes, every one of them listing the workspace first (the convention), then
-    reading one file and submitting what it printed.
+    """`count` warm-up episodes over the train tasks' numbers, every one of them listing the workspace
+    first (the convention), then reading one file and submitting what it printed.
 
     - **Named** (1 - `settings.blind_fraction` of them): the instruction names the file; the listing shows it
       and one or two others; the named file is read.
@@ -132,23 +126,15 @@ def demonstrations(settings: DiscoverSettings, *, count: int) -> list[Demonstrat
     demonstration's choice of file depends on the listing: the model leaves the warm-up guessing, a
     fifth right, and with a choice that differs from sample to sample (what GRPO needs). That the
     listing names the file is what RL has to find. (Without blind episodes the model named the same
-    file in all 8 samples of a task: most groups had nothing to learn from, +8.3 points at best.)
-
-    Every demonstration's number is its own, `settings.demonstration_digits` long, and never a held-out
-    task's. Over the train split's 60 numbers the model recalled numbers instead of copying them: one
-    seed, after reading the right file, submitted a number of the warm-up's shape or the last command,
-    and scored 0 % before and after RL."""
+    file in all 8 samples of a task: most groups had nothing to learn from, +8.3 points at best.)"""
     from environments.read_number.task import UNNAMED, ReadNumberTask, instruction_for
 
     rng = random.Random(f"discover-demos:{settings.seed}")
-    held_out = {task.payload.number for task in tasks(settings)[1]}
-    low, high = settings.demonstration_digits
+    train, _ = tasks(settings)
     guesses: dict[str, list[str]] = {name: [] for name in NAMES}
     demos = []
-    for _ in range(count):
-        number = _number(rng, low, high)
-        while number in held_out:
-            number = _number(rng, low, high)
+    for index in range(count):
+        number = train[index % len(train)].payload.number
         path = rng.choice(NAMES)
         ls = {"name": "bash", "arguments": {"command": "ls"}}
         if rng.random() < settings.blind_fraction:
@@ -174,12 +160,6 @@ def demonstrations(settings: DiscoverSettings, *, count: int) -> list[Demonstrat
     return demos
 
 
-def _number(rng: random.Random, low: int, high: int) -> str:
-    """A number of `low` to `high` digits, each length as likely as the others."""
-    digits = rng.randint(low, high)
-    return str(rng.randrange(10 ** (digits - 1), 10**digits))
-
-
 def warm_up(settings: DiscoverSettings, *, workdir: Path, console: Console) -> Path:
     """One SFT stage on the demonstrations (`demonstrations`)."""
     from environments.read_number.kind import SYSTEM_PROMPT, TOOL_SCHEMAS
@@ -191,7 +171,7 @@ def warm_up(settings: DiscoverSettings, *, workdir: Path, console: Console) -> P
         return [render_episode(tokenizer_dir=workdir / "tiny", system_prompt=SYSTEM_PROMPT,
                                tools=list(TOOL_SCHEMAS.values()), opening=demo.instruction, turns=demo.turns,
                                short=rng.random() < settings.short_fraction)
-                for demo in demonstrations(settings, count=settings.demonstration_count)]
+                for demo in demonstrations(settings, count=5 * settings.train_tasks)]
 
     return sft_in_two_stages(
         settings, workdir=workdir, console=console, batch_size=16, demonstrations=rendered,
