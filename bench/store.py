@@ -1,11 +1,13 @@
 """A throwaway database for a benchmark: created on the configured server (or an embedded one),
-migrated, set as CRUCIBLE_DATABASE_URL for this process, dropped at the end."""
+migrated, set as CRUCIBLE_DATABASE_URL for this process, dropped at the end (also on Ctrl-C or SIGTERM)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +16,7 @@ from pathlib import Path
 import psycopg
 from sqlalchemy.engine import make_url
 
+from cli.console import interrupt
 from core.db import reset_engines
 from core.settings import get_settings
 from migrations import migrate
@@ -38,9 +41,15 @@ def scratch_database(prefix: str) -> Iterator[str]:
     previous = os.environ.get("CRUCIBLE_DATABASE_URL")
     os.environ["CRUCIBLE_DATABASE_URL"] = url
     get_settings.cache_clear()
+    # SIGTERM (`kill`, a CI timeout) cleans up as Ctrl-C does; by default it would end the process past
+    # this `finally`, leaving the database and the embedded server behind.
+    in_main = threading.current_thread() is threading.main_thread()
+    on_sigterm = signal.signal(signal.SIGTERM, interrupt) if in_main else None
     try:
         yield url
     finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, on_sigterm)
         reset_engines()
         if previous is None:
             os.environ.pop("CRUCIBLE_DATABASE_URL", None)

@@ -1,6 +1,6 @@
 """(issue 24) A benchmark run without a configured database starts an embedded Postgres of its own under
 a fresh temporary directory; it must leave neither the server nor the directory behind, also when
-interrupted with Ctrl-C."""
+interrupted with Ctrl-C or terminated (SIGTERM: `kill`, a CI timeout)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ with scratch_database("leftover") as url:
     dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(dsn) as conn:
         print(conn.execute("SHOW data_directory").fetchone()[0], flush=True)
-    if sys.argv[1] == "interrupted":
+    if sys.argv[1] != "finished":
         time.sleep(600)
 """
 
@@ -40,7 +40,7 @@ def _postgres_processes(data_dir: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("how", ["finished", "interrupted"])
+@pytest.mark.parametrize("how", ["finished", "interrupted", "terminated"])
 def test_a_benchmarks_own_postgres_is_stopped_and_removed_when_it_exits(how: str) -> None:
     env = {k: v for k, v in os.environ.items()
            if k not in ("CRUCIBLE_BENCH_DATABASE_URL", "CRUCIBLE_TEST_DATABASE_URL", "CRUCIBLE_DATABASE_URL")}
@@ -51,9 +51,9 @@ def test_a_benchmarks_own_postgres_is_stopped_and_removed_when_it_exits(how: str
     assert data_dir.startswith("/") and "crucible-bench-pg-" in data_dir, (data_dir, process.stderr.read() if
                                                                            process.poll() is not None else "")
     assert _postgres_processes(data_dir), "the benchmark's embedded Postgres is running while it works"
-    if how == "interrupted":
+    if how != "finished":
         time.sleep(0.5)
-        process.send_signal(signal.SIGINT)  # Ctrl-C
+        process.send_signal(signal.SIGINT if how == "interrupted" else signal.SIGTERM)  # Ctrl-C, or `kill`
     process.wait(120)
     bench_root = data_dir.split("/postgres")[0]
     deadline = time.monotonic() + 30  # a postmaster's children exit just after it answers "stopped"
