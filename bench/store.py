@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import tempfile
-import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,7 +14,7 @@ from pathlib import Path
 import psycopg
 from sqlalchemy.engine import make_url
 
-from cli.console import interrupt
+from cli.console import sigterm_interrupts
 from core.db import reset_engines
 from core.settings import get_settings
 from migrations import migrate
@@ -43,13 +41,10 @@ def scratch_database(prefix: str) -> Iterator[str]:
     get_settings.cache_clear()
     # SIGTERM (`kill`, a CI timeout) cleans up as Ctrl-C does; by default it would end the process past
     # this `finally`, leaving the database and the embedded server behind.
-    in_main = threading.current_thread() is threading.main_thread()
-    on_sigterm = signal.signal(signal.SIGTERM, interrupt) if in_main else None
     try:
-        yield url
+        with sigterm_interrupts():
+            yield url
     finally:
-        if in_main:
-            signal.signal(signal.SIGTERM, on_sigterm)
         reset_engines()
         if previous is None:
             os.environ.pop("CRUCIBLE_DATABASE_URL", None)

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
@@ -139,3 +141,18 @@ def interrupt(signum: int, frame: FrameType | None) -> None:
     """A signal handler that makes SIGTERM what Ctrl-C is (KeyboardInterrupt): a command that started
     servers in their own process groups stops them on the way out instead of dying past them."""
     raise KeyboardInterrupt
+
+
+@contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """While the block runs, SIGTERM is Ctrl-C (`interrupt`), so its `finally` clauses run on `kill` too;
+    the previous handler afterwards. Outside the main thread (where Python cannot set handlers) a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)

@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from typing import Any, TypeVar
 from rich.console import Console
 from sqlalchemy import select
 
-from cli.console import interrupt
+from cli.console import sigterm_interrupts
 
 QUIET = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "DS_ACCELERATOR": "cpu",
          "TOKENIZERS_PARALLELISM": "false"}
@@ -221,8 +220,8 @@ class Processes:
     def __enter__(self) -> Processes:
         # SIGTERM is Ctrl-C here: Python's default would end this process at once, and vLLM (in its own
         # process group, for stop() to reach its engine processes) would outlive it.
-        if threading.current_thread() is threading.main_thread():
-            self._sigterm = signal.signal(signal.SIGTERM, interrupt)
+        self._sigterm = sigterm_interrupts()
+        self._sigterm.__enter__()
         try:
             return self._start()
         except BaseException:  # Ctrl-C while starting: stop what started (__exit__ does not run then)
@@ -278,7 +277,7 @@ class Processes:
             if self.server is not None:
                 self.server.stop()
             if self._sigterm is not None:
-                signal.signal(signal.SIGTERM, self._sigterm)
+                self._sigterm.__exit__(None, None, None)
                 self._sigterm = None
 
 
