@@ -97,9 +97,14 @@ def prepare(settings: RecipeSettings, *, console: Console, images: tuple[str, ..
                     f"{time.monotonic() - started:.0f} s)")
     subprocess.run([sys.executable, "-m", "cli.main", "images", "build", *images], check=True)
     stage(console, "tiny model: crucible model init-tiny")
-    subprocess.run([sys.executable, "-m", "cli.main", "model", "init-tiny", str(workdir / "tiny"), "--overwrite",
-                    "--seed", str(settings.seed)], check=True)
+    make_tiny(workdir, seed=settings.seed)
     return workdir
+
+
+def make_tiny(workdir: Path, *, seed: int) -> None:
+    """The tiny model, initialised from `seed`, in `workdir/tiny` (replacing one there)."""
+    subprocess.run([sys.executable, "-m", "cli.main", "model", "init-tiny", str(workdir / "tiny"), "--overwrite",
+                    "--seed", str(seed)], check=True)
 
 
 def sft_in_two_stages(

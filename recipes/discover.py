@@ -117,6 +117,26 @@ def missing(path: str) -> str:
     return f"cat: {path}: No such file or directory\n"
 
 
+@dataclasses.dataclass(frozen=True)
+class Workspace:
+    """A task's workspace without a sandbox: what the code-repo sandbox prints for `ls` and `cat NAME`
+    (tests/trainer/test_read_number.py checks both against a real one). The warm-up's demonstrations
+    print through it, and bench/discover_proxy.py plays episodes against it."""
+
+    files: dict[str, str]
+    """Name → what the file holds."""
+
+    def run(self, command: str) -> str | None:
+        """What `command` prints; None for a command it does not simulate."""
+        command = command.strip()
+        if command == "ls":
+            return "".join(f"{name}\n" for name in sorted(self.files))
+        words = command.split()
+        if len(words) == 2 and words[0] == "cat" and "/" not in words[1] and not words[1].startswith("-"):
+            return f"{self.files[words[1]]}\n" if words[1] in self.files else missing(words[1])
+        return None
+
+
 def demonstrations(settings: DiscoverSettings, *, count: int) -> list[Demonstration]:
     """`count` warm-up episodes over the train tasks' numbers, every one of them listing the workspace
     first (the convention), then reading one file and submitting what it printed.
@@ -151,16 +171,18 @@ def demonstrations(settings: DiscoverSettings, *, count: int) -> list[Demonstrat
             if not guesses[path]:
                 guesses[path] = rng.sample(NAMES, len(NAMES))
             guess = guesses[path].pop()
-            printed = f"{number}\n" if guess == path else missing(guess)
+            workspace = Workspace({path: number})
+            printed = workspace.run(f"cat {guess}")
             turns: list[tuple[dict[str, Any], str | None]] = [
-                (ls, f"{path}\n"), ({"name": "bash", "arguments": {"command": f"cat {guess}"}}, printed),
+                (ls, workspace.run("ls")), ({"name": "bash", "arguments": {"command": f"cat {guess}"}}, printed),
                 ({"name": "submit", "arguments": {"answer": number if guess == path else "0"}}, None)]
             demos.append(Demonstration(instruction=UNNAMED, listing=(path,), turns=turns, blind=True))
             continue
         others = rng.sample([name for name in NAMES if name != path], rng.randint(1, 2))
         listing = tuple(sorted([path, *others]))
-        turns = [(ls, "".join(f"{n}\n" for n in listing)),
-                 ({"name": "bash", "arguments": {"command": f"cat {path}"}}, f"{number}\n"),
+        workspace = Workspace({path: number} | {name: "" for name in others})
+        turns = [(ls, workspace.run("ls")),
+                 ({"name": "bash", "arguments": {"command": f"cat {path}"}}, workspace.run(f"cat {path}")),
                  ({"name": "submit", "arguments": {"answer": number}}, None)]
         demos.append(Demonstration(instruction=instruction_for(ReadNumberTask(path=path, number=number)),
                                    listing=listing, turns=turns))
@@ -213,15 +235,21 @@ def strategies(run_ids: list[int]) -> dict[int, dict[str, int]]:
             for turns in episodes.values():
                 first = turns[0][0]
                 counts["ls_first" if first.startswith("ls") else "cat_first" if first.startswith("cat") else "other"] += 1
-                listed: set[str] = set()
-                for text, observation in turns:
-                    if text.startswith("ls"):
-                        listed |= set(observation.split())
-                    elif text.startswith("cat "):
-                        counts["reads_listed"] += text.removeprefix("cat ").strip() in listed
-                        break
+                counts["reads_listed"] += reads_listed(turns)
             out[run_id] = counts
     return out
+
+
+def reads_listed(turns: list[tuple[str, str]]) -> bool:
+    """Whether an episode's first `cat` names a file that an earlier `ls` in it printed; `turns`: each
+    turn's command ("" for none) and what it printed."""
+    listed: set[str] = set()
+    for text, observation in turns:
+        if text.startswith("ls"):
+            listed |= set(observation.split())
+        elif text.startswith("cat "):
+            return text.removeprefix("cat ").strip() in listed
+    return False
 
 
 @says_what_stays_running

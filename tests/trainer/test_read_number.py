@@ -85,15 +85,16 @@ def test_reading_and_submitting_the_number_is_rewarded(
         assert first.observation == "4821\n"
 
 
-def test_the_discover_recipes_blind_demonstrations_print_what_the_sandbox_prints(
+def test_the_discover_workspace_prints_what_the_sandbox_prints(
     db_session: Session, sandboxes: DockerSandboxes,
 ) -> None:
-    """recipes/discover.py renders its blind demonstrations' turns without a sandbox: the listing of the
-    one file and the failed `cat` must be, byte for byte, what the runner stores for the same calls."""
-    from recipes.discover import missing
+    """recipes/discover.py renders its demonstrations' turns without a sandbox, and bench/discover_proxy.py
+    plays against the same `Workspace`: the listing of the one file, the failed `cat` and the one that
+    reads the file must be, byte for byte, what the runner stores for the same calls."""
+    from recipes.discover import Workspace, missing
 
     script = [hermes_call("bash", command="ls"), hermes_call("bash", command="cat box.txt"),
-              hermes_call("submit", answer="0")]
+              hermes_call("bash", command="cat value.txt")]
     with serve(ScriptedPolicy({"blind": script})) as url:
         client = PolicyClient(base_url=url, retries=1, backoff_s=0.05)
         episode_id = _episode(db_session, script="blind")
@@ -101,7 +102,10 @@ def test_the_discover_recipes_blind_demonstrations_print_what_the_sandbox_prints
         client.close()
     db_session.expire_all()
     turns = db_session.execute(select(Turn).where(Turn.episode_id == episode_id).order_by(Turn.index)).scalars().all()
-    assert [t.observation for t in turns[:2]] == ["value.txt\n", missing("box.txt")]
+    workspace = Workspace({"value.txt": "4821"})
+    stored = [t.observation for t in turns]
+    assert stored == ["value.txt\n", missing("box.txt"), "4821\n"]
+    assert stored == [workspace.run(command) for command in ("ls", "cat box.txt", "cat value.txt")]
 
 
 def test_demonstrations_match_what_the_runner_stores(tokenizer) -> None:
