@@ -19,8 +19,8 @@ factory:
 	scripts/setup.sh
 	.venv/bin/python -m recipes.factory
 
-# RL asked to learn what no demonstration showed: find the unnamed file (recipes/discover.py; ~22 min on
-# 2 cores). Over three seeds +13.5 points, short of the target: docs/training/learning.md#discover.
+# RL asked to learn what no demonstration showed: find the unnamed file (recipes/discover.py; ~27 min on
+# 2 cores). Over three seeds +27.4 points [14.6, 37.5]: docs/training/learning.md#discover.
 rl-discover:
 	scripts/setup.sh
 	.venv/bin/python -m recipes.discover
