@@ -1,7 +1,7 @@
 """The discover recipe's learning loop offline, to choose what to run for real: `recipes.discover`'s
 warm-up, then a held-out evaluation, on-policy GRPO steps and a held-out evaluation again, all in this
 process: HF sampling against the recipe's `Workspace` (what the sandbox prints for `ls` and `cat`), no
-vLLM, sandbox, worker or database. About 8 minutes a seed on these machines, against 22 for
+vLLM, sandbox, worker or database. About 8 minutes a seed on these machines, against 25 to 29 for
 `bench/learning.py --recipe discover`.
 
     .venv/bin/python bench/discover_proxy.py                              # seeds 0 1 2, the recipe's settings
@@ -15,9 +15,9 @@ length (docs/training/learning.md#discover).
 
 What it leaves out, so its numbers are the proxy's and never the platform's: RL is on-policy and
 synchronous (no staleness, no vLLM), a step takes the first `batch_size` groups with a reward spread
-(the trainer's drop of groups without one, not its queue), a call that cannot be parsed ends the episode
-with reward 0 (the runner would answer it with an error, up to `max_tool_errors`), and a command other
-than `ls` or `cat NAME` prints nothing. What it shares with the platform: the warm-up, the tasks, the
+(the trainer's drop of groups without one, not its queue), a call that cannot be parsed or names a
+tool other than `bash` and `submit` ends the episode with reward 0 (the runner would answer it with an
+error, up to `max_tool_errors`), and a command other than `ls` or `cat NAME` prints nothing. What it shares with the platform: the warm-up, the tasks, the
 prompt, the tool-call parser, the verifier, the advantages (`trainer.advantages`), the loss
 (`trainer.loss.policy_loss`) and the optimizer's settings (`OptimizerConfig`).
 """
@@ -73,7 +73,7 @@ class Figures:
 
     @classmethod
     def of(cls, episodes: list[Episode]) -> Figures:
-        right = [e for e in episodes if f"cat {e.task.payload.path}" in (command for command, _ in e.turns)]
+        right = [e for e in episodes if any(command.split() == ["cat", e.task.payload.path] for command, _ in e.turns)]
         copied = sum(e.answer is not None and e.answer.strip() == e.task.payload.number for e in right)
         return cls(episodes=len(episodes), success=round(statistics.fmean(e.reward for e in episodes), 3),
                    reads_listed=round(statistics.fmean(reads_listed(e.turns) for e in episodes), 3),
@@ -87,7 +87,6 @@ class Player:
         from transformers import AutoModelForCausalLM
 
         from environments.read_number.kind import ReadNumberKind
-        from environments.read_number.task import UNNAMED
         from environments.spec import parse_spec
         from recipes.common import tokenizers
 
@@ -98,10 +97,15 @@ class Player:
         self.model: Any = AutoModelForCausalLM.from_pretrained(model_dir)
         [self.end] = self.chat("<|im_end|>")
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.end
-        messages = [{"role": "system", "content": self.kind.system_prompt()}, {"role": "user", "content": UNNAMED}]
-        # As task_workers.episode.loop.initial_prompt renders it.
-        self.prompt = list(self.tokenizer.apply_chat_template(messages, tools=self.kind.tools(),
-                                                              add_generation_prompt=True, return_dict=False))
+        self._prompts: dict[str, list[int]] = {}
+
+    def prompt(self, instruction: str) -> list[int]:
+        """The episode's first tokens, as task_workers.episode.loop.initial_prompt renders them."""
+        if instruction not in self._prompts:
+            messages = [{"role": "system", "content": self.kind.system_prompt()}, {"role": "user", "content": instruction}]
+            self._prompts[instruction] = list(self.tokenizer.apply_chat_template(
+                messages, tools=self.kind.tools(), add_generation_prompt=True, return_dict=False))
+        return self._prompts[instruction]
 
     @torch.no_grad()
     def _sample(self, contexts: list[list[int]], temperature: float) -> list[list[int]]:
@@ -119,7 +123,7 @@ class Player:
         from environments.parsing import MalformedToolCall, parse_hermes
         from task_workers.policy.chat import observation_frame
 
-        episodes = [Episode(task=task, ids=list(self.prompt)) for task in batch]
+        episodes = [Episode(task=task, ids=list(self.prompt(task.instruction))) for task in batch]
         for _ in range(self.limits.max_turns):
             live = [e for e in episodes if not e.done]
             if not live:
@@ -193,7 +197,7 @@ def run_seed(settings: DiscoverSettings, *, rl_steps: int) -> dict[str, Any]:
 
     began = time.monotonic()
     assert settings.workdir is not None
-    make_tiny(settings.workdir, seed=settings.seed)
+    make_tiny(settings.workdir, seed=settings.seed, stdout=sys.stderr)  # stdout carries the JSON alone
     warm = warm_up(settings, workdir=settings.workdir, console=Console(stderr=True))
     torch.manual_seed(settings.seed)
     train, test = tasks(settings)

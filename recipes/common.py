@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 from rich.console import Console
 from sqlalchemy import select
@@ -101,10 +101,11 @@ def prepare(settings: RecipeSettings, *, console: Console, images: tuple[str, ..
     return workdir
 
 
-def make_tiny(workdir: Path, *, seed: int) -> None:
-    """The tiny model, initialised from `seed`, in `workdir/tiny` (replacing one there)."""
+def make_tiny(workdir: Path, *, seed: int, stdout: TextIO | None = None) -> None:
+    """The tiny model, initialised from `seed`, in `workdir/tiny` (replacing one there); what the command
+    prints goes to `stdout` (None: this process's)."""
     subprocess.run([sys.executable, "-m", "cli.main", "model", "init-tiny", str(workdir / "tiny"), "--overwrite",
-                    "--seed", str(seed)], check=True)
+                    "--seed", str(seed)], check=True, stdout=stdout)
 
 
 def sft_in_two_stages(

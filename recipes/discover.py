@@ -119,9 +119,11 @@ def missing(path: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Workspace:
-    """A task's workspace without a sandbox: what the code-repo sandbox prints for `ls` and `cat NAME`
-    (tests/trainer/test_read_number.py checks both against a real one). The warm-up's demonstrations
-    print through it, and bench/discover_proxy.py plays episodes against it."""
+    """A task's workspace without a sandbox: what the code-repo sandbox prints for `ls` and `cat NAME`.
+    The warm-up's demonstrations print through it, and bench/discover_proxy.py plays episodes against
+    it. tests/trainer/test_read_number.py checks it against a real sandbox for the trained family's
+    case, one file holding a number: the listing, its `cat` and the `cat` of an absent name. (A file
+    holding "" would print a newline here and nothing there; none is ever read.)"""
 
     files: dict[str, str]
     """Name → what the file holds."""

@@ -29,7 +29,7 @@ def _call(name: str, **arguments: Any) -> dict[str, Any]:
 
 def test_the_figures_count_successes_listed_reads_and_copies() -> None:
     task = _task()
-    copied = Episode(task=task, ids=[], turns=[("ls", "memo.txt\n"), ("cat memo.txt", "417\n")], answer="417", reward=1.0)
+    copied = Episode(task=task, ids=[], turns=[("ls", "memo.txt\n"), ("cat  memo.txt", "417\n")], answer="417", reward=1.0)
     miscopied = Episode(task=task, ids=[], turns=[("ls", "memo.txt\n"), ("cat memo.txt", "417\n")], answer="41")
     blind = Episode(task=task, ids=[], turns=[("cat memo.txt", "417\n")], answer="417", reward=1.0)  # right, unlisted
     wrong = Episode(task=task, ids=[], turns=[("ls", "memo.txt\n"), ("cat box.txt", missing("box.txt"))], answer="0")
@@ -80,8 +80,8 @@ def test_a_step_raises_the_rewarded_episode_over_the_other(tiny_model_dir: Path)
 
     def scripted(answer: str, reward: float) -> Episode:
         action = player.chat(tool_call_text("submit", {"answer": answer}) + "<|im_end|>")
-        start = len(player.prompt)
-        return Episode(task=_task(), ids=player.prompt + action, spans=[(start, start + len(action))], reward=reward)
+        prompt = player.prompt(UNNAMED)
+        return Episode(task=_task(), ids=prompt + action, spans=[(len(prompt), len(prompt) + len(action))], reward=reward)
 
     right, wrong = scripted("417", 1.0), scripted("0", 0.0)
     margin = _logp(player, right) - _logp(player, wrong)
@@ -95,13 +95,14 @@ def test_a_step_raises_the_rewarded_episode_over_the_other(tiny_model_dir: Path)
 
 
 @pytest.mark.slow
-def test_the_proxy_prints_one_json_object(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+def test_the_proxy_prints_one_json_object(tmp_path: Path, capfd: pytest.CaptureFixture[str],
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     import bench.discover_proxy as proxy
 
     monkeypatch.setattr(proxy, "SETTINGS", dataclasses.replace(SETTINGS, train_tasks=5, test_tasks=5, eval_samples=1))
     out = main(["--seeds", "3", "--sft-steps", "2", "--rl-steps", "1", "--workdir", str(tmp_path)])
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == out
+    [line] = capfd.readouterr().out.strip().splitlines()  # the child processes' output included
+    assert json.loads(line) == out
     [seed] = out["seeds"]
     assert seed["seed"] == 3 and seed["before"]["episodes"] == seed["after"]["episodes"] == 5
     assert [row["step"] for row in seed["steps"]] == [1]
