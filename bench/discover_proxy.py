@@ -1,7 +1,7 @@
 """The discover recipe's learning loop offline, to choose what to run for real: `recipes.discover`'s
 warm-up, then a held-out evaluation, on-policy GRPO steps and a held-out evaluation again, all in this
 process: HF sampling against the recipe's `Workspace` (what the sandbox prints for `ls` and `cat`), no
-vLLM, sandbox, worker or database. About 8 minutes a seed on these machines, against 25 to 29 for
+vLLM, sandbox, worker or database. About 10 minutes a seed on these machines, against 25 to 29 for
 `bench/learning.py --recipe discover`.
 
     .venv/bin/python bench/discover_proxy.py                              # seeds 0 1 2, the recipe's settings
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import random
 import statistics
 import sys
@@ -39,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from recipes.common import QUIET
 from recipes.discover import ENV_SPEC, SETTINGS, DiscoverSettings, Workspace, reads_listed, tasks, warm_up
 
 EVAL_EVERY = 10
@@ -241,6 +243,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--lr", type=float, default=SETTINGS.lr)
     parser.add_argument("--workdir", type=Path, default=None, help="Default: a temporary directory, removed after.")
     args = parser.parse_args(argv)
+    for key, value in QUIET.items():  # DeepSpeed, imported by the trainer's modules, would print to stdout
+        os.environ.setdefault(key, value)
     with tempfile.TemporaryDirectory(prefix="discover-proxy-") as scratch:
         root = args.workdir or Path(scratch)
         per_seed = [run_seed(dataclasses.replace(SETTINGS, seed=seed, sft_steps=args.sft_steps, lr=args.lr,
