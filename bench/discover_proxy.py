@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import random
 import statistics
 import sys
@@ -40,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from recipes.common import QUIET
+from recipes.common import quiet
 from recipes.discover import ENV_SPEC, SETTINGS, DiscoverSettings, Workspace, reads_listed, tasks, warm_up
 
 EVAL_EVERY = 10
@@ -243,8 +242,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--lr", type=float, default=SETTINGS.lr)
     parser.add_argument("--workdir", type=Path, default=None, help="Default: a temporary directory, removed after.")
     args = parser.parse_args(argv)
-    for key, value in QUIET.items():  # DeepSpeed, imported by the trainer's modules, would print to stdout
-        os.environ.setdefault(key, value)
+    quiet()  # before DeepSpeed, which the trainer's modules import, would print to stdout
     with tempfile.TemporaryDirectory(prefix="discover-proxy-") as scratch:
         root = args.workdir or Path(scratch)
         per_seed = [run_seed(dataclasses.replace(SETTINGS, seed=seed, sft_steps=args.sft_steps, lr=args.lr,

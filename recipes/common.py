@@ -62,15 +62,19 @@ class RecipeSettings:
 S = TypeVar("S", bound=RecipeSettings)
 
 
+def quiet() -> None:
+    """QUIET in this process's environment (and so every one it starts), where not already set."""
+    for key, value in QUIET.items():
+        os.environ.setdefault(key, value)
+
+
 def settled(settings: S, *, name: str) -> S:
-    """QUIET in this process's environment (and so every one it starts), and `settings` with its
-    workdir defaulted to <data dir>/<name>/<timestamp>."""
+    """`quiet()`, and `settings` with its workdir defaulted to <data dir>/<name>/<timestamp>."""
     import dataclasses
 
     from core.settings import get_settings
 
-    for key, value in QUIET.items():
-        os.environ.setdefault(key, value)
+    quiet()
     if settings.workdir is not None:
         return settings
     return dataclasses.replace(settings, workdir=get_settings().data_dir / name / time.strftime("%Y%m%d-%H%M%S"))
