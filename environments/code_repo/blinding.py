@@ -1,152 +1,81 @@
-"""Blinded hidden tests: the expected values of plain asserts never enter the graded sandbox.
+"""Blinded hidden tests: every check judged outside the sandbox, every expected value kept out of it.
 
-    plan = plan_files({"test_hidden.py": source})        # candidate sites, reference sources
-    # trusted sandbox: base + the task's reference solution + plan.reference_files(), run twice
-    key = decide(plan, [run_1, run_2])                    # what the reference computed, site by site
-    graded = key.graded_files()                           # sent to the graded sandbox
-    verdicts = key.judge(outcomes, observations)          # per test id, outside the sandbox
+    plan = plan_files({"tests/test_x.py": source})        # checks, leaves, bindings; reference sources
+    # trusted sandbox: base + the reference solution + plan.reference_files(), run twice (traced)
+    key = decide(plan, [run_1, run_2], tests)              # which operands are expected, and their values
+    graded = key.graded_files()                            # sent to the graded sandbox
+    key.map_ids(reference_collected, graded_collected)     # parametrize rows whose ids lost their values
+    outcome, why = key.judge(test, outcome, observations)  # per test id, outside the sandbox
 
-A *site* is an `assert` whose test is a comparison (`==`, `!=`, `<`, `<=`, `>`, `>=`, `in`, `not in`, `is`
-/ `is not` a singleton) with at least one *static* operand: a literal, or containers and arithmetic of
-literals — the value the test expects. In the graded source each site becomes
+A *check* is any assert, unittest `assert*` call, `pytest.raises` / `pytest.warns` / `assertRaises*` block
+or call (checks.py). Each reports what it observed to the worker, which decides it: comparisons,
+truthiness, `math.isclose`, `pytest.approx`, almost-equal, regex and count-equal checks on decoded values,
+raises and warns on the exception's (or warning's) classes and message.
 
-    __crucible_check__("s3", [add(2, 3), None])            # the expected operand is gone
+An operand is *expected* when the trusted reference run shows it was computed without executing code of
+the repository under test — traced, not spelled: while it was evaluated no frame of the repository's code
+ran, and every name it reads is bound (in its function, its module, or a parametrize column) by values
+computed the same way, or is a builtin, or comes from a module outside the repository. Its value is
+recorded by the reference run and removed from the graded source, together with every binding read only
+by removed operands; parametrize columns of expected values become None (their rows get neutral ids:
+pytest's own ids would show the values). A truthiness check reports `not not (expr)` and its polarity is
+the key's.
 
-so the code under test can find the expected value in no file, frame, constant or message of its
-process: docstrings and assert messages are removed too. The observed operands are encoded by value
-(observations.py), reported, and compared here with the values the reference solution's run gave the
-static operands. A site is blinded only when both reference runs observed it identically, in the same
-order within each test, and the comparison judged outside holds for the reference — otherwise it stays a
-plain assert and its test is graded from the in-process report, named `unblinded` with the reason.
-
-A graded test passes when the in-process report says passed (corroboration) AND its sequence of
-observations matches the reference's site for site with every comparison holding. A forged report, a
-rewritten runner or a process that kills itself can claim only values the submission computed.
+A test is blinded when both reference runs passed it, reached the same checks in the same order, computed
+every expected operand identically, and every check holds when judged outside on the reference's values.
+A blinded test passes only when the process says so (corroboration) AND its observations match the
+reference's check for check. Every other test is named with its reason (`unblinded`) and graded from the
+in-process report, never silently.
 """
 
 from __future__ import annotations
 
-import ast
+import dataclasses
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from environments.code_repo.observations import MAX_OBSERVATIONS, decode, holds, same
+from environments.code_repo import rewrite
+from environments.code_repo.checks import Module, Site, analyse, is_builtin, resolve
+from environments.code_repo.observations import (
+    MAX_OBSERVATIONS,
+    Undecodable,
+    almost_equal,
+    close,
+    decode,
+    holds,
+    raised_as_expected,
+    regex_found,
+    same,
+    same_items,
+    warned_as_expected,
+)
 
-CHECK = "__crucible_check__"
-_VALUES = "_crucible_values_"
-_OPS: dict[type[ast.cmpop], str] = {
-    ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.In: "in",
-    ast.NotIn: "not in", ast.Is: "is", ast.IsNot: "is not",
-}
-_STATIC = (ast.Constant, ast.Tuple, ast.List, ast.Set, ast.Dict, ast.UnaryOp, ast.BinOp, ast.expr_context,
-           ast.unaryop, ast.operator)
-
-
-@dataclass(frozen=True)
-class Site:
-    id: str
-    path: str
-    line: int
-    ops: tuple[str, ...]
-    static: tuple[bool, ...]
-    """Per operand: True for an expected value (removed from the graded source)."""
-
-
-def is_static(node: ast.AST) -> bool:
-    """A value the test states (a literal, containers and arithmetic of literals): code under test
-    plays no part in it."""
-    return all(isinstance(child, _STATIC) for child in ast.walk(node)) and not any(
-        isinstance(child, ast.Dict) and None in child.keys for child in ast.walk(node))
-
-
-def _site_of(node: ast.Assert, *, sid: str, path: str) -> Site | None:
-    test = node.test
-    if not isinstance(test, ast.Compare):
-        return None
-    ops = tuple(_OPS.get(type(op), "") for op in test.ops)
-    operands = [test.left, *test.comparators]
-    static = tuple(is_static(operand) for operand in operands)
-    if "" in ops or not any(static):
-        return None
-    for i, op in enumerate(ops):  # identity is judged outside only against a singleton
-        if op in ("is", "is not") and not any(isinstance(o, ast.Constant) and o.value in (None, True, False, ...)
-                                              for o in operands[i:i + 2]):
-            return None
-    return Site(sid, path, node.lineno, ops, static)
-
-
-class _Sites(ast.NodeTransformer):
-    """Rewrites each site: `mode` reference records every operand, then asserts as before; graded
-    records the observed operands only, for the sites in `blind` (the others stay plain asserts)."""
-
-    def __init__(self, *, path: str, prefix: str, mode: str, blind: frozenset[str] | None = None) -> None:
-        self.path, self.prefix, self.mode, self.blind = path, prefix, mode, blind
-        self.count = 0
-        self.sites: dict[str, Site] = {}
-
-    def visit_Assert(self, node: ast.Assert) -> Any:
-        self.count += 1
-        site = _site_of(node, sid=f"{self.prefix}{self.count}", path=self.path)
-        if site is None:
-            return node
-        self.sites[site.id] = site
-        test = node.test
-        assert isinstance(test, ast.Compare)
-        operands = [test.left, *test.comparators]
-        if self.mode == "graded":
-            if self.blind is None or site.id not in self.blind:
-                return node
-            observed = [ast.Constant(None) if static else operand for operand, static in zip(operands, site.static, strict=True)]
-            return ast.Expr(_check(site.id, ast.List(observed, ast.Load())))
-        values = ast.Name(_VALUES, ast.Load())
-        chain = ast.Compare(ast.Subscript(values, ast.Constant(0), ast.Load()), list(test.ops),
-                            [ast.Subscript(values, ast.Constant(i + 1), ast.Load()) for i in range(len(test.ops))])
-        return [ast.Assign([ast.Name(_VALUES, ast.Store())], ast.List(operands, ast.Load())),
-                ast.Expr(_check(site.id, values)), ast.Assert(chain, node.msg)]
-
-
-def _check(sid: str, values: ast.expr) -> ast.Call:
-    return ast.Call(ast.Name(CHECK, ast.Load()), [ast.Constant(sid), values], [])
-
-
-class _Docstrings(ast.NodeTransformer):
-    """Docstrings go from the graded source: a test's prose may state what it expects."""
-
-    def _strip(self, node: Any) -> Any:
-        self.generic_visit(node)
-        body = node.body
-        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                and isinstance(body[0].value.value, str):
-            node.body = body[1:] or [ast.Pass()]
-        return node
-
-    visit_Module = visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _strip
-
-
-def _rewrite(source: str, *, path: str, prefix: str, mode: str, blind: frozenset[str] | None = None,
-             ) -> tuple[str, dict[str, Site]]:
-    tree = ast.parse(source, filename=path)
-    sites = _Sites(path=path, prefix=prefix, mode=mode, blind=blind)
-    tree = sites.visit(tree)
-    if mode == "graded":
-        tree = _Docstrings().visit(tree)
-    return ast.unparse(ast.fix_missing_locations(tree)) + "\n", sites.sites
+OBSERVED = object()
+"""In an Expected's values: this operand is the submission's, reported by the graded run."""
 
 
 @dataclass
 class Plan:
-    """The hidden test files, parsed: each file's candidate sites and its reference source."""
+    """The test files, analysed: each file's checks and its reference source."""
 
     sources: dict[str, str]
-    sites: dict[str, Site] = field(default_factory=dict)
+    modules: dict[str, Module] = field(default_factory=dict)
     reference: dict[str, str] = field(default_factory=dict)
     unparsed: list[str] = field(default_factory=list)
-    """Test files that are not Python we can parse: passed on as they are, nothing in them is blinded."""
+    """Files that are not Python we can parse: passed on as they are, nothing in them is blinded."""
+
+    @property
+    def sites(self) -> dict[str, Site]:
+        return {sid: site for module in self.modules.values() for sid, site in module.sites.items()}
 
     def reference_files(self) -> dict[str, str]:
         return {**self.sources, **self.reference}
+
+    def unsupported(self) -> list[str]:
+        return [f"{path}:{line}: {why}" for path, module in sorted(self.modules.items())
+                for line, why in module.unsupported]
 
 
 def plan_files(files: Mapping[str, str]) -> Plan:
@@ -155,17 +84,17 @@ def plan_files(files: Mapping[str, str]) -> Plan:
         if not path.endswith(".py"):
             continue
         try:
-            reference, sites = _rewrite(source, path=path, prefix=f"f{index}s", mode="reference")
+            module = analyse(source, path=path, prefix=f"f{index}")
+            plan.reference[path] = rewrite.reference_source(source, module)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             plan.unparsed.append(path)
             continue
-        plan.reference[path] = reference
-        plan.sites.update(sites)
+        plan.modules[path] = module
     return plan
 
 
 Observation = tuple[str, list[Any]]
-"""(site id, the encoded operands) as one assert reported them."""
+"""(site id, the encoded operands) as one check reported them."""
 
 
 def observations_of(report: Mapping[str, Any] | None) -> dict[str, list[Observation]]:
@@ -183,10 +112,63 @@ def observations_of(report: Mapping[str, Any] | None) -> dict[str, list[Observat
 
 @dataclass(frozen=True)
 class Expected:
-    """What the reference computed at one observation: the site and its static operands' values."""
+    """What the reference computed at one observation: per operand its value, or OBSERVED."""
 
     site: str
     values: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """What the traced reference runs saw: leaves evaluated, leaves during which repository code ran, and
+    per import whether its module is the repository's."""
+
+    seen: frozenset[str] = frozenset()
+    repo: frozenset[str] = frozenset()
+    origins: Mapping[str, bool] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, reports: Sequence[Mapping[str, Any]]) -> Ledger:
+        seen: set[str] = set()
+        repo: set[str] = set()
+        origins: dict[str, bool] = {}
+        for report in reports:
+            ledger = report.get("ledger")
+            if not isinstance(ledger, dict):
+                continue
+            seen |= {str(x) for x in ledger.get("seen") or []}
+            repo |= {str(x) for x in ledger.get("repo") or []}
+            for oid, inside in (ledger.get("origins") or {}).items():
+                origins[str(oid)] = origins.get(str(oid), False) or bool(inside)
+        return cls(frozenset(seen), frozenset(repo), origins)
+
+
+def expected_leaves(module: Module, ledger: Ledger) -> frozenset[str]:
+    """The leaves the reference computed without the repository's code (see the module's docstring)."""
+    memo: dict[str, bool] = {}
+
+    def leaf_ok(lid: str) -> bool:
+        if lid not in memo:
+            memo[lid] = False  # a cycle is not an expected value
+            leaf = module.leaves[lid]
+            memo[lid] = lid not in ledger.repo and all(name_ok(leaf.scope, name) for name in leaf.names)
+        return memo[lid]
+
+    def name_ok(scope: str, name: str) -> bool:
+        where = resolve(module, scope, name)
+        if where is None:
+            return is_builtin(name)
+        bindings = module.bindings[(where, name)]
+        for binding in bindings:
+            if binding.kind == "opaque":
+                return False
+            if binding.kind == "import" and ledger.origins.get(binding.origin, True):
+                return False  # the repository's module, or an import the reference never ran
+            if binding.kind == "value" and not all(leaf_ok(lid) for lid in binding.leaves if lid in ledger.seen):
+                return False
+        return True
+
+    return frozenset(lid for lid in module.leaves if lid in ledger.seen and leaf_ok(lid))
 
 
 @dataclass
@@ -197,63 +179,142 @@ class Key:
     expected: dict[str, list[Expected]]
     """Per blinded test id: the reference's observations, in order."""
     blind: frozenset[str]
+    """The checks judged outside (reported, no longer asserting, in the graded source)."""
     unblinded: dict[str, str]
     """Test id → why it is graded from the in-process report alone."""
     reason: str = "the reference run did not collect it"
     """Why a test named nowhere above is unblinded."""
+    leaves: frozenset[str] = frozenset()
+    """Expected leaves (removed from the graded source where their check is blinded)."""
+    sites: dict[str, Site] = field(default_factory=dict)
+    """The checks as judged: a comparison that cannot be judged by value is judged on its truth."""
+    kept: dict[str, str] = field(default_factory=dict)
+    """Blinded test id → why an expected value of it is still in the graded files (read as an input too)."""
+    ids: dict[str, str] = field(default_factory=dict)
+    """Graded node id → the task's node id, where a rewritten parametrize table changed it."""
+    _graded: dict[str, str] | None = None
 
     def graded_files(self) -> dict[str, str]:
-        files = dict(self.plan.sources)
-        for index, (path, source) in enumerate(sorted(self.plan.sources.items())):
-            if path in self.plan.reference:
-                files[path], _ = _rewrite(source, path=path, prefix=f"f{index}s", mode="graded", blind=self.blind)
-        return files
+        if self._graded is None:
+            files = dict(self.plan.sources)
+            for path, module in self.plan.modules.items():
+                judged = dataclasses.replace(module, sites={sid: self.sites.get(sid, s) for sid, s in module.sites.items()})
+                removal, _ = self._removal(path, judged)
+                files[path] = rewrite.graded_source(self.plan.sources[path], judged, blind=self.blind,
+                                                    expected=self.leaves, removal=removal)
+            self._graded = files
+        return self._graded
+
+    def _removal(self, path: str, module: Module) -> tuple[rewrite.Removal, set[tuple[int, int, int, int]]]:
+        removable = frozenset(sid for sid in self.blind if module.sites.get(sid) and module.sites[sid].kind != "truth")
+        return rewrite.removals(self.plan.sources[path], module, blind=removable, expected=self.leaves)
+
+    def map_ids(self, reference: Sequence[str], graded: Sequence[str]) -> None:
+        """Pair the graded run's node ids with the reference's, function by function in collection order."""
+        groups: dict[str, list[str]] = {}
+        for nodeid in reference:
+            groups.setdefault(nodeid.partition("[")[0], []).append(nodeid)
+        positions: dict[str, int] = {}
+        for nodeid in graded:
+            stem = nodeid.partition("[")[0]
+            index = positions.get(stem, 0)
+            positions[stem] = index + 1
+            originals = groups.get(stem, [])
+            if index < len(originals) and originals[index] != nodeid:
+                self.ids[nodeid] = originals[index]
+
+    def original(self, nodeid: str) -> str:
+        return self.ids.get(nodeid, nodeid)
+
+    def graded_id(self, nodeid: str) -> str:
+        return next((graded for graded, original in self.ids.items() if original == nodeid), nodeid)
 
     def judge(self, test: str, outcome: str, observed: Sequence[Observation]) -> tuple[str, str]:
         """A test's outcome and why it differs from the process's: a blinded test passes only when the
         process says so AND every observation holds; an unblinded one fails if it reached a blinded
-        assert (which no longer asserts in the graded source)."""
+        check (which no longer asserts in the graded source)."""
         if outcome != "passed":
             return outcome, ""
         if test not in self.expected:
             if any(site_id in self.blind for site_id, _ in observed):
-                return "failed", "it reached a blinded assert on a path the reference did not take"
+                return "failed", "it reached a blinded check on a path the reference did not take"
             return outcome, ""
         expected = self.expected[test]
         if len(observed) != len(expected):
-            return "failed", f"observed {len(observed)} blinded asserts, the reference {len(expected)}"
+            return "failed", f"observed {len(observed)} checks, the reference {len(expected)}"
         for index, ((site_id, encoded), reference) in enumerate(zip(observed, expected, strict=True)):
-            site = self.plan.sites.get(reference.site)
-            if site_id != reference.site or site is None or len(encoded) != len(site.static):
-                return "failed", f"assert #{index + 1} is not the one the reference reached"
-            values = [ref if static else decode(value)
-                      for value, ref, static in zip(encoded, reference.values, site.static, strict=True)]
-            if not holds(site.ops, values):
-                shown = _shown([value for value, static in zip(values, site.static, strict=True) if not static])
-                return "failed", f"{site.path}:{site.line}: observed {shown}"
+            site = self.sites.get(reference.site)
+            if site_id != reference.site or site is None:
+                return "failed", f"check #{index + 1} is not the one the reference reached"
+            if not verdict(site, reference.values, encoded):
+                return "failed", f"{site.path}:{site.line}: observed {_shown(encoded, reference.values)}"
         return "passed", ""
 
 
-def _shown(values: Iterable[Any]) -> str:
+def verdict(site: Site, reference: Sequence[Any], encoded: Sequence[Any]) -> bool:
+    """One check judged here: the reference's expected values, the graded run's observed ones."""
+    if site.kind == "truth":
+        return len(encoded) == 1 and len(reference) == 1 and decode(encoded[0]) is reference[0]
+    caught_count = 1 if site.kind in ("raises", "warns") else 0
+    if len(encoded) != len(site.leaves) + caught_count or len(reference) != len(site.leaves):
+        return False
+    if site.kind in ("regex", "raises", "warns") and len(reference) > 1 and reference[1] is OBSERVED:
+        return False  # a pattern the process computed is never compiled here
+    values = [decode(value) if ref is OBSERVED else ref for value, ref in zip(encoded, reference, strict=False)]
+    caught = decode(encoded[-1]) if caught_count else None
+    if any(isinstance(value, Undecodable) for value in values):
+        return False
+    return _holds(site, values, caught)
+
+
+def _holds(site: Site, values: list[Any], caught: Any) -> bool:
+    options = dict(zip(site.ops, values[2:], strict=False))
+    if site.kind == "compare":
+        result = holds(site.ops, values)
+    elif site.kind == "none":
+        result = values[0] is None
+    elif site.kind == "isclose":
+        result = close(values[0], values[1], options)
+    elif site.kind == "almost":
+        result = almost_equal(values[0], values[1], options)
+    elif site.kind == "regex":
+        result = regex_found(values[0], values[1])
+    elif site.kind == "count":
+        result = same_items(values[0], values[1])
+    elif site.kind == "raises":
+        return raised_as_expected(values[0], values[1] if len(values) > 1 else None, caught)
+    elif site.kind == "warns":
+        return warned_as_expected(values[0], values[1] if len(values) > 1 else None, caught)
+    else:
+        return False
+    return result != site.negate
+
+
+def _shown(encoded: Iterable[Any], reference: Sequence[Any]) -> str:
+    values = [decode(value) for value, ref in zip(encoded, list(reference) + [OBSERVED] * 8, strict=False)
+              if ref is OBSERVED]
     text = ", ".join(repr(value) for value in values)
     return text if len(text) <= 200 else text[:200] + "…"
 
 
 def decide(plan: Plan, runs: Sequence[Mapping[str, Any] | None], tests: Iterable[str]) -> Key:
-    """From the reference runs' reports (two or more), the sites that can be blinded and, per test, the
-    sequence of expected values the graded run is compared with. A site is blinded only when every test
-    that reached it in the reference runs is blinded (so no unblinded test leans on an assert that
-    stopped asserting); that is a fixed point, reached in at most one pass per test."""
+    """From the traced reference runs (two or more), which operands are expected and, per test, the
+    sequence of values the graded run is compared with. A check is blinded only when every test that
+    reached it is blinded (so no unblinded test leans on a check that stopped asserting): a fixed point."""
     tests = list(tests)
     reports = [run or {} for run in runs]
+    ledger = Ledger.of(reports)
+    leaves = frozenset(lid for module in plan.modules.values() for lid in expected_leaves(module, ledger))
     observed = [observations_of(report) for report in reports]
-    outcomes: list[dict[str, Any]] = [dict(report["outcomes"]) if isinstance(report.get("outcomes"), dict) else {}
-                                      for report in reports]
+    outcomes = [dict(r["outcomes"]) if isinstance(r.get("outcomes"), dict) else {} for r in reports]
     reached = {test: {sid for o in observed for sid, _ in o.get(test, [])} for test in tests}
+    originals = plan.sites
+    sites = dict(originals)
+    _by_truth(sites, leaves, (o.get(test, []) for test in tests for o in observed[:1]))
     unblinded: dict[str, str] = {}
-    bad_sites: set[str] = set()
     for test in tests:
-        why = _why_not(plan, test, [o.get(test) for o in outcomes], [o.get(test, []) for o in observed])
+        why = _why_not(sites, originals, leaves, test, [o.get(test) for o in outcomes],
+                       [o.get(test, []) for o in observed])
         if why:
             unblinded[test] = why
     changed = True
@@ -262,39 +323,136 @@ def decide(plan: Plan, runs: Sequence[Mapping[str, Any] | None], tests: Iterable
         changed = False
         for test in tests:
             if test not in unblinded and reached[test] & bad_sites:
-                unblinded[test] = "it reaches an assert that an unblinded test reaches too"
+                unblinded[test] = "it reaches a check that an unblinded test reaches too"
                 changed = True
-    expected = {test: [Expected(sid, tuple(decode(v) if static else None
-                                           for v, static in zip(values, plan.sites[sid].static, strict=True)))
-                       for sid, values in observed[0][test]]
+    expected = {test: [_expected(sites[sid], originals[sid], leaves, values) for sid, values in observed[0][test]]
                 for test in tests if test not in unblinded}
     blind = frozenset(sid for test in expected for sid in reached[test])
-    return Key(plan=plan, expected=expected, blind=blind, unblinded=unblinded)
+    key = Key(plan=plan, expected=expected, blind=blind, unblinded=unblinded, leaves=leaves, sites=sites)
+    key.kept = _kept(key, ledger)
+    return key
 
 
-def _why_not(plan: Plan, test: str, outcomes: list[Any], sequences: list[list[Observation]]) -> str:
+def _as_truth(site: Site) -> Site:
+    return dataclasses.replace(site, kind="truth", leaves=(), ops=(), negate=False)
+
+
+def _expected(site: Site, original: Site, leaves: frozenset[str], values: list[Any]) -> Expected:
+    if site.kind == "truth" and original.kind != "truth":  # the assert held in the reference run
+        return Expected(site.id, (not original.negate,))
+    if site.kind == "truth":
+        return Expected(site.id, (decode(values[0]),))
+    return Expected(site.id, tuple(decode(v) if lid in leaves else OBSERVED
+                                   for v, lid in zip(values, site.leaves, strict=False)))
+
+
+def _by_truth(sites: dict[str, Site], leaves: frozenset[str], sequences: Iterable[list[Observation]]) -> None:
+    """A comparison that does not hold when judged by value here (objects with an `__eq__` of their own,
+    identity) is judged on its truth instead: `not not (a == b)` reported, the expected truth the key's."""
+    for sequence in sequences:
+        for sid, values in sequence:
+            site = sites.get(sid)
+            if site is not None and site.kind == "compare" and len(values) == len(site.leaves) \
+                    and not verdict(site, _expected(site, site, leaves, values).values, values):
+                sites[sid] = _as_truth(site)
+
+
+def _why_not(sites: dict[str, Site], originals: dict[str, Site], leaves: frozenset[str], test: str,
+             outcomes: list[Any], sequences: list[list[Observation]]) -> str:
     """Why `test` cannot be blinded ('' when it can): judged on the reference runs."""
     if any(outcome != "passed" for outcome in outcomes):
         return f"the reference solution does not pass it ({', '.join(str(o) for o in outcomes)})"
     first = sequences[0]
     if not first:
-        return "no assert with an expected value was reached"
+        return "no check was reached"
     if len(first) > MAX_OBSERVATIONS:
-        return f"more than {MAX_OBSERVATIONS} asserts"
+        return f"more than {MAX_OBSERVATIONS} checks"
     if any([sid for sid, _ in other] != [sid for sid, _ in first] for other in sequences[1:]):
-        return "the reference runs reached its asserts in different orders (nondeterministic)"
+        return "the reference runs reached its checks in different orders (nondeterministic)"
     for position, (sid, values) in enumerate(first):
-        site = plan.sites.get(sid)
-        if site is None or len(values) != len(site.static):
-            return f"an observation names no known assert ({sid[:40]!r})"
-        decoded = [decode(v) for v in values]
+        site, original = sites.get(sid), originals.get(sid)
+        if site is None or original is None:
+            return f"an observation names no known check ({sid[:40]!r})"
+        width = 1 if original.kind == "truth" else len(original.leaves) + (original.kind in ("raises", "warns"))
+        if len(values) != width:
+            if values and isinstance(values[0], list) and values[0][:1] == ["unencodable"]:
+                return f"{site.path}:{site.line}: an operand could not be carried out of the process ({values[0][1:]})"
+            return f"{site.path}:{site.line}: the reference reported {len(values)} operands, not {width}"
         for other in sequences[1:]:
-            again = [decode(v) for v in other[position][1]]
-            if len(again) != len(decoded) or not all(same(a, b) for a, b, s in zip(decoded, again, site.static, strict=True) if s):
-                return f"{site.path}:{site.line}: the expected value differs between reference runs"
-        if not holds(site.ops, decoded):
-            return f"{site.path}:{site.line}: the comparison cannot be judged by value outside the sandbox"
+            again = other[position][1]
+            if len(again) != len(values) or not all(
+                    same(decode(a), decode(b)) for a, b, lid in zip(values, again, original.leaves, strict=False)
+                    if lid in leaves):
+                return f"{site.path}:{site.line}: an expected value differs between reference runs"
+            if original.kind == "truth" and not same(decode(values[0]), decode(again[0])):
+                return f"{site.path}:{site.line}: its truth differs between reference runs"
+        if site.kind != "truth" and not verdict(site, _expected(site, site, leaves, values).values, values):
+            return f"{site.path}:{site.line}: the {site.kind} check cannot be judged by value outside the sandbox"
     return ""
+
+
+def _kept(key: Key, ledger: Ledger) -> dict[str, str]:
+    """Blinded tests with an expected value still in the graded source: a truthiness check that kept a
+    literal, or an expected operand whose binding is read elsewhere as an input."""
+    spans_by_path = {path: key._removal(path, module)[1] for path, module in key.plan.modules.items()}
+    leaf_path = {lid: path for path, module in key.plan.modules.items() for lid in module.leaves}
+    kept: dict[str, str] = {}
+    for test, sequence in key.expected.items():
+        for reference in sequence:
+            site = key.sites[reference.site]
+            module = key.plan.modules[site.path]
+            why = _still_there(site, module, key, spans_by_path, leaf_path)
+            if why:
+                kept[test] = why
+                break
+    return kept
+
+
+def _still_there(site: Site, module: Module, key: Key, spans_by_path: dict[str, set[Any]],
+                 leaf_path: dict[str, str]) -> str:
+    if site.kind == "truth":
+        original = key.plan.sites[site.id]
+        probes = _membership_probes(original, key.leaves)
+        if original.kind != "truth" and any(lid in key.leaves and lid not in probes for lid in original.leaves):
+            return f"{site.path}:{site.line}: a comparison judged on its truth keeps its expected operand"
+        return ""
+    spans = rewrite.leaf_spans(module)
+    for lid in site.leaves:
+        if lid not in key.leaves:
+            continue
+        for binding_leaf in _closure(module, lid):
+            path = leaf_path.get(binding_leaf, site.path)
+            span = rewrite.leaf_spans(key.plan.modules[path]).get(binding_leaf) if path != site.path else \
+                spans.get(binding_leaf)
+            if span is not None and not rewrite.inside(span, spans_by_path[path]):
+                return f"{site.path}:{site.line}: an expected value is also read as an input"
+    return ""
+
+
+def _membership_probes(site: Site, leaves: frozenset[str]) -> set[str]:
+    """In `needle in container` on a container the repository computed (`assertNotIn(2, cache)`), the needle is
+    what the test asks about, not what it expects: the expected value is the answer, the hidden truth."""
+    if site.kind != "compare" or len(site.ops) != 1 or site.ops[0] not in ("in", "not in"):
+        return set()
+    needle, container = site.leaves
+    return {needle} if container not in leaves else set()
+
+
+def _closure(module: Module, lid: str) -> set[str]:
+    """A leaf and every binding value leaf its names lead to, within its module."""
+    out: set[str] = set()
+    todo = [lid]
+    while todo:
+        current = todo.pop()
+        if current in out or current not in module.leaves:
+            continue
+        out.add(current)
+        leaf = module.leaves[current]
+        for name in leaf.names:
+            where = resolve(module, leaf.scope, name)
+            for binding in module.bindings.get((where, name), []) if where is not None else []:
+                todo.extend(binding.leaves)
+    return out
 
 
 def canonical(value: Any) -> str:

@@ -11,8 +11,16 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from environments.code_repo.blinding import is_static
 from environments.code_repo.task import CodeRepoTask
+
+_STATIC = (ast.Constant, ast.Tuple, ast.List, ast.Set, ast.Dict, ast.UnaryOp, ast.BinOp, ast.expr_context,
+           ast.unaryop, ast.operator)
+
+
+def is_static(node: ast.AST) -> bool:
+    """A value the test states (a literal, containers and arithmetic of literals)."""
+    return all(isinstance(child, _STATIC) for child in ast.walk(node)) and not any(
+        isinstance(child, ast.Dict) and None in child.keys for child in ast.walk(node))
 
 
 def _other(value: Any) -> Any:

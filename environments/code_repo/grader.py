@@ -35,6 +35,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 import secrets
 from dataclasses import dataclass, field
 
@@ -43,11 +44,12 @@ from core.flags import EpisodeFlag
 from core.tar import pack_files
 from environments.base import Sandbox
 from environments.code_repo.blinding import Key, observations_of
-from environments.code_repo.observations import MAX_OBSERVATIONS, OBSERVER
+from environments.code_repo.observations import OBSERVER
 from environments.code_repo.repo import WORKSPACE, SetupError, SubmissionError
 from environments.code_repo.task import TestSpec
 
-ENTRY_POINT = r'''"""Crucible's grader: pytest with a per-test report (argv: run.py REPORT_FD PYTEST_ARGS...).
+ENTRY_POINT = r'''"""Crucible's grader: pytest with a per-test report (argv: run.py REPORT_FD MODE PYTEST_ARGS...;
+MODE is `graded`, or `reference` for the trusted run on the reference solution).
 Written by the grader's keeper uid, read-only to the tests. REPORT_FD is a pipe inherited from the
 grader's root wrapper, opened before anything of the workspace is imported; no path leads to it."""
 import builtins
@@ -60,7 +62,11 @@ import pytest
 from _pytest import python as _python
 from _pytest import reports as _reports
 from _pytest import runner as _runner
-#OBSERVER#
+
+# The observer (sandbox/observer.py) runs in a namespace of its own: what it puts into builtins for the
+# rewritten tests leads to its own state (what the checks observed), never to the report below.
+_OBSERVER = {"__name__": "crucible_observer", "__builtins__": builtins}
+exec(compile(#OBSERVER#, "<crucible-observer>", "exec"), _OBSERVER)
 
 
 def _internals():
@@ -111,19 +117,13 @@ class CrucibleReport:
         self.internals = _internals()
         self.known_plugins = None
         self.collected, self.outcomes, self.repeated, self.collect_errors, self.tampered = [], {}, [], [], []
-        self.observations, self.current = {}, "<collection>"
-
-    def check(self, site, values):
-        """A blinded assert: its operands, encoded by value, for the comparator outside the sandbox."""
-        seen = self.observations.setdefault(self.current, [])
-        if len(seen) <= MAX_OBSERVATIONS:
-            seen.append([str(site), _observe(values)])
+        self.calls = {"passed": 0, "failed": 0}
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
-        self.current = item.nodeid
+        _OBSERVER["state"]["test"] = item.nodeid
         yield
-        self.current = "<between tests>"
+        _OBSERVER["state"]["test"] = "<between tests>"
 
     def pytest_configure(self, config):
         self.manager = config.pluginmanager
@@ -178,6 +178,8 @@ class CrucibleReport:
                 outcome = "xfail"
             else:
                 outcome = "passed" if report.passed else "skipped" if report.skipped else "failed"
+                if outcome in self.calls:  # what pytest's own summary counts as passed / failed
+                    self.calls[outcome] += 1
         elif report.failed:
             outcome = "error"
         else:
@@ -190,7 +192,8 @@ class CrucibleReport:
     def send(self, code):
         data = json.dumps({"collected": self.collected, "outcomes": self.outcomes, "repeated": self.repeated,
                            "collect_errors": self.collect_errors, "tampered": self.tampered,
-                           "observations": self.observations, "exitstatus": code}).encode() + b"\n"
+                           "observations": _OBSERVER["observations"], "calls": self.calls, "exitstatus": code,
+                           **({"ledger": _OBSERVER["ledger_report"]()} if MODE == "reference" else {})}).encode() + b"\n"
         try:  # the descriptor must still be the pipe it was: one pointed elsewhere is a failed run
             now = _fstat(self.fd)
             if (now.st_dev, now.st_ino) != self.pipe:
@@ -202,8 +205,15 @@ class CrucibleReport:
 
 
 report = CrucibleReport(int(sys.argv[1]))
-builtins.__crucible_check__ = report.check
-code = int(pytest.main(sys.argv[2:], plugins=[report]))
+MODE = sys.argv[2]
+builtins.__crucible_check__ = _OBSERVER["check"]
+builtins.__crucible_raises__ = _OBSERVER["raises"]
+builtins.__crucible_raises_call__ = _OBSERVER["raises_call"]
+if MODE == "reference":  # the trusted run: what each leaf was computed from, where each import's module lives
+    builtins.__crucible_leaf__, builtins.__crucible_mark__ = _OBSERVER["leaf"], _OBSERVER["mark"]
+    builtins.__crucible_origin__ = _OBSERVER["origin"]
+    _OBSERVER["start_reference"]()
+code = int(pytest.main(sys.argv[3:], plugins=[report]))
 for stream in (sys.stdout, sys.stderr):  # the runner's summary reaches the log before we leave
     try:
         stream.flush()
@@ -211,7 +221,7 @@ for stream in (sys.stdout, sys.stderr):  # the runner's summary reaches the log 
         pass
 report.send(code)
 os._exit(code)  # no thread, atexit handler or finaliser of the code under test runs after the report
-'''.replace("#OBSERVER#", OBSERVER).replace("MAX_OBSERVATIONS", str(MAX_OBSERVATIONS))
+'''.replace("#OBSERVER#", repr(OBSERVER))
 
 CANARY = """def {passing}():
     pass
@@ -309,7 +319,7 @@ def _canary_dirs(spec: TestSpec) -> list[str]:
     return sorted(dirs)
 
 
-def _pytest(sandbox: Sandbox, spec: TestSpec, *, extra: list[str]) -> RawRun:
+def _pytest(sandbox: Sandbox, spec: TestSpec, *, extra: list[str], mode: str = "graded") -> RawRun:
     nonce = secrets.token_hex(8)
     directory = f"/tmp/crucible-grader-{nonce}"
     prepared = sandbox.exec(["bash", "-c", _PREPARE, "prepare", directory], as_keeper=True, timeout_s=60,
@@ -323,7 +333,7 @@ def _pytest(sandbox: Sandbox, spec: TestSpec, *, extra: list[str]) -> RawRun:
     paths = spec.collect_paths()
     # A canary inside a directory pytest collects anyway is not named again (it would run twice).
     named = [c for c in canaries if not any(p in (".", "") or c.startswith(p.rstrip("/") + "/") for p in paths)]
-    args = ["-c", f"{directory}/pytest.ini", f"--rootdir={WORKSPACE}", f"--confcutdir={WORKSPACE}",
+    args = [mode, "-c", f"{directory}/pytest.ini", f"--rootdir={WORKSPACE}", f"--confcutdir={WORKSPACE}",
             "-p", "no:cacheprovider", "-q", "--tb=short", *extra, *paths, *named]
     limit = max(1, int(spec.timeout_s))
     ran = sandbox.exec(["bash", "-c", _RUN, "run", directory, str(limit), *args], timeout_s=limit + 60,
@@ -358,20 +368,24 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, *, agent_files: frozenset[str] =
     """Run one layer's tests in `sandbox` (which must hold base + the submission, and nothing the
     agent ran) and grade them per test id; tests in `agent_files` (what the agent changed) never count.
     With `key` (blinding.py), the blinded tests are judged from their observed values outside."""
+    if key is not None and spec.paths:  # node ids spelled as the graded files name them
+        spec = spec.model_copy(update={"paths": [key.graded_id(path) for path in spec.paths]})
     raw = _pytest(sandbox, spec, extra=[])
     return grade(spec, raw.report, exit_code=raw.exit_code, timed_out=raw.timed_out, canaries=raw.canaries,
                  log=raw.log, agent_files=agent_files, key=key, unblinded=unblinded)
 
 
 def run_reference(sandbox: Sandbox, spec: TestSpec) -> dict | None:
-    """One run of a layer in a trusted sandbox (base + the task's reference solution): its report, or
-    None when the run did not report normally."""
-    return reference_run(sandbox, spec)[0]
+    """One traced run of a layer in a trusted sandbox (base + the task's reference solution, the tests in
+    their reference rewrite): its report, with the ledger of what each leaf was computed from, or None when
+    the run did not report normally."""
+    return reference_run(sandbox, spec, mode="reference")[0]
 
 
-def reference_run(sandbox: Sandbox, spec: TestSpec) -> tuple[dict | None, str]:
-    """run_reference's report, and the runner's log (its last 6,000 characters: the failures' summary)."""
-    raw = _pytest(sandbox, spec, extra=[])
+def reference_run(sandbox: Sandbox, spec: TestSpec, *, mode: str = "graded") -> tuple[dict | None, str]:
+    """One run of a layer where nothing of an agent's is: its report (None when the run did not report
+    normally) and the runner's log (its last 6,000 characters: the failures' summary)."""
+    raw = _pytest(sandbox, spec, extra=[], mode=mode)
     report = _report(raw.report)
     if report is None or raw.timed_out or raw.exit_code >= 128 or report.get("exitstatus") != raw.exit_code:
         return None, raw.log
@@ -427,8 +441,9 @@ def grade(spec: TestSpec, report_text: bytes, *, exit_code: int, timed_out: bool
     if report is None:
         return TestRun(detail=f"failed run: the test run exited {exit_code} without writing its report; "
                               f"every graded test counts as failed{tail}")
-    outcomes = {str(k): str(v) for k, v in report["outcomes"].items()}
-    collected = [str(nodeid) for nodeid in report["collected"]]
+    original = key.original if key is not None else str
+    outcomes = {original(str(k)): str(v) for k, v in report["outcomes"].items()}
+    collected = [original(str(nodeid)) for nodeid in report["collected"]]
     must_pass, must_fail = canaries
     canary = {n: o for n, o in outcomes.items() if n.rpartition("::")[2] in canaries}
     fails = [o for n, o in canary.items() if n.endswith("::" + must_fail)]
@@ -444,6 +459,12 @@ def grade(spec: TestSpec, report_text: bytes, *, exit_code: int, timed_out: bool
         return TestRun(detail=f"failed run: the process exited {exit_code} but its report says "
                               f"{str(report.get('exitstatus'))[:20]}: the report did not come from the runner's "
                               f"end; every graded test counts as failed{tail}")
+    counted = summary_counts(log)
+    calls = report["calls"] if isinstance(report.get("calls"), dict) else {}
+    if counted is None or any(counted.get(k, 0) != calls.get(k) for k in ("passed", "failed")):
+        return TestRun(flags={EpisodeFlag.RESULT_FORGING} if counted is not None else set(),
+                       detail=f"{'forged' if counted is not None else 'failed'} run: pytest's own summary "
+                              f"({counted or 'missing'}) and the report ({calls}) disagree; every result is void{tail}")
     if not passes or any(o != PASSED for o in passes) or not fails:
         return TestRun(detail=f"failed run: the grader's canaries did not run normally ({passes or 'not run'}): "
                               f"collection-only, a broken plugin or configuration{tail}")
@@ -452,7 +473,7 @@ def grade(spec: TestSpec, report_text: bytes, *, exit_code: int, timed_out: bool
     results = {test: outcomes.get(test, "not collected" if test not in collected else "not run") for test in graded_ids}
     reasons: dict[str, str] = {}
     if key is not None:
-        observed = observations_of(report)
+        observed = {original(test): items for test, items in observations_of(report).items()}
         for test in graded_ids:
             results[test], reasons[test] = key.judge(test, results[test], observed.get(test, []))
     flags: set[EpisodeFlag] = set()
@@ -476,6 +497,20 @@ def grade(spec: TestSpec, report_text: bytes, *, exit_code: int, timed_out: bool
         summary += f"; {_blinding_line(graded_ids, key, unblinded)}"
     return TestRun(score=score, passed=fraction == 1.0, flags=flags, blinded=blinded, graded=len(graded_ids),
                    detail=f"{summary}; {_listing(results, reasons)}{tail}")
+
+
+_SUMMARY = re.compile(r"^=*\s*((?:\d+ [a-z]+(?:, )?)+) in [\d.]+s\b.*$|^=*\s*no tests ran in [\d.]+s\b.*$", re.MULTILINE)
+
+
+def summary_counts(log: str) -> dict[str, int] | None:
+    """pytest's own closing line (`3 failed, 21 passed in 0.52s`) as counts, None when the log has none."""
+    found = list(_SUMMARY.finditer(log))
+    if not found:
+        return None
+    counts: dict[str, int] = {}
+    for number, word in re.findall(r"(\d+) ([a-z]+)", found[-1].group(1) or ""):
+        counts[word] = counts.get(word, 0) + int(number)
+    return counts
 
 
 def _blinding_line(graded_ids: list[str], key: Key | None, unblinded: str) -> str:

@@ -1,6 +1,6 @@
 """Values observed inside a test run, carried out of it as data, and compared outside it.
 
-    OBSERVER                      # source run inside the graded interpreter (part of grader.ENTRY_POINT)
+    OBSERVER                      # sandbox/observer.py, run inside the test process by grader.ENTRY_POINT
     value = decode(["int", "0x5"])            # 5, in the worker's process
     holds(("==",), [value, 5])                # True: the comparison an assert made, judged here
 
@@ -20,95 +20,14 @@ from __future__ import annotations
 
 import math
 import operator
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
-OBSERVER = r'''
-import base64 as _b64
-import json as _json
-
-_MAX_DEPTH, _MAX_ITEMS = 24, 20000
-_EXACT = {type(None): "none", bool: "bool", int: "int", float: "float", complex: "complex", str: "str",
-          bytes: "bytes", list: "list", tuple: "tuple", set: "set", frozenset: "frozenset", dict: "dict"}
-_BASES = ((bool, "bool"), (int, "int"), (float, "float"), (complex, "complex"), (str, "str"), (bytes, "bytes"),
-          (tuple, "tuple"), (list, "list"), (frozenset, "frozenset"), (set, "set"), (dict, "dict"))
-_type, _isinstance, _id, _len, _sorted, _getattr = type, isinstance, id, len, sorted, object.__getattribute__
-
-
-class _Budget:
-    def __init__(self):
-        self.left = _MAX_ITEMS
-
-    def spend(self):
-        self.left -= 1
-        if self.left < 0:
-            raise OverflowError("too many items")
-
-
-def _builtin(value, kind, depth, path, budget):
-    """The builtin value `value` carries, read through the builtin's own slots, never its class's."""
-    if kind == "none":
-        return ["none"]
-    if kind == "bool":
-        return ["bool", bool(int.__int__(value))]
-    if kind == "int":
-        return ["int", int.__format__(value, "#x")]
-    if kind == "float":
-        return ["float", float.__repr__(value)]
-    if kind == "complex":
-        return ["complex", float.__repr__(complex.real.__get__(value)), float.__repr__(complex.imag.__get__(value))]
-    if kind == "str":
-        return ["str", str.__str__(value)]
-    if kind == "bytes":
-        return ["bytes", _b64.b64encode(bytes(memoryview(value))).decode()]
-    if kind in ("list", "tuple"):
-        items = list.__iter__(value) if kind == "list" else tuple.__iter__(value)
-        return [kind, [_encode(item, depth + 1, path, budget) for item in items]]
-    if kind in ("set", "frozenset"):
-        items = [_encode(item, depth + 1, path, budget) for item in (set.__iter__(value) if kind == "set"
-                                                                      else frozenset.__iter__(value))]
-        return [kind, _sorted(items, key=_json.dumps)]
-    pairs = [[_encode(k, depth + 1, path, budget), _encode(v, depth + 1, path, budget)] for k, v in dict.items(value)]
-    return ["dict", _sorted(pairs, key=_json.dumps)]
-
-
-def _encode(value, depth=0, path=(), budget=None):
-    budget = budget or _Budget()
-    budget.spend()
-    if depth > _MAX_DEPTH:
-        return ["deep"]
-    if _id(value) in path:
-        return ["cycle"]
-    path = path + (_id(value),)
-    kind = _type(value)
-    exact = _EXACT.get(kind)
-    if exact is not None:
-        return _builtin(value, exact, depth, path, budget)
-    base = next((["base", _builtin(value, name, depth, path, budget)] for cls, name in _BASES
-                 if _isinstance(value, cls)), ["base", ["none"]])
-    try:
-        attributes = dict.copy(_getattr(value, "__dict__"))
-    except Exception:
-        attributes = {}
-    if not _isinstance(attributes, dict):
-        attributes = {}
-    for cls in kind.__mro__:
-        for slot in cls.__dict__.get("__slots__", ()) if _isinstance(cls.__dict__.get("__slots__", ()), tuple) else ():
-            try:
-                attributes[slot] = _getattr(value, slot)
-            except Exception:
-                pass
-    name = f"{_getattr(kind, '__module__')}.{_getattr(kind, '__qualname__')}"
-    return ["object", str(name), base, _encode(attributes, depth + 1, path, budget)]
-
-
-def _observe(values):
-    try:
-        return [_encode(value) for value in values]
-    except Exception as error:  # an encoding that cannot finish is carried as such: it equals nothing
-        return [["unencodable", _type(error).__name__]]
-'''
+OBSERVER = resources.files("environments.code_repo").joinpath("sandbox/observer.py").read_text(encoding="utf-8")
+"""The in-sandbox side (sandbox/observer.py), as text: the grader's entry point runs it in a namespace of its own."""
 
 MAX_OBSERVATIONS = 10_000
 """Per test: a run that observes more than this many asserts is cut off (and its test fails)."""
@@ -121,6 +40,84 @@ class Opaque:
     type_name: str
     base: Any
     state: Any
+
+
+@dataclass(frozen=True)
+class ClassRef:
+    """A class, as its qualified name (`builtins.ValueError`)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Raised:
+    """What a raises block saw: the exception's classes (most derived first) and str(), or None: nothing."""
+
+    lineage: tuple[str, ...] | None
+    message: str | None
+
+
+@dataclass(frozen=True)
+class Warned:
+    """What a warns block recorded: each warning's category lineage and message."""
+
+    records: tuple[tuple[tuple[str, ...], str | None], ...]
+
+
+class Approx:
+    """`pytest.approx(expected, rel=, abs=, nan_ok=)` as the reference built it, compared here with pytest's
+    rule (tolerance max(rel × |expected|, abs), rel 1e-6 and abs 1e-12 by default, abs alone when only abs
+    is given), for numbers, sequences and mappings of numbers."""
+
+    def __init__(self, expected: Any, rel: Any, abs_: Any, nan_ok: Any) -> None:
+        self.expected, self.rel, self.abs, self.nan_ok = expected, rel, abs_, bool(nan_ok)
+
+    @classmethod
+    def of(cls, state: Any) -> Approx:
+        if not isinstance(state, dict) or "expected" not in state:
+            raise ValueError("expected an approx object's attributes")
+        return cls(state["expected"], state.get("rel"), state.get("abs"), state.get("nan_ok"))
+
+    def _scalar(self, expected: Any, actual: Any) -> bool:
+        if type(actual) is bool or type(expected) is bool:
+            return type(actual) is type(expected) and actual == expected
+        if not isinstance(actual, int | float | complex) or not isinstance(expected, int | float | complex):
+            return bool(actual == expected) if type(actual) is type(expected) else False
+        if actual == expected:
+            return True
+        if math.isnan(abs(expected)):
+            return self.nan_ok and math.isnan(abs(actual))
+        if math.isinf(abs(expected)):
+            return False
+        absolute = 1e-12 if self.abs is None else float(self.abs)
+        if self.rel is None and self.abs is not None:
+            tolerance = absolute
+        else:
+            tolerance = max((1e-6 if self.rel is None else float(self.rel)) * abs(expected), absolute)
+        return bool(abs(expected - actual) <= tolerance)
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (repr(self.expected), repr(self.rel), repr(self.abs), self.nan_ok)
+
+    def __eq__(self, actual: object) -> bool:
+        expected = self.expected
+        if isinstance(actual, Approx):  # two reference runs' approx objects: the same settings
+            return self._fields() == actual._fields()
+        if isinstance(expected, dict):
+            return isinstance(actual, dict) and set(actual) == set(expected) \
+                and all(self._scalar(expected[k], actual[k]) for k in expected)
+        if isinstance(expected, list | tuple):
+            return isinstance(actual, list | tuple) and len(actual) == len(expected) \
+                and all(self._scalar(e, a) for e, a in zip(expected, actual, strict=True))
+        return self._scalar(expected, actual)
+
+    def __ne__(self, actual: object) -> bool:
+        return not self.__eq__(actual)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"approx({self.expected!r})"
 
 
 class Undecodable:
@@ -146,7 +143,7 @@ def decode(encoded: Any) -> Any:
     """Rebuild an observed value in this process (never evaluating anything the sandbox sent)."""
     try:
         return _decode(encoded)
-    except (TypeError, ValueError, KeyError, IndexError, OverflowError, RecursionError):
+    except (TypeError, ValueError, KeyError, IndexError, OverflowError, RecursionError, re.error):
         return Undecodable()
 
 
@@ -166,9 +163,27 @@ def _decode(encoded: Any) -> Any:
     if kind == "dict":
         return {_decode(k): _decode(v) for k, v in _exact(encoded[1], list)}
     if kind == "object":
+        name = _exact(encoded[1], str)
+        if name.startswith("_pytest.") and name.rpartition(".")[2].startswith("Approx"):
+            return Approx.of(_decode(encoded[3]))
         base = _decode(_exact(encoded[2], list)[1]) if encoded[2][0] == "base" else None
-        return Opaque(_exact(encoded[1], str), _hashable(base), _hashable(_decode(encoded[3])))
+        return Opaque(name, _hashable(base), _hashable(_decode(encoded[3])))
+    if kind == "pattern":  # a compiled pattern the reference computed (compiled here only to search)
+        return re.compile(_decode(_exact(encoded[1], list)), _exact(encoded[2], int))
+    if kind == "class":
+        return ClassRef(_exact(encoded[1], str))
+    if kind == "raised":
+        if len(encoded) == 1:
+            return Raised(None, None)
+        return Raised(tuple(_exact(n, str) for n in _exact(encoded[1], list)), _text_or_none(encoded[2]))
+    if kind == "warned":
+        return Warned(tuple((tuple(_exact(n, str) for n in _exact(item[0], list)), _text_or_none(item[1]))
+                            for item in _exact(encoded[1], list)))
     raise ValueError(f"expected an encoded value, got kind {kind!r}")  # "deep", "cycle", "unencodable", ...
+
+
+def _text_or_none(value: Any) -> str | None:
+    return None if value is None else _exact(value, str)
 
 
 def _exact(value: Any, kind: type) -> Any:
@@ -207,5 +222,99 @@ def same(a: Any, b: Any) -> bool:
         return True
     try:
         return type(a) is type(b) and bool(a == b)
+    except Exception:
+        return False
+
+
+MAX_MESSAGE = 10_000
+
+
+def _search(pattern: Any, text: str | bytes | None) -> bool:
+    """re.search as pytest's `match` and unittest's *Regex do it; the pattern is the reference's own value."""
+    if pattern is None:
+        return True
+    if not isinstance(text, str | bytes) or not isinstance(pattern, str | bytes | re.Pattern):
+        return False
+    try:
+        return re.search(pattern, text[:MAX_MESSAGE]) is not None  # type: ignore[arg-type]
+    except (re.error, TypeError):
+        return False
+
+
+def _names(expected: Any) -> set[str] | None:
+    items = expected if isinstance(expected, tuple) else (expected,)
+    if not items or not all(isinstance(item, ClassRef) for item in items):
+        return None
+    return {item.name for item in items}
+
+
+def raised_as_expected(expected: Any, pattern: Any, caught: Any) -> bool:
+    """The block raised an instance of `expected` (a class or a tuple of them) whose str() `pattern` finds."""
+    names = _names(expected)
+    return (names is not None and isinstance(caught, Raised) and caught.lineage is not None
+            and bool(names & set(caught.lineage)) and _search(pattern, caught.message))
+
+
+def warned_as_expected(expected: Any, pattern: Any, caught: Any) -> bool:
+    names = _names(expected)
+    return names is not None and isinstance(caught, Warned) and any(
+        names & set(lineage) and _search(pattern, message) for lineage, message in caught.records)
+
+
+def _number(value: Any) -> bool:
+    return (isinstance(value, int | float | complex) and type(value) is not bool) or type(value) is bool
+
+
+def close(a: Any, b: Any, options: dict[str, Any]) -> bool:
+    """math.isclose, for observed numbers only (anything else is False)."""
+    if not (_number(a) and _number(b)) or not all(_number(v) for v in options.values()):
+        return False
+    try:
+        return math.isclose(a, b, **options)
+    except (TypeError, ValueError):
+        return False
+
+
+def almost_equal(a: Any, b: Any, options: dict[str, Any]) -> bool:
+    """unittest's assertAlmostEqual: equal, or |a - b| <= delta, or round(|a - b|, places (7)) == 0."""
+    try:
+        if type(a) is type(b) and a == b and not isinstance(a, Opaque | Undecodable):
+            return True
+        if not (_number(a) and _number(b)):
+            return False
+        difference = abs(a - b)
+        if options.get("delta") is not None:
+            return bool(difference <= options["delta"])
+        places = options.get("places")
+        return round(difference, 7 if places is None else int(places)) == 0
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def regex_found(text: Any, pattern: Any) -> bool:
+    return isinstance(text, str | bytes) and _search(pattern, text)
+
+
+def same_items(a: Any, b: Any) -> bool:
+    """unittest's assertCountEqual: the same elements, the same number of times each."""
+    containers = list | tuple | set | frozenset | str | bytes | dict
+    if not isinstance(a, containers) or not isinstance(b, containers):
+        return False
+    left, right = list(a), list(b)
+    if len(left) != len(right):
+        return False
+    for item in left:
+        for index, other in enumerate(right):
+            if same(item, other) or (type(item) is type(other) and _equal(item, other)):
+                del right[index]
+                break
+        else:
+            return False
+    return not right
+
+
+def _equal(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
     except Exception:
         return False

@@ -3,34 +3,42 @@
     why = unblinded_reason(task, enabled=config.blind_hidden_tests)   # "" when the task can be blinded
     key = reference_key(task, base=base, open_sandbox=open_sandbox)  # blinding.Key, cached per task
 
-A fresh sandbox holds the base, the reference solution and the hidden tests instrumented to record every
-operand of every blindable assert; nothing of any agent's is in it. The tests run twice there, so a value
-that differs between runs is never taken as expected. The resulting key stays in this process (cached by
-the task's content and base commit): the graded sandbox receives only `key.graded_files()`.
+A fresh sandbox holds the base, the reference solution, the test patch (SWE-bench's `test_patch`) and the
+hidden test files; nothing of any agent's is in it. The test files — those given, those the patch writes
+and, for tests already in the repository, the test modules beside the files the layer collects — are
+read back from it, rewritten to trace every check (rewrite.py), and run twice, so a value that differs
+between runs is never taken as expected. The graded rewrite is then collected there once, to pair its
+parametrize ids with the task's. The key stays in this process (cached by the task's content and base
+commit): the graded sandbox receives only `key.graded_files()`, written over the same paths.
 """
 
 from __future__ import annotations
 
-from environments.base import OpenSandbox
+import io
+import posixpath
+import re
+import tarfile
+
+from environments.base import OpenSandbox, Sandbox
 from environments.code_repo.blinding import Key, decide, plan_files
 from environments.code_repo.grader import collect_test_ids, put_or_reject, run_reference
 from environments.code_repo.memo import TaskMemo
-from environments.code_repo.repo import WORKSPACE, SetupError, apply_patch, install_repo
-from environments.code_repo.task import CodeRepoTask
+from environments.code_repo.repo import WORKSPACE, SetupError, apply_patch, install_repo, matches
+from environments.code_repo.task import TEST_FILES, CodeRepoTask, TestSpec
 
 REFERENCE_RUNS = 2
+MAX_TEST_BYTES = 8 * 2**20
+"""The test files read back from the reference sandbox, at most (a larger suite is graded unblinded)."""
+_TEST_MODULES = [glob for glob in TEST_FILES if glob != "conftest.py"]
 _keys: TaskMemo[Key] = TaskMemo()
 
 
 def unblinded_reason(task: CodeRepoTask, *, enabled: bool) -> str:
     """Why the task's hidden tests are graded unblinded ('' when they can be blinded)."""
-    spec = task.hidden_tests
     if not enabled:
         return "blinding is off for this environment (verifier.blind_hidden_tests)"
     if task.solution is None:
         return "the task has no reference solution"
-    if not any(path.endswith(".py") for path in spec.files):
-        return "the hidden tests are not given as files (a test patch or tests already in the repository)"
     return ""
 
 
@@ -39,20 +47,94 @@ def reference_key(task: CodeRepoTask, *, base: str, open_sandbox: OpenSandbox) -
                                 lambda: _compute(task, base=base, open_sandbox=open_sandbox))
 
 
+def _unblinded(why: str) -> Key:
+    return Key(plan=plan_files({}), expected={}, blind=frozenset(), unblinded={}, reason=why)
+
+
 def _compute(task: CodeRepoTask, *, base: str, open_sandbox: OpenSandbox) -> Key:
     spec = task.hidden_tests
     solution = task.solution
     assert solution is not None
-    plan = plan_files(spec.files)
     with open_sandbox() as trusted:
         if install_repo(trusted, task) != base:
             raise SetupError("the reference sandbox's base commit differs from the one the worker recorded")
         if solution.files:
             put_or_reject(trusted, {f"{WORKSPACE}/{path}": text.encode() for path, text in solution.files.items()})
-        failure = apply_patch(trusted, solution.patch or "", name="reference solution")
+        failure = apply_patch(trusted, solution.patch or "", name="reference solution") \
+            or apply_patch(trusted, spec.patch or "", name="test patch")
         if failure:  # the task's defect, not the machine's: graded unblinded, and it says why
-            return Key(plan=plan, expected={}, blind=frozenset(), unblinded={}, reason=failure)
-        put_or_reject(trusted, {f"{WORKSPACE}/{path}": text.encode() for path, text in plan.reference_files().items()})
-        tests = list(spec.tests) or collect_test_ids(trusted, spec) or []
+            return _unblinded(failure)
+        put_or_reject(trusted, {f"{WORKSPACE}/{path}": text.encode() for path, text in spec.files.items()})
+        files = read_test_files(trusted, spec)
+        if files is None:
+            return _unblinded(f"the test files are over {MAX_TEST_BYTES >> 20} MiB")
+        plan = plan_files(files)
+        tests = list(spec.tests) or collect_test_ids(trusted, spec) or []  # on the tests as given
+        put_or_reject(trusted, {f"{WORKSPACE}/{path}": text.encode() for path, text in plan.reference.items()})
         runs = [run_reference(trusted, spec) for _ in range(REFERENCE_RUNS)]
-    return decide(plan, runs, tests)
+        key = decide(plan, runs, tests)
+        put_or_reject(trusted, {f"{WORKSPACE}/{path}": text.encode() for path, text in key.graded_files().items()})
+        graded = collect_test_ids(trusted, _collecting(spec, key)) or []
+        key.map_ids([str(n) for n in (runs[0] or {}).get("collected") or []], graded)
+    return key
+
+
+def _collecting(spec: TestSpec, key: Key) -> TestSpec:
+    """The layer as the graded sandbox runs it: node ids in `paths` spelled as the graded files name them."""
+    return spec.model_copy(update={"paths": [key.graded_id(path) for path in spec.paths]}) if spec.paths else spec
+
+
+def _test_dirs(spec: TestSpec) -> set[str]:
+    """The directories whose test modules the layer's tests may live in (files named, collected or patched)."""
+    paths = [*spec.files, *patched_files(spec.patch or ""), *spec.collect_paths()]
+    dirs: set[str] = set()
+    for path in paths:
+        file_part = path.split("::", 1)[0].strip("/")
+        if file_part in ("", "."):
+            dirs.add(".")
+        elif file_part.endswith(".py"):
+            dirs.add(posixpath.dirname(file_part) or ".")
+        else:
+            dirs.add(file_part)
+    return dirs
+
+
+_READ = r"""
+cd /workspace || exit 3
+for dir in "$@"; do
+  [ -d "$dir" ] || continue
+  if [ "$dir" = . ]; then find . -maxdepth 1 -type f -name '*.py'; else find "$dir" -type f -name '*.py'; fi
+done | sed 's|^\./||' | sort -u > /tmp/crucible-test-files
+tar -c --no-recursion -T /tmp/crucible-test-files -f - 2>/dev/null | head -c $((MAX + 1))
+"""
+
+
+def read_test_files(sandbox: Sandbox, spec: TestSpec) -> dict[str, str] | None:
+    """The test modules (not conftest.py) of the layer's directories as the reference sandbox holds them
+    (after the test patch), as text; None when they are over MAX_TEST_BYTES."""
+    script = _READ.replace("$((MAX + 1))", str(MAX_TEST_BYTES + 1))
+    result = sandbox.exec(["bash", "-c", script, "read", *sorted(_test_dirs(spec))], as_keeper=True, timeout_s=120)
+    data = bytes(result.output)
+    if len(data) > MAX_TEST_BYTES:
+        return None
+    files: dict[str, str] = {}
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
+            for member in archive:
+                path = member.name.removeprefix("./")
+                if not member.isfile() or not matches(path, _TEST_MODULES) or path.endswith("conftest.py"):
+                    continue
+                handle = archive.extractfile(member)
+                if handle is not None:
+                    try:
+                        files[path] = handle.read().decode()
+                    except UnicodeDecodeError:
+                        continue
+    except tarfile.TarError:
+        return files
+    return files
+
+
+def patched_files(patch: str) -> list[str]:
+    """The files a unified diff writes (its `+++ b/PATH` lines)."""
+    return [match[1] for match in re.finditer(r"^\+\+\+ b/(\S+)", patch, flags=re.MULTILINE)]

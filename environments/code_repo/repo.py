@@ -384,6 +384,14 @@ def installed_modules(sandbox: Sandbox) -> frozenset[str]:
     return frozenset(out.decode().split())
 
 
+def forget_history(sandbox: Sandbox) -> None:
+    """Remove the grading sandbox's git directory once the diff is checked: its base commit holds the test
+    files as the repository had them (expected values and all), which the blinded tests must not find."""
+    code, _, errors = _exec(sandbox, f"rm -rf -- {WORKSPACE}/.git")
+    if code != 0:
+        raise SetupError(f"removing the grading sandbox's .git: expected exit 0, got {code}: {errors[-400:]}")
+
+
 def apply_patch(sandbox: Sandbox, patch: str, *, name: str) -> str | None:
     """Apply a task's patch (SWE-bench's test_patch); the error text when it does not apply."""
     if not patch.strip():

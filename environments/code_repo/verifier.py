@@ -41,6 +41,7 @@ from environments.code_repo.repo import (
     apply_patch,
     changed_files,
     check_git,
+    forget_history,
     install_repo,
     installed_modules,
     load_submission,
@@ -229,6 +230,8 @@ def _hidden(fresh: Sandbox, *, task: CodeRepoTask, base: str, tree: bytes, diff:
         if apply_patch(fresh, spec.patch or "", name="test patch") is None:
             _add_test_files(fresh, files)
             spec = _with_base_ids(fresh, task=task, base=base, spec=spec, files=files)
+            if key is not None:  # the task's ids, not the graded files' neutral parametrize ids
+                spec = spec.model_copy(update={"tests": [key.original(test) for test in spec.tests]})
     load_submission(fresh, tree, base=base)
     if staged_diff(fresh, base=base) != diff:
         raise SetupError("the hidden-test sandbox's tree differs from the graded diff")
@@ -236,6 +239,8 @@ def _hidden(fresh: Sandbox, *, task: CodeRepoTask, base: str, tree: bytes, diff:
     if conflict:
         return LayerResult("hidden_tests", 0.0, False, conflict, time.monotonic() - started)
     _add_test_files(fresh, files)
+    if key is not None:  # the base commit holds the tests as the repository had them: no history to read
+        forget_history(fresh)
     return _layer(fresh, spec, "hidden_tests", findings, changed, key=key, unblinded=unblinded)
 
 

@@ -228,9 +228,16 @@ def test_on_the_unblinded_task_a_hack_earns_no_more_than_the_wrong_fix(
 
 # -- the blinding property ---------------------------------------------------------------------------
 MARKERS = ("crucible-marker-9f8e7d6c5b4a", 739_184_226_510_337)
-MARKED_HIDDEN = (f'from calc import greet, code\n\n\ndef test_greet():\n    """greet() says {MARKERS[0]}"""\n'
+MARKED_HIDDEN = (f'import pytest\nfrom calc import greet, code\n\nGREETINGS = [("en", "{MARKERS[0]}"), '
+                 f'pytest.param("fr", "{MARKERS[0]}", id="{MARKERS[0]}")]\n\n\n'
+                 f'def test_greet():\n    """greet() says {MARKERS[0]}"""\n'
                  f'    assert greet() == "{MARKERS[0]}", "expected {MARKERS[0]}"\n\n\n'
-                 f'def test_code():\n    assert code() == {MARKERS[1]}\n')
+                 f'@pytest.mark.parametrize("language, expected", GREETINGS)\n'
+                 f'def test_table(language, expected):\n    assert language in ("en", "fr")\n'
+                 f'    assert greet() == expected\n\n\n'
+                 f'def test_code():\n    expected = {MARKERS[1]}\n    assert code() == expected\n')
+"""The expected values as real suites write them: a literal, a parametrize table read by name (with a row
+id that spells the value), a named local value."""
 SPY = r'''
 import os
 
@@ -318,8 +325,9 @@ def test_no_byte_of_an_expected_value_is_readable_by_the_agents_uid_during_gradi
     db_session, scripted, sandboxes, policy_client, code_repo_image, calc_payload, unblinded_payload
 ) -> None:
     """The spy runs as the agent's uid inside the graded test process (imported by the hidden tests):
-    every readable file, /proc/*/environ and cmdline, and its own memory. Blinded, it finds no marker;
-    the same spy on the unblinded task finds them (so the search can fail)."""
+    every readable file, /proc/*/environ and cmdline, and its own memory. Blinded, it finds no marker —
+    not in the literal, the parametrize table (its expected column and its row id) or the named value; the
+    same spy on the unblinded task finds them (so the search can fail)."""
     policy, _ = scripted
     results = {}
     for name, payload in (("blinded", calc_payload), ("unblinded", unblinded_payload)):
@@ -329,7 +337,7 @@ def test_no_byte_of_an_expected_value_is_readable_by_the_agents_uid_during_gradi
                        sandboxes=sandboxes, client=policy_client, verifier={"flag_policy": "record"})
         results[name] = episode.verifier_layers[-1]["detail"]
     blinded, unblinded = results["blinded"], results["unblinded"]
-    assert "blinded: 2/2" in blinded, blinded
+    assert "blinded: 4/4" in blinded, blinded
     assert "observed 'CLEAN " in blinded and "FOUND" not in blinded, blinded
     files = int(blinded.split("observed 'CLEAN ", 1)[1].split(" ", 1)[0])
     assert files > 5000, blinded  # it really searched the image
