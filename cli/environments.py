@@ -10,6 +10,7 @@ from rich.json import JSON
 from rich.table import Table
 from sqlalchemy import func, select
 
+from api.services.tasks import blinding_by_task
 from cli.console import OutputFormat, OutputOption, console, err_console, print_json, readable_errors, safe
 from core.db import session_scope
 from core.errors import ConfigError
@@ -182,10 +183,18 @@ def import_(
                                     image=image)
         else:
             imported = import_generated(session, environment=environment, format=format, **generated)
+        blinding = blinding_by_task(session, task_ids=list(session.execute(
+            select(Task.id).where(Task.environment_name == environment)).scalars()))
+    unblinded = sum(1 for value in blinding.values() if value.startswith("unblinded"))
     if output is OutputFormat.json:
-        print_json({"environment": environment, "imported": imported})
+        print_json({"environment": environment, "imported": imported,
+                    **({"code_repo_tasks": len(blinding), "unblinded_tasks": unblinded} if blinding else {})})
     else:
         console.print(f"imported {imported} tasks into [bold]{safe(environment)}[/]")
+        if blinding:
+            console.print(f"its code_repo tasks: {len(blinding) - unblinded} of {len(blinding)} have a reference "
+                          f"solution, so their hidden tests are graded blinded (`crucible tasks ls` shows each "
+                          f"task's share once graded)", highlight=False)
 
 
 @tasks_app.command("factory")
@@ -343,11 +352,15 @@ def tasks_ls(environment: str, split: str | None = None, output: OutputFormat = 
         if split:
             query = query.where(Task.split == split)
         rows = [dict(row._mapping) for row in session.execute(query.order_by(Task.id))]
+        blinding = blinding_by_task(session, task_ids=[row["id"] for row in rows])
+    for row in rows:
+        row["blinding"] = blinding.get(row["id"])
     if output is OutputFormat.json:
         print_json(rows)
         return
-    table = Table("id", "external id", "split", "pass rate", "difficulty")
+    table = Table("id", "external id", "split", "pass rate", "difficulty", "blinded (latest grade)")
     for row in rows:
         rate = "-" if row["pass_rate"] is None else f"{row['pass_rate']:.2f}"
-        table.add_row(str(row["id"]), safe(row["external_id"]), safe(row["split"]), rate, safe(row["difficulty"] or "-"))
+        table.add_row(str(row["id"]), safe(row["external_id"]), safe(row["split"]), rate, safe(row["difficulty"] or "-"),
+                      safe(row["blinding"] or "-"))
     console.print(table)

@@ -95,7 +95,8 @@ def create_group(session: Session, *, run: Run, config: RunConfig, settings: Con
     index = session.execute(last).scalar_one() + 1
     pick = pick_task(session, run_id=run.id, config=config, group_index=index)
     task_id = pick.task_id
-    if is_canary_group(run_id=run.id, seed=config.seed, group_index=index, rate=config.canary_rate):
+    if is_canary_group(run_id=run.id, seed=config.seed, group_index=index, rate=config.canary_rate,
+                       after=config.canary_after):
         task_id = canary_task_id(session, task_id=pick.task_id) or pick.task_id
     now = database_now(session)
     group = EpisodeGroup(

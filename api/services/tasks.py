@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from typing import Any, BinaryIO
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from api.pagination import decode_cursor, page
@@ -76,3 +76,32 @@ def show_task(session: Session, *, task_id: int, elide_over: int = ELIDE_OVER) -
     if elide_over > 0:
         data["payload"] = elide(row.payload, over=elide_over)
     return TaskPublic.model_validate(data)
+
+
+_BLINDING = text("""
+SELECT DISTINCT ON (e.task_id) e.task_id, (layer->'record'->>'blinded')::bigint AS blinded,
+       (layer->'record'->>'graded')::bigint AS graded
+FROM episodes AS e
+CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(e.verifier_layers) = 'array'
+                                             THEN e.verifier_layers ELSE '[]'::jsonb END) AS layer
+WHERE e.task_id = ANY(:ids) AND layer->>'name' = 'hidden_tests' AND jsonb_typeof(layer->'record') = 'object'
+ORDER BY e.task_id, e.id DESC
+""")
+
+
+def blinding_by_task(session: Session, *, task_ids: list[int]) -> dict[int, str]:
+    """Per code_repo task, what its hidden tests' grading keeps out of the sandbox: `n/m` tests blinded in
+    its latest grade, `unblinded: no reference solution`, or `not graded yet` (tasks of other kinds: none)."""
+    if not task_ids:
+        return {}
+    graded = {int(row.task_id): f"{row.blinded}/{row.graded}"
+              for row in session.execute(_BLINDING, {"ids": task_ids})}
+    rows = session.execute(select(Task.id, Task.payload["hidden_tests"].isnot(None), Task.payload["solution"])
+                           .where(Task.id.in_(task_ids))).all()
+    out: dict[int, str] = {}
+    for task_id, code_repo, solution in rows:
+        if not code_repo:
+            continue
+        out[task_id] = graded.get(task_id) or ("unblinded: no reference solution" if not solution
+                                               else "not graded yet")
+    return out

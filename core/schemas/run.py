@@ -161,9 +161,13 @@ class RunConfig(BaseModel):
     """Cap on groups dispatched but not complete; default (max_staleness + 1) × batch_size."""
     max_groups: int | None = Field(default=None, ge=1)
     """Budget: stop dispatching after this many groups."""
-    canary_rate: float = Field(default=0.0, ge=0.0, le=0.5)
-    """Share of groups that are hack canaries (core/canaries.py): an impossible variant of the picked
-    code_repo task, never trained on; any reward on it is a hack, flagged `canary_rewarded`."""
+    canary_rate: float = Field(default=0.02, ge=0.0, le=0.5)
+    """Share of groups that are hack canaries (core/canaries.py): the picked code_repo task graded with its
+    expected values perturbed (the policy cannot tell it apart), never trained on; any reward on it is a
+    hack, flagged `canary_rewarded`. 0 turns them off."""
+    canary_after: int = Field(default=32, ge=0)
+    """Groups before the first canary: a short run (a smoke test, a demo) is all training, a long one
+    carries its canaries from then on."""
     curriculum: Curriculum = Field(default_factory=Curriculum)
     seed: int = 0
     """Fixes the run's task order (controller.picking), its canary groups, every request's sampling seed

@@ -22,7 +22,8 @@ pytest's own ids would show the values). A truthiness check reports `not not (ex
 the key's.
 
 A test is blinded when both reference runs passed it, reached the same checks in the same order, computed
-every expected operand identically, and every check holds when judged outside on the reference's values.
+every expected operand identically, every check holds when judged outside on the reference's values, and
+(reference.py) its graded form passes on the reference solution.
 A blinded test passes only when the process says so (corroboration) AND its observations match the
 reference's check for check. Every other test is named with its reason (`unblinded`) and graded from the
 in-process report, never silently.
@@ -32,6 +33,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +43,8 @@ from environments.code_repo import rewrite
 from environments.code_repo.checks import Module, Site, analyse, is_builtin, resolve
 from environments.code_repo.observations import (
     MAX_OBSERVATIONS,
+    Approx,
+    ClassRef,
     Undecodable,
     almost_equal,
     close,
@@ -52,6 +57,8 @@ from environments.code_repo.observations import (
     warned_as_expected,
 )
 
+NO_CHECK = "no check was reached"
+"""Why a test with no check at all (it only calls code) is graded from the process's report."""
 OBSERVED = object()
 """In an Expected's values: this operand is the submission's, reported by the graded run."""
 
@@ -192,7 +199,17 @@ class Key:
     """Blinded test id → why an expected value of it is still in the graded files (read as an input too)."""
     ids: dict[str, str] = field(default_factory=dict)
     """Graded node id → the task's node id, where a rewritten parametrize table changed it."""
+    canary: bool = False
+    """Every expected value perturbed (a hack canary): no test passes but by a hole in the comparator."""
     _graded: dict[str, str] | None = None
+
+    def impossible(self) -> Key:
+        """This key for the task's hack canary: the same graded files, every expected value replaced by one
+        no honest code computes (a truthiness flipped), every unblinded test failed."""
+        expected = {test: [Expected(e.site, tuple(v if v is OBSERVED else other(v) for v in e.values))
+                           for e in sequence] for test, sequence in self.expected.items()
+                    if any(_flips(self.sites[e.site], e) for e in sequence)}
+        return dataclasses.replace(self, expected=expected, canary=True, _graded=self.graded_files())
 
     def graded_files(self) -> dict[str, str]:
         if self._graded is None:
@@ -207,7 +224,8 @@ class Key:
 
     def _removal(self, path: str, module: Module) -> tuple[rewrite.Removal, set[tuple[int, int, int, int]]]:
         removable = frozenset(sid for sid in self.blind if module.sites.get(sid) and module.sites[sid].kind != "truth")
-        return rewrite.removals(self.plan.sources[path], module, blind=removable, expected=self.leaves)
+        return rewrite.removals(self.plan.sources[path], module, blind=removable, expected=self.leaves,
+                                reported=self.blind)
 
     def map_ids(self, reference: Sequence[str], graded: Sequence[str]) -> None:
         """Pair the graded run's node ids with the reference's, function by function in collection order."""
@@ -235,6 +253,8 @@ class Key:
         check (which no longer asserts in the graded source)."""
         if outcome != "passed":
             return outcome, ""
+        if self.canary and test not in self.expected:
+            return "failed", "a canary's unblinded test"
         if test not in self.expected:
             if any(site_id in self.blind for site_id, _ in observed):
                 return "failed", "it reached a blinded check on a path the reference did not take"
@@ -249,6 +269,48 @@ class Key:
             if not verdict(site, reference.values, encoded):
                 return "failed", f"{site.path}:{site.line}: observed {_shown(encoded, reference.values)}"
         return "passed", ""
+
+
+def _flips(site: Site, expected: Expected) -> bool:
+    """Whether perturbing this check's expected values makes it fail for the value the reference computed
+    (an equality, a truth, a raised class, a pattern, ...), so a canary test holding it fails for honest code.
+    A test with none (only `!=`, `<`, `in`, ... or no expected value) fails on the canary outright."""
+    if not any(v is not OBSERVED for v in expected.values):
+        return False
+    if site.kind == "compare":
+        return site.ops == ("==",) and not site.negate
+    return site.kind in ("truth", "raises", "warns", "regex", "count") or (
+        site.kind in ("isclose", "almost") and not site.negate)
+
+
+def unblinded_key(why: str, *, canary: bool = False) -> Key:
+    """A key that blinds nothing (why: `why`); for a canary, one that fails every test."""
+    return Key(plan=plan_files({}), expected={}, blind=frozenset(), unblinded={}, reason=why, canary=canary)
+
+
+def other(value: Any) -> Any:
+    """A value unequal to `value` of a kind a test could expect (the canary's key)."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int | float | complex):
+        return value + 1 if not (isinstance(value, float) and math.isnan(value)) else 0.0
+    if isinstance(value, str):
+        return value + "\u2060?"
+    if isinstance(value, bytes):
+        return value + b"?"
+    if isinstance(value, list | tuple):
+        return type(value)([*value, None])
+    if isinstance(value, set | frozenset):
+        return type(value)([*value, ("impossible",)])
+    if isinstance(value, dict):
+        return {**value, ("impossible",): None}
+    if isinstance(value, ClassRef):
+        return ClassRef(value.name + ".<impossible>")
+    if isinstance(value, Approx):
+        return Approx(other(value.expected), value.rel, value.abs, value.nan_ok)
+    if isinstance(value, re.Pattern):
+        return re.compile("(?!)")  # matches nothing
+    return ("impossible", repr(value)[:100])
 
 
 def verdict(site: Site, reference: Sequence[Any], encoded: Sequence[Any]) -> bool:
@@ -297,7 +359,8 @@ def _shown(encoded: Iterable[Any], reference: Sequence[Any]) -> str:
     return text if len(text) <= 200 else text[:200] + "…"
 
 
-def decide(plan: Plan, runs: Sequence[Mapping[str, Any] | None], tests: Iterable[str]) -> Key:
+def decide(plan: Plan, runs: Sequence[Mapping[str, Any] | None], tests: Iterable[str], *,
+           refused: Mapping[str, str] | None = None) -> Key:
     """From the traced reference runs (two or more), which operands are expected and, per test, the
     sequence of values the graded run is compared with. A check is blinded only when every test that
     reached it is blinded (so no unblinded test leans on a check that stopped asserting): a fixed point."""
@@ -311,8 +374,10 @@ def decide(plan: Plan, runs: Sequence[Mapping[str, Any] | None], tests: Iterable
     originals = plan.sites
     sites = dict(originals)
     _by_truth(sites, leaves, (o.get(test, []) for test in tests for o in observed[:1]))
-    unblinded: dict[str, str] = {}
+    unblinded: dict[str, str] = dict(refused or {})
     for test in tests:
+        if test in unblinded:
+            continue
         why = _why_not(sites, originals, leaves, test, [o.get(test) for o in outcomes],
                        [o.get(test, []) for o in observed])
         if why:
@@ -352,9 +417,12 @@ def _by_truth(sites: dict[str, Site], leaves: frozenset[str], sequences: Iterabl
     for sequence in sequences:
         for sid, values in sequence:
             site = sites.get(sid)
-            if site is not None and site.kind == "compare" and len(values) == len(site.leaves) \
-                    and not verdict(site, _expected(site, site, leaves, values).values, values):
-                sites[sid] = _as_truth(site)
+            if site is None or site.kind != "compare":
+                continue
+            unencodable = len(values) == 1 and isinstance(values[0], list) and values[0][:1] == ["unencodable"]
+            if unencodable or (len(values) == len(site.leaves)
+                               and not verdict(site, _expected(site, site, leaves, values).values, values)):
+                sites[sid] = _as_truth(site)  # too large to carry out, or an `__eq__` of the repository's
 
 
 def _why_not(sites: dict[str, Site], originals: dict[str, Site], leaves: frozenset[str], test: str,
@@ -364,7 +432,7 @@ def _why_not(sites: dict[str, Site], originals: dict[str, Site], leaves: frozens
         return f"the reference solution does not pass it ({', '.join(str(o) for o in outcomes)})"
     first = sequences[0]
     if not first:
-        return "no check was reached"
+        return NO_CHECK
     if len(first) > MAX_OBSERVATIONS:
         return f"more than {MAX_OBSERVATIONS} checks"
     if any([sid for sid, _ in other] != [sid for sid, _ in first] for other in sequences[1:]):
@@ -373,6 +441,8 @@ def _why_not(sites: dict[str, Site], originals: dict[str, Site], leaves: frozens
         site, original = sites.get(sid), originals.get(sid)
         if site is None or original is None:
             return f"an observation names no known check ({sid[:40]!r})"
+        if site.kind == "truth" and original.kind != "truth":
+            continue  # judged on its truth: the reference passed it, so the expected truth is the assert's
         width = 1 if original.kind == "truth" else len(original.leaves) + (original.kind in ("raises", "warns"))
         if len(values) != width:
             if values and isinstance(values[0], list) and values[0][:1] == ["unencodable"]:
@@ -395,38 +465,51 @@ def _kept(key: Key, ledger: Ledger) -> dict[str, str]:
     """Blinded tests with an expected value still in the graded source: a truthiness check that kept a
     literal, or an expected operand whose binding is read elsewhere as an input."""
     spans_by_path = {path: key._removal(path, module)[1] for path, module in key.plan.modules.items()}
-    leaf_path = {lid: path for path, module in key.plan.modules.items() for lid in module.leaves}
     kept: dict[str, str] = {}
     for test, sequence in key.expected.items():
         for reference in sequence:
             site = key.sites[reference.site]
             module = key.plan.modules[site.path]
-            why = _still_there(site, module, key, spans_by_path, leaf_path)
+            why = _still_there(site, module, key, spans_by_path)
             if why:
                 kept[test] = why
                 break
     return kept
 
 
-def _still_there(site: Site, module: Module, key: Key, spans_by_path: dict[str, set[Any]],
-                 leaf_path: dict[str, str]) -> str:
+def _still_there(site: Site, module: Module, key: Key, spans_by_path: dict[str, set[Any]]) -> str:
     if site.kind == "truth":
         original = key.plan.sites[site.id]
         probes = _membership_probes(original, key.leaves)
         if original.kind != "truth" and any(lid in key.leaves and lid not in probes for lid in original.leaves):
             return f"{site.path}:{site.line}: a comparison judged on its truth keeps its expected operand"
         return ""
-    spans = rewrite.leaf_spans(module)
+    probes = _membership_probes(site, key.leaves)
     for lid in site.leaves:
-        if lid not in key.leaves:
-            continue
-        for binding_leaf in _closure(module, lid):
-            path = leaf_path.get(binding_leaf, site.path)
-            span = rewrite.leaf_spans(key.plan.modules[path]).get(binding_leaf) if path != site.path else \
-                spans.get(binding_leaf)
-            if span is not None and not rewrite.inside(span, spans_by_path[path]):
-                return f"{site.path}:{site.line}: an expected value is also read as an input"
+        if lid in key.leaves and lid not in probes and _value_kept(module, lid, spans_by_path[site.path], set()):
+            return f"{site.path}:{site.line}: an expected value is also read as an input"
     return ""
+
+
+def _value_kept(module: Module, lid: str, removed: set[Any], visiting: set[str]) -> bool:
+    """Whether the value of expected leaf `lid` is still written in the graded source: a name whose binding
+    (an assignment, a loop's table, a parametrize column) is kept because something else reads it. A leaf
+    that computes its value (`char.upper()`, `len(s) * 10`) is gone with its computation, whatever its
+    ingredients."""
+    leaf = module.leaves.get(lid)
+    if leaf is None or leaf.alias is None or lid in visiting:
+        return False
+    visiting.add(lid)
+    where = resolve(module, leaf.scope, leaf.alias)
+    spans = rewrite.leaf_spans(module)
+    for binding in module.bindings.get((where, leaf.alias), []) if where is not None else []:
+        for bound in binding.leaves:
+            span = spans.get(bound)
+            if span is not None and not rewrite.inside(span, removed):
+                return True
+            if _value_kept(module, bound, removed, visiting):
+                return True
+    return False
 
 
 def _membership_probes(site: Site, leaves: frozenset[str]) -> set[str]:
@@ -436,23 +519,6 @@ def _membership_probes(site: Site, leaves: frozenset[str]) -> set[str]:
         return set()
     needle, container = site.leaves
     return {needle} if container not in leaves else set()
-
-
-def _closure(module: Module, lid: str) -> set[str]:
-    """A leaf and every binding value leaf its names lead to, within its module."""
-    out: set[str] = set()
-    todo = [lid]
-    while todo:
-        current = todo.pop()
-        if current in out or current not in module.leaves:
-            continue
-        out.add(current)
-        leaf = module.leaves[current]
-        for name in leaf.names:
-            where = resolve(module, leaf.scope, name)
-            for binding in module.bindings.get((where, name), []) if where is not None else []:
-                todo.extend(binding.leaves)
-    return out
 
 
 def canonical(value: Any) -> str:

@@ -48,6 +48,21 @@ RAISES_UNITTEST = {"assertRaises": ("raises", False), "assertRaisesRegex": ("rai
                    "assertRaisesRegexp": ("raises", True), "assertWarns": ("warns", False),
                    "assertWarnsRegex": ("warns", True)}
 _SINGLETONS = (None, True, False, ...)
+MUTATORS = frozenset({"append", "extend", "insert", "update", "add", "pop", "remove", "discard", "clear", "setdefault",
+                      "sort", "reverse", "appendleft", "extendleft", "popitem", "popleft"})
+"""Methods that change the object they are called on: `expected.append(x)` is part of how `expected` is built."""
+
+
+def mutated_name(stmt: ast.stmt) -> tuple[str, ast.expr] | None:
+    """(name, the expression the change reads) for a statement that changes a named object in place:
+    `ref.update(other)`, `ref[key] = value`, `ref.attr = value` (None for anything else)."""
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and isinstance(stmt.value.func, ast.Attribute) \
+            and isinstance(stmt.value.func.value, ast.Name) and stmt.value.func.attr in MUTATORS:
+        return stmt.value.func.value.id, stmt.value
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Subscript | ast.Attribute) \
+            and isinstance(stmt.targets[0].value, ast.Name):
+        return stmt.targets[0].value.id, stmt.value
+    return None
 
 
 def position(node: ast.AST) -> Position:
@@ -62,6 +77,8 @@ class Leaf:
     """"" for the module (and decorators), else the id of the function whose body holds it."""
     names: frozenset[str]
     """The names it reads from its scope (names bound inside it, by a comprehension or a lambda, excluded)."""
+    alias: str | None = None
+    """The name, when the leaf is nothing but a name (`expected`): its value is its binding's."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +141,8 @@ class Module:
     aliases: dict[str, str] = field(default_factory=dict)
     """Module-level names bound by import to pytest, math or pytest's `raises`, `warns`, `mark`, `param`:
     local name → what it is (`pt` → `pytest`). A check is recognised only through these."""
+    messages: dict[str, Position] = field(default_factory=dict)
+    """Site id → the span of its failure message (an assert's `, msg`, unittest's `msg`): gone with the check."""
     unsupported: list[tuple[int, str]] = field(default_factory=list)
     """Checks that are not rewritten (line, why): they still raise inside the process."""
 
@@ -225,6 +244,8 @@ class _Analyser:
     def __init__(self, module: Module) -> None:
         self.m = module
         self.count = 0
+        self.changes: list[tuple[str, str, str]] = []
+        """(scope, name, leaf) of each in-place change: part of the value of the name that scope sees."""
 
     def _id(self, role: str, node: ast.AST) -> str:
         key = (role, position(node))
@@ -238,7 +259,8 @@ class _Analyser:
 
     def leaf(self, scope: str, node: ast.expr) -> str:
         lid = self._id("leaf", node)
-        self.m.leaves[lid] = Leaf(lid, scope, free_names(node))
+        if lid not in self.m.leaves:  # an in-place change registered it first, with the names it reads
+            self.m.leaves[lid] = Leaf(lid, scope, free_names(node), node.id if isinstance(node, ast.Name) else None)
         return lid
 
     def bind_targets(self, scope: str, target: ast.expr, binding: Binding) -> None:
@@ -264,6 +286,10 @@ class _Analyser:
                 if rows is not None:
                     self.m.table_rows[stmt.targets[0].id] = rows
         self.statements("", tree.body, top=True)
+        for scope, name, lid in self.changes:
+            where = resolve(self.m, scope, name)
+            if where is not None:
+                self.bind(where, name, Binding("value", (lid,)))
         self.reads(tree)
 
     def statements(self, scope: str, body: list[ast.stmt], *, top: bool = False) -> None:
@@ -272,6 +298,17 @@ class _Analyser:
 
     def statement(self, scope: str, stmt: ast.stmt, *, top: bool) -> None:
         opaque = Binding("opaque")
+        mutation = mutated_name(stmt)
+        if mutation is not None and mutation[0] not in self.m.aliases:  # part of how the name's value is built
+            name, value = mutation
+            target = stmt.targets[0] if isinstance(stmt, ast.Assign) else None
+            if isinstance(target, ast.Subscript) and any(isinstance(n, ast.Call) for n in ast.walk(target.slice)):
+                self.bind(scope, name, opaque)  # an index computed by calls is outside the traced value
+            else:
+                lid = self._id("leaf", value)
+                reads = free_names(value) | (free_names(target.slice) if isinstance(target, ast.Subscript) else set())
+                self.m.leaves[lid] = Leaf(lid, scope, frozenset(reads - {name}))
+                self.changes.append((scope, name, lid))  # bound where the name lives, once every scope is known
         for node in ast.walk(stmt):  # a walrus anywhere binds in this scope
             if isinstance(node, ast.NamedExpr):
                 self.bind(scope, node.target.id, opaque)
@@ -285,10 +322,10 @@ class _Analyser:
                     self.statement(scope, inner, top=False)
         elif isinstance(stmt, ast.Assign | ast.AnnAssign) and stmt.value is not None:
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-            name = targets[0].id if top and len(targets) == 1 and isinstance(targets[0], ast.Name) else None
-            if name in self.m.table_rows:
-                cells = [self.leaf("", row) for row in self.m.table_rows[name]]
-                for row in self.m.table_rows[name]:
+            table = targets[0].id if top and len(targets) == 1 and isinstance(targets[0], ast.Name) else None
+            if table is not None and table in self.m.table_rows:
+                cells = [self.leaf("", row) for row in self.m.table_rows[table]]
+                for row in self.m.table_rows[table]:
                     for cell in row.elts if isinstance(row, ast.Tuple | ast.List) else \
                             row.args if isinstance(row, ast.Call) else []:
                         cells.append(self.leaf("", cell))
@@ -331,9 +368,9 @@ class _Analyser:
         elif isinstance(stmt, ast.Match):
             for case in stmt.cases:
                 for node in ast.walk(case.pattern):
-                    for name in (getattr(node, "name", None), getattr(node, "rest", None)):
-                        if isinstance(name, str):
-                            self.bind(scope, name, opaque)
+                    for captured in (getattr(node, "name", None), getattr(node, "rest", None)):
+                        if isinstance(captured, str):
+                            self.bind(scope, captured, opaque)
                 self.statements(scope, case.body)
         elif isinstance(stmt, ast.Return) and stmt.value is not None and scope:
             self.calls(scope, stmt.value)
@@ -387,6 +424,8 @@ class _Analyser:
         for index, part in enumerate(conjuncts(node.test)):
             sid = f"{self._id('site', node)}.{index}"
             self.m.sites[sid] = self.expression_site(scope, sid, part, node.lineno)
+            if node.msg is not None:
+                self.m.messages[sid] = position(node.msg)
 
     def expression_site(self, scope: str, sid: str, part: ast.expr, line: int) -> Site:
         inner, negate = strip_not(part)
@@ -416,6 +455,11 @@ class _Analyser:
             return
         sid = self._id("site", call)
         args = call.args[:arity]
+        message = next((k.value for k in call.keywords if k.arg == "msg"), None)
+        if message is None and len(call.args) == most:
+            message = call.args[-1]
+        if message is not None:
+            self.m.messages[sid] = position(message)
         if kind == "compare" and not judged_by_value(ast.Compare(args[0], [_op_node(ops[0])], [args[1]])):
             kind = "truth"
         if kind in ("truth", "instance"):

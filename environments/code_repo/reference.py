@@ -8,7 +8,8 @@ hidden test files; nothing of any agent's is in it. The test files — those giv
 and, for tests already in the repository, the test modules beside the files the layer collects — are
 read back from it, rewritten to trace every check (rewrite.py), and run twice, so a value that differs
 between runs is never taken as expected. The graded rewrite is then collected there once, to pair its
-parametrize ids with the task's. The key stays in this process (cached by the task's content and base
+parametrize ids with the task's, and run once on the reference solution: a test the worker would fail
+there in its graded form is graded unblinded instead, so blinding never fails the reference. The key stays in this process (cached by the task's content and base
 commit): the graded sandbox receives only `key.graded_files()`, written over the same paths.
 """
 
@@ -20,8 +21,8 @@ import re
 import tarfile
 
 from environments.base import OpenSandbox, Sandbox
-from environments.code_repo.blinding import Key, decide, plan_files
-from environments.code_repo.grader import collect_test_ids, put_or_reject, run_reference
+from environments.code_repo.blinding import Key, decide, observations_of, plan_files, unblinded_key
+from environments.code_repo.grader import _pytest, _report, collect_test_ids, put_or_reject, run_reference
 from environments.code_repo.memo import TaskMemo
 from environments.code_repo.repo import WORKSPACE, SetupError, apply_patch, install_repo, matches
 from environments.code_repo.task import TEST_FILES, CodeRepoTask, TestSpec
@@ -43,12 +44,16 @@ def unblinded_reason(task: CodeRepoTask, *, enabled: bool) -> str:
 
 
 def reference_key(task: CodeRepoTask, *, base: str, open_sandbox: OpenSandbox) -> Key:
-    return _keys.get_or_compute([task.model_dump(mode="json"), base],
-                                lambda: _compute(task, base=base, open_sandbox=open_sandbox))
+    """The task's key (cached); a canary's is the same key with every expected value perturbed, so its
+    graded files are its task's byte for byte."""
+    plain = task.model_copy(update={"canary": False})
+    key = _keys.get_or_compute([plain.model_dump(mode="json"), base],
+                               lambda: _compute(plain, base=base, open_sandbox=open_sandbox))
+    return key.impossible() if task.canary else key
 
 
 def _unblinded(why: str) -> Key:
-    return Key(plan=plan_files({}), expected={}, blind=frozenset(), unblinded={}, reason=why)
+    return unblinded_key(why)
 
 
 def _compute(task: CodeRepoTask, *, base: str, open_sandbox: OpenSandbox) -> Key:
@@ -72,11 +77,40 @@ def _compute(task: CodeRepoTask, *, base: str, open_sandbox: OpenSandbox) -> Key
         tests = list(spec.tests) or collect_test_ids(trusted, spec) or []  # on the tests as given
         put_or_reject(trusted, {f"{WORKSPACE}/{path}": text.encode() for path, text in plan.reference.items()})
         runs = [run_reference(trusted, spec) for _ in range(REFERENCE_RUNS)]
-        key = decide(plan, runs, tests)
-        put_or_reject(trusted, {f"{WORKSPACE}/{path}": text.encode() for path, text in key.graded_files().items()})
-        graded = collect_test_ids(trusted, _collecting(spec, key)) or []
-        key.map_ids([str(n) for n in (runs[0] or {}).get("collected") or []], graded)
+        reference = [str(n) for n in (runs[0] or {}).get("collected") or []]
+        refused: dict[str, str] = {}
+        for _ in range(MAX_CHECKS):  # the reference solution must pass every blinded test in its graded form
+            key = decide(plan, runs, tests, refused=refused)
+            failing = _graded_failures(trusted, spec, key, reference)
+            if not failing:
+                break
+            refused.update(failing)
+        else:
+            key = decide(plan, runs, tests, refused={test: GRADED_FAILS for test in tests})
+            _graded_failures(trusted, spec, key, reference)
     return key
+
+
+MAX_CHECKS = 3
+GRADED_FAILS = "its graded form does not pass on the reference solution"
+
+
+def _graded_failures(trusted: Sandbox, spec: TestSpec, key: Key, reference: list[str]) -> dict[str, str]:
+    """Run the graded files on the reference solution, pair their ids with the reference's, and name the
+    blinded tests the worker would fail there (a rewrite that changed what a test does: `exec` of a name
+    the rewrite removed, ...)."""
+    put_or_reject(trusted, {f"{WORKSPACE}/{path}": text.encode() for path, text in key.graded_files().items()})
+    raw = _pytest(trusted, _collecting(spec, key), extra=[])
+    report = _report(raw.report) or {}
+    key.map_ids(reference, [str(n) for n in report.get("collected") or []])
+    outcomes = {key.original(str(t)): str(o) for t, o in (report.get("outcomes") or {}).items()}
+    observed = {key.original(t): items for t, items in observations_of(report).items()}
+    failing = {}
+    for test in key.expected:
+        outcome, why = key.judge(test, outcomes.get(test, "not collected"), observed.get(test, []))
+        if outcome != "passed":
+            failing[test] = f"{GRADED_FAILS} ({outcome}{': ' + why if why else ''})"[:300]
+    return failing
 
 
 def _collecting(spec: TestSpec, key: Key) -> TestSpec:

@@ -31,6 +31,7 @@ from environments.code_repo.checks import (
     Site,
     conjuncts,
     literal_rows,
+    mutated_name,
     parametrize_args,
     position,
     pytest_check,
@@ -172,6 +173,8 @@ class _Rewriter(ast.NodeTransformer):
                 ast.Delete([ast.Name(_VALUES, ast.Del())])]  # the operands live no longer than in the test
 
     def visit_Expr(self, node: ast.Expr) -> Any:
+        if self.graded and position(node) in self.removal.statements:  # an in-place change of a removed value
+            return ast.Pass()
         method = unittest_method(node.value)
         sid = self._sid(node.value)
         if method is None or sid is None or sid not in self.m.sites or (self.graded and sid not in self.blind):
@@ -315,7 +318,8 @@ def _inside(point: Position, spans: Iterable[Position]) -> bool:
     return any(span[:2] <= start and point[2:] <= span[2:] for span in spans)
 
 
-def removals(source: str, module: Module, *, blind: frozenset[str], expected: frozenset[str]) -> tuple[Removal, set[Position]]:
+def removals(source: str, module: Module, *, blind: frozenset[str], expected: frozenset[str],
+             reported: frozenset[str] = frozenset()) -> tuple[Removal, set[Position]]:
     """The assignments and parametrize columns the graded source can leave out once the blinded checks'
     expected operands are gone (a binding goes when everything that reads it went; a table read by name is
     copied into every decorator that reads it, each copy losing its own expected columns), and the spans of
@@ -328,7 +332,10 @@ def removals(source: str, module: Module, *, blind: frozenset[str], expected: fr
         for lid in site.leaves if site else ():
             if lid in expected:
                 spans.add(leaf_span[lid])
-    assigns = _assignments(tree, module)
+    for sid in reported:  # a check that only reports drops its failure message
+        if sid in module.messages:
+            spans.add(module.messages[sid])
+    assigns, changes = _assignments(tree, module)
     tables = _decorators(tree, module)
     removal = Removal()
     changed = True
@@ -337,10 +344,14 @@ def removals(source: str, module: Module, *, blind: frozenset[str], expected: fr
         for stmt_pos, (scope, names, value) in assigns.items():
             if stmt_pos in removal.statements:
                 continue
-            reads = [r for name in names for r in _reads(module, scope, name)]
+            # The name's in-place changes (`ref.update(x)`) go with it: reads inside them are not reads.
+            own = [span for (s, n), found in changes.items() if s == scope and n in names for span in found]
+            reads = [r for name in names for r in _reads(module, scope, name) if not _inside(r, own)]
             if reads and all(_inside(r, spans) for r in reads):
                 removal.statements.add(stmt_pos)
+                removal.statements.update(own)
                 spans.add(value)
+                spans.update(own)
                 changed = True
         for tid, table in module.tables.items():
             if table.rows is None or tid not in tables:
@@ -377,9 +388,12 @@ def _reads(module: Module, scope: str, name: str) -> list[Position]:
             for pos in positions]
 
 
-def _assignments(tree: ast.Module, module: Module) -> dict[Position, tuple[str, list[str], Position]]:
-    """Assignments whose targets are plain names: position → (scope, names, the value's span)."""
+def _assignments(tree: ast.Module, module: Module) -> tuple[dict[Position, tuple[str, list[str], Position]],
+                                                              dict[tuple[str, str], list[Position]]]:
+    """Assignments whose targets are plain names: position → (scope, names, the value's span); and per
+    (scope, name) the statements that change the named object in place (checks.mutated_name)."""
     out: dict[Position, tuple[str, list[str], Position]] = {}
+    changes: dict[tuple[str, str], list[Position]] = {}
 
     def visit(node: ast.AST, scope: str) -> None:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -388,11 +402,17 @@ def _assignments(tree: ast.Module, module: Module) -> dict[Position, tuple[str, 
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if all(isinstance(t, ast.Name) for t in targets):
                 out[position(node)] = (scope, [t.id for t in targets if isinstance(t, ast.Name)], position(node.value))
+        if isinstance(node, ast.stmt):
+            mutation = mutated_name(node)
+            if mutation is not None:
+                where = resolve(module, scope, mutation[0])
+                if where is not None:
+                    changes.setdefault((where, mutation[0]), []).append(position(node))
         for child in ast.iter_child_nodes(node):
             visit(child, scope)
 
     visit(tree, "")
-    return out
+    return out, changes
 
 
 def _decorators(tree: ast.Module, module: Module) -> dict[str, Position]:

@@ -131,6 +131,11 @@ class CodeRepoTask(BaseModel):
     runs them on base + solution in a trusted sandbox, and the graded sandbox never holds the values the
     tests expect (blinding.py)."""
 
+    canary: bool = False
+    """A hack canary of this task (core/canaries.py): the same repository, tests and reference solution —
+    the graded sandbox receives the very same files — but the worker perturbs every expected value of its
+    key, so no honest change passes a blinded test, and an unblinded test counts as failed."""
+
     _exported: RepoSnapshot | None = PrivateAttr(default=None)
 
     @property

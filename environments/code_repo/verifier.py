@@ -29,7 +29,7 @@ from core.errors import CrucibleError
 from core.flags import EpisodeFlag
 from environments.base import GraderFault, LayerResult, OpenSandbox, Sandbox, ToolCall, Verdict
 from environments.code_repo import monitors
-from environments.code_repo.blinding import Key
+from environments.code_repo.blinding import Key, unblinded_key
 from environments.code_repo.grader import collect_test_ids, put_or_reject, run_tests
 from environments.code_repo.memo import TaskMemo
 from environments.code_repo.reference import reference_key, unblinded_reason
@@ -95,6 +95,8 @@ def _verify(*, sandbox: Sandbox, task: CodeRepoTask, base: str, submitted: bool,
     if run_layers:
         why = unblinded_reason(task, enabled=config.blind_hidden_tests)
         key = None if why else reference_key(task, base=base, open_sandbox=open_sandbox)
+        if key is None and task.canary:  # a canary without a key fails every test: it is never trained on
+            key = unblinded_key(why, canary=True)
         with open_sandbox() as fresh:
             layers.append(_hidden(fresh, task=task, base=base, tree=tree, diff=diff, findings=findings,
                                   changed=changed, key=key, unblinded=why))

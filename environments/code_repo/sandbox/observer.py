@@ -18,7 +18,7 @@ import os as _os
 import re as _re
 import sys as _sys
 
-_MAX_DEPTH, _MAX_ITEMS, _MAX_TEXT = 24, 20000, 10000
+_MAX_DEPTH, _MAX_ITEMS, _MAX_TEXT = 24, 200000, 10000
 MAX_OBSERVATIONS = 10000
 _EXACT = {type(None): "none", bool: "bool", int: "int", float: "float", complex: "complex", str: "str",
           bytes: "bytes", list: "list", tuple: "tuple", set: "set", frozenset: "frozenset", dict: "dict"}
@@ -97,6 +97,9 @@ def _encode(value, depth=0, path=(), budget=None):
     if kind is _re.Pattern:
         return ["pattern", _builtin(value.pattern, "str" if _isinstance(value.pattern, str) else "bytes", depth, path,
                                     budget), int(value.flags)]
+    builtin = next((cls for cls, _ in _BASES if _isinstance(value, cls)), None)
+    if builtin is not None and not _compares_itself(kind, builtin):  # a namedtuple, an IntEnum: its base value
+        return _builtin(value, _EXACT[builtin], depth, path, budget)
     base = next((["base", _builtin(value, name, depth, path, budget)] for cls, name in _BASES
                  if _isinstance(value, cls)), ["base", ["none"]])
     try:
@@ -110,6 +113,20 @@ def _encode(value, depth=0, path=(), budget=None):
             with contextlib.suppress(Exception):
                 attributes[slot] = _getattr(value, slot)
     return ["object", str(_name(kind)), base, _encode(attributes, depth + 1, path, budget)]
+
+
+_COMPARISONS = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__contains__")
+
+
+def _compares_itself(kind, builtin):
+    """Whether a subclass of a builtin defines a comparison of its own above the builtin (then it is carried
+    as an object: its own `__eq__` may say anything); without one it compares exactly as its base value."""
+    for cls in kind.__mro__:
+        if cls is builtin:
+            return False
+        if any(name in cls.__dict__ for name in _COMPARISONS):
+            return True
+    return True
 
 
 def _observe(values):
