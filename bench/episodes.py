@@ -232,7 +232,7 @@ class StandInTrainer:
                     for batch_group in loaded:
                         for sample in batch_group.samples:
                             lags, masked = apply_staleness_mask(sample, current_version=version, rule=self.rule)
-                            if past_cap(lags, masked, self.rule):
+                            if past_cap(lags, self.rule):
                                 stale.append(batch_group.id)
                             else:
                                 self.token_lags.update(lags)

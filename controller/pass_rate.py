@@ -116,8 +116,8 @@ def record_pass_rates(
 
 
 def _succeeded(episode: Episode, success_threshold: float, component: str | None) -> bool:
-    return SuccessRule(threshold=success_threshold, component=component).passed(episode.reward,
-                                                                                 episode.reward_components)
+    return SuccessRule(threshold=success_threshold, component=component).passed(
+        episode.reward, episode.reward_components, tuple(episode.flags or ()))
 
 
 def _countable(episode: Episode) -> bool:

@@ -64,6 +64,7 @@ class DropReason(StrEnum):
     ZERO_VARIANCE = "zero_variance"  # every kept sample scored the same: no learning signal (DAPO)
     STALE_CAP = "stale_cap"  # past the hard staleness cap (trainer.selection): the only staleness drop
     NO_TRAINABLE_SAMPLE = "no_trainable_sample"  # fewer than one sample the agent itself ended
+    TOO_FEW_SAMPLES = "too_few_samples"  # one sample left of several, the others failed (trainer.selection)
     FAILED = "failed"  # every sample ended by an infrastructure fault
     NON_FINITE = "non_finite"  # its step's loss or gradient norm was not finite: the step was skipped
     CANARY = "canary"  # a hack canary (core/canaries.py): measured, never trained on

@@ -344,7 +344,7 @@ class Trainer:
         record_step(session, run_id=self.run_id, step=step, policy_version=step, consumed=group_ids,
                     dropped=plan.dropped, metrics=values, trained=trained)
         update_pass_rates(session, weight=self.pass_rate_update, rule=self.success_rule, outcomes=[
-            PassOutcome(s.task_id, s.reward, s.components, s.policy_version, s.seconds) for s in view.scored])
+            PassOutcome(s.task_id, s.reward, s.components, s.policy_version, s.seconds, s.flags) for s in view.scored])
         session.commit()
         values[metrics.timing_key("commit")] = round(time.perf_counter() - started, 6)
         self.step, self.consumed = step, state.consumed_groups

@@ -6,9 +6,12 @@ Per group, in claim order (oldest dispatched first, `trainer.store.claim_complet
    sample drop): a sampled token whose version lags the version being trained by more than
    `max_token_staleness` stays in the context with no loss weight; the rest of the sample trains
    with its advantage. A sample is left out for staleness only past the hard cap: a token more than
-   `stale_cap_lag` behind, or every sampled token masked (`stale_cap`, counted);
-3. the rest are scored; a group whose kept samples all score the same (or keep fewer than two)
-   carries no learning signal and is dropped (DAPO dynamic sampling);
+   `stale_cap_lag` behind (`stale_cap`, counted). A sample whose every token lost its loss weight stays:
+   the group's scores, variance and advantages are statistics of rewards over every trainable sample,
+   whatever its token lags; the mask acts on the loss only (slime's rule);
+3. the rest are scored; a group whose kept samples all score the same carries no learning signal and is
+   dropped (DAPO dynamic sampling); one left with a single sample of several is `stale_cap` when a
+   sample went past the cap, else `too_few_samples` (the others failed);
 4. the first `batch_size` surviving groups form the batch; later ones stay `complete` for the next step.
 A hack canary's group (core/canaries.py) is never trained on: it is measured (`canaries`) and dropped
 with the reason `canary`. Every dropped group's reason is a core.termination.DropReason.
@@ -112,9 +115,11 @@ def apply_staleness_mask(sample: Sample, *, current_version: int, rule: Stalenes
     return lags, masked
 
 
-def past_cap(lags: list[int], masked: int, rule: StalenessRule) -> bool:
-    """Past the hard cap: a token more than `stale_cap_lag` behind, or nothing left with loss weight."""
-    return bool(lags) and (max(lags) > rule.stale_cap_lag or masked == len(lags))
+def past_cap(lags: list[int], rule: StalenessRule) -> bool:
+    """Past the hard cap: a token more than `stale_cap_lag` behind. A sample whose every token lost its loss
+    weight is not past it: it gives no gradient but stays in its group's baseline (a baseline is a
+    statistic of rewards, not of tokens: a slow sibling must not take the fast ones out of it)."""
+    return bool(lags) and max(lags) > rule.stale_cap_lag
 
 
 def plan_batch(
@@ -129,20 +134,25 @@ def plan_batch(
             plan.canaries += group.samples
             plan.dropped[group.id] = DropReason.CANARY
             continue
-        kept, lags_of = [], {}
+        kept, lags_of, stale = [], {}, 0
         for sample in group.samples:
             if not sample.trainable:
                 plan.left_out["failed"] += 1
                 continue
             lags, masked = apply_staleness_mask(sample, current_version=current_version, rule=rule)
-            if past_cap(lags, masked, rule):
+            if past_cap(lags, rule):
                 plan.left_out[DropReason.STALE_CAP] += 1
+                stale += 1
                 continue
             sample.score = shaped_reward(sample, loss=loss)
             kept.append(sample)
             lags_of[sample.episode_id] = (lags, masked)
         if not kept:
             plan.dropped[group.id] = _empty_reason(group)
+            continue
+        if len(kept) < 2 <= len(group.samples):  # nothing to compare the one left with: say why
+            plan.scored += kept
+            plan.dropped[group.id] = DropReason.STALE_CAP if stale else DropReason.TOO_FEW_SAMPLES
             continue
         plan.scored += kept
         mixed_varies = group.mix is not None and any(

@@ -44,6 +44,8 @@ class PassOutcome:
     policy_version: int
     seconds: float | None = None
     """The episode's wall-clock seconds (moves tasks.episode_seconds the same way)."""
+    flags: tuple[str, ...] = ()
+    """What the hack monitors saw: a flagged rollout never counts as a pass."""
 
 
 @dataclass(frozen=True)
@@ -282,7 +284,7 @@ def update_pass_rates(
     for task in tasks:
         results = by_task[task.id]
         measured = SuccessRule.model_validate(task.pass_rate_rule) if task.pass_rate_rule else default
-        rate = sum(measured.passed(o.reward, o.components) for o in results) / len(results)
+        rate = sum(measured.passed(o.reward, o.components, o.flags) for o in results) / len(results)
         task.pass_rate = rate if task.pass_rate is None else (1.0 - weight) * task.pass_rate + weight * rate
         task.pass_rate_samples = (task.pass_rate_samples or 0) + len(results)
         task.pass_rate_policy_version = max(o.policy_version for o in results)

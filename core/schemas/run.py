@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -63,7 +64,11 @@ class SuccessRule(BaseModel):
     threshold: float = Field(default=1.0, ge=-1e6, le=1e6)
     component: str | None = Field(default=None, min_length=1, max_length=64)
 
-    def passed(self, reward: float | None, components: dict[str, Any] | None) -> bool:
+    def passed(self, reward: float | None, components: dict[str, Any] | None, flags: Sequence[str] = ()) -> bool:
+        """A flagged episode never passes, whatever its components say: a task the policy hacks must not
+        leave the pass-rate band (its penalty would stop with it)."""
+        if flags:
+            return False
         score = (components or {}).get(self.component) if self.component else reward
         return isinstance(score, int | float) and not isinstance(score, bool) and score >= self.threshold - 1e-9
 

@@ -26,6 +26,7 @@ from core.termination import DropReason, GroupStatus
 from core.token_versions import decode, encode, from_spans
 from tests.trainer.rows import add_group, make_environment, make_run
 from trainer import metrics
+from trainer.advantages import assign_advantages
 from trainer.config import LossConfig
 from trainer.loss import TokenTensors, policy_loss
 from trainer.packing import collate
@@ -113,9 +114,11 @@ def test_no_token_lagging_past_the_bound_carries_loss_weight() -> None:
 
 
 def test_a_sample_past_the_hard_cap_is_left_out_and_counted_as_stale_cap() -> None:
+    """Only the hard cap leaves a sample out; one whose every token is masked stays in its group's
+    baseline (no gradient) — here it is the only one left of its group, which goes as `stale_cap`."""
     rule = StalenessRule.for_bound(1)
     ancient = _sample(1, reward=1.0, versions=[0, 6, 6, 6, 6, 6])  # one token 6 behind (> 4η)
-    all_old = _sample(2, reward=0.0, versions=[3, 3, 3, 3])  # every token masked: nothing to learn from
+    all_old = _sample(2, reward=0.0, versions=[3, 3, 3, 3])  # every token masked: in the baseline, no gradient
     mostly_old = _sample(7, reward=0.0, versions=[3, 3, 3, 3, 6, 6])  # 4 of 6 masked: the rest trains
     fine = [_sample(3 + i, reward=float(i), versions=[5, 6, 6]) for i in range(2)]
     groups = [Group(id=0, group_index=0, environment="e", policy_version=0, samples=[ancient, all_old]),
@@ -123,8 +126,35 @@ def test_a_sample_past_the_hard_cap_is_left_out_and_counted_as_stale_cap() -> No
               Group(id=2, group_index=2, environment="e", policy_version=3,
                     samples=[mostly_old, _sample(8, reward=1.0, versions=[6, 6])])]
     plan = plan_batch(groups, current_version=6, rule=rule, batch_size=3, loss=LossConfig())
-    assert plan.dropped == {0: DropReason.STALE_CAP} and plan.left_out == {"stale_cap": 2}
+    assert plan.dropped == {0: DropReason.STALE_CAP} and plan.left_out == {"stale_cap": 1}
     assert [g.id for g in plan.groups] == [1, 2] and mostly_old.trained_mask == [0, 0, 0, 0, 0, 0, 0, 1, 1]
+
+
+def test_a_slow_episode_never_takes_its_fast_siblings_out_of_the_baseline() -> None:
+    """The review's e7 case (η = 1): three quick successes sampled at version 0, one slow failure whose
+    tokens span versions 0-3, trained at version 3. Before: the quick ones (every token masked) left the
+    group, which was dropped as zero_variance. Now the group trains on all four rewards: the slow failure
+    with advantage −0.75, the quick ones +0.25 with no loss weight (their tokens are past the mask)."""
+    rule = StalenessRule.for_bound(1)
+    quick = [_sample(i, reward=1.0, versions=[0, 0, 0]) for i in range(3)]
+    slow = _sample(9, reward=0.0, versions=[0, 1, 2, 3, 3])
+    group = Group(id=0, group_index=0, environment="e", policy_version=0, samples=[*quick, slow])
+    plan = plan_batch([group], current_version=3, rule=rule, batch_size=1, loss=LossConfig())
+    assert plan.dropped == {} and [g.id for g in plan.groups] == [0] and len(plan.groups[0].samples) == 4
+    assign_advantages(plan.groups, scale_by_std=False)
+    assert slow.advantage == pytest.approx(-0.75) and all(q.advantage == pytest.approx(0.25) for q in quick)
+    assert all(sum(q.trained_mask) == 0 for q in quick) and sum(slow.trained_mask) > 0
+
+
+def test_a_group_left_with_one_sample_because_the_others_failed_says_so() -> None:
+    rule = StalenessRule.for_bound(1)
+    failed = [_sample(i, reward=0.0, versions=[1, 1]) for i in range(2)]
+    for sample in failed:
+        sample.status = "failed"
+    group = Group(id=5, group_index=0, environment="e", policy_version=1,
+                  samples=[*failed, _sample(3, reward=1.0, versions=[1, 1])])
+    plan = plan_batch([group], current_version=1, rule=rule, batch_size=1, loss=LossConfig())
+    assert plan.dropped == {5: DropReason.TOO_FEW_SAMPLES}
 
 
 # -- (I4) per-span importance weights --------------------------------------------------------------------

@@ -67,6 +67,19 @@ def test_the_online_pass_rate_counts_passes_by_the_rule_the_task_was_measured_wi
                              outcomes=[PassOutcome(fresh.id, 0.6, {}, 1)]) == {fresh.id: 1.0}
 
 
+def test_a_flagged_episode_never_passes_whatever_its_component_scored(db_session: Session) -> None:
+    """Issue 47, item 9: under a component rule (`hidden_tests`), a hacked episode whose tests layer scored 1
+    but which carries a flag used to count as a pass, so the task left the band and its penalty stopped."""
+    rule = SuccessRule(component="hidden_tests")
+    assert rule.passed(0.0, {"hidden_tests": 1.0}) and not rule.passed(0.0, {"hidden_tests": 1.0}, ("result_forging",))
+    assert not SuccessRule(threshold=0.5).passed(1.0, {}, ("tests_deleted",))
+    _, task = make_environment(db_session)
+    task.pass_rate, task.pass_rate_rule = 0.5, rule.model_dump()
+    db_session.flush()
+    hacked = PassOutcome(task.id, 0.0, {"hidden_tests": 1.0}, 1, flags=("result_forging",))
+    assert update_pass_rates(db_session, weight=1.0, outcomes=[hacked] * 4) == {task.id: 0.0}
+
+
 def test_the_kl_term_caps_its_value_not_only_its_log_ratio() -> None:
     """k3 = e^d − d − 1 reaches 4.9e8 at d = 20: one token far from π_ref would swamp the loss."""
     values = k3(torch.tensor([0.0, 1.0, 15.0, 40.0, -40.0]))
