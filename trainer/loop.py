@@ -53,7 +53,7 @@ from trainer.config import TrainerConfig, trainer_config
 from trainer.engine import PolicyEngine, make_engine
 from trainer.errors import NonFiniteStep, WeightSyncError
 from trainer.ranks import INIT, REBUILD, STOP, UPDATE, FollowerSetup, LeaderEngine, Ranks, announce, leave
-from trainer.selection import BatchPlan, StalenessRule, may_step
+from trainer.selection import BatchPlan, Pacer, StalenessRule
 from trainer.step import UpdateResult, advantages, generate, score, update
 from trainer.store import (
     PassOutcome,
@@ -154,7 +154,7 @@ class Trainer:
             self.staleness_rule = StalenessRule.for_bound(run.max_staleness,
                                                           max_token_staleness=stored.get("max_token_staleness"))
             self.lag_wait_s = float(stored.get("lag_wait_s", RunConfig.model_fields["lag_wait_s"].default))
-            self._waiting_since: float | None = None
+            self.pacer = Pacer(self.staleness_rule, self.lag_wait_s)
             self.config = trainer_config(run.config.get("trainer") or {}, source=f"run {self.run_id} config.trainer")
             environments = session.execute(select(func.count()).where(RunEnvironment.run_id == self.run_id)).scalar_one()
             # Decided once for the run: a batch that happens to hold one environment is normalised alike.
@@ -290,24 +290,21 @@ class Trainer:
         return nothing_more_to_come(session, run_id=self.run_id, claimed={group.id for group in plan.groups})
 
     def _paced(self, session: Session, plan: BatchPlan) -> bool:
-        """Whether this step leaves no running group past the hard cap (trainer.selection.may_step); a
-        step waits for such a group at most `lag_wait_s`, then goes ahead."""
+        """Whether this step leaves no running group past the hard cap (trainer.selection.Pacer): a step
+        waits for such a group at most `lag_wait_s`, once per group, then goes ahead."""
         batch = {group.id for group in plan.groups} | set(plan.dropped)
         oldest = oldest_waiting_version(session, run_id=self.run_id, batch=batch)
-        if may_step(version=self.step, oldest_waiting=oldest, rule=self.staleness_rule):
-            self._waiting_since = None
+        waiting = self.pacer.waiting_since
+        if self.pacer.go(version=self.step, oldest_waiting=oldest, now=time.monotonic()):
+            if waiting is not None and self.pacer.gave_up_through is not None:
+                log.warning("run %d: step %d waited %.0f s for a group dispatched at version %s; going ahead (it "
+                            "may be dropped as stale_cap; not waited for again)", self.run_id, self.step + 1,
+                            time.monotonic() - waiting, oldest)
             return True
-        now = time.monotonic()
-        if self._waiting_since is None:
-            self._waiting_since = now
+        if waiting is None:
             log.info("run %d: step %d waits for a group dispatched at version %s (hard cap %d)", self.run_id,
                      self.step + 1, oldest, self.staleness_rule.stale_cap_lag)
-        if now - self._waiting_since < self.lag_wait_s:
-            return False
-        log.warning("run %d: step %d waited %.0f s for a group dispatched at version %s; going ahead (it may "
-                    "be dropped as stale_cap)", self.run_id, self.step + 1, now - self._waiting_since, oldest)
-        self._waiting_since = None
-        return True
+        return False
 
     def _learn(self, plan: BatchPlan, timings: dict[str, float]) -> UpdateResult:
         started = time.perf_counter()

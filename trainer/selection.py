@@ -63,6 +63,33 @@ def may_step(*, version: int, oldest_waiting: int | None, rule: StalenessRule) -
 
 
 @dataclass
+class Pacer:
+    """When a step may go ahead (may_step), and how long it waits for a group that would fall past the
+    hard cap: `lag_wait_s` at most, and once per group — after giving up on a group dispatched at version
+    v, later steps do not wait for groups dispatched at v or before (they would wait again at every step
+    while one group hangs, and the run would crawl at one step per `lag_wait_s`)."""
+
+    rule: StalenessRule
+    lag_wait_s: float
+    waiting_since: float | None = None
+    gave_up_through: int | None = None
+    """The newest dispatch version given up on: a group dispatched at it or before is not waited for."""
+
+    def go(self, *, version: int, oldest_waiting: int | None, now: float) -> bool:
+        if oldest_waiting is not None and self.gave_up_through is not None and oldest_waiting <= self.gave_up_through:
+            oldest_waiting = None  # waited for once already
+        if may_step(version=version, oldest_waiting=oldest_waiting, rule=self.rule):
+            self.waiting_since = None
+            return True
+        if self.waiting_since is None:
+            self.waiting_since = now
+        if now - self.waiting_since < self.lag_wait_s:
+            return False
+        self.waiting_since, self.gave_up_through = None, oldest_waiting
+        return True
+
+
+@dataclass
 class BatchPlan:
     groups: list[Group] = field(default_factory=list)
     """To train on, each holding only its kept samples."""

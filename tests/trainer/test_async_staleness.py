@@ -31,7 +31,7 @@ from trainer.config import LossConfig
 from trainer.loss import TokenTensors, policy_loss
 from trainer.packing import collate
 from trainer.rollouts import ENVIRONMENT, Group, MalformedSample, Sample, load_groups
-from trainer.selection import StalenessRule, may_step, plan_batch
+from trainer.selection import Pacer, StalenessRule, may_step, plan_batch
 from trainer.store import oldest_waiting_version, record_step
 
 
@@ -408,3 +408,16 @@ def test_the_last_batch_waits_for_a_complete_group_another_transaction_holds(db_
     assert complete_groups_besides(db_session, run_id=run.id, claimed={first.id, held.id}) == 0
     plan = SimpleNamespace(groups=[SimpleNamespace(id=first.id), SimpleNamespace(id=held.id)], dropped={})
     assert Trainer._batch_ready(SimpleNamespace(batch_size=3, run_id=run.id), db_session, plan) is True  # type: ignore[arg-type]
+
+
+def test_the_trainer_waits_for_a_hanging_group_once_not_at_every_step() -> None:
+    """Issue 47, item 5: with one group hanging (dispatched at version 0, never complete), the pacing
+    escape used to wait `lag_wait_s` again before every later step. It waits once for that group."""
+    rule = StalenessRule.for_bound(1)  # hard cap 4
+    pacer = Pacer(rule, lag_wait_s=300.0)
+    assert pacer.go(version=3, oldest_waiting=0, now=0.0)  # 4 - 0 <= 4: no wait yet
+    assert not pacer.go(version=4, oldest_waiting=0, now=10.0)  # would leave it 5 behind: wait
+    assert not pacer.go(version=4, oldest_waiting=0, now=309.0)
+    assert pacer.go(version=4, oldest_waiting=0, now=310.0)  # waited lag_wait_s: go ahead, once
+    assert pacer.go(version=5, oldest_waiting=0, now=311.0) and pacer.go(version=6, oldest_waiting=0, now=312.0)
+    assert not pacer.go(version=6, oldest_waiting=2, now=313.0)  # a newer group is waited for, as before
