@@ -158,7 +158,10 @@ def expected_leaves(module: Module, ledger: Ledger) -> frozenset[str]:
         if lid not in memo:
             memo[lid] = False  # a cycle is not an expected value
             leaf = module.leaves[lid]
-            memo[lid] = lid not in ledger.repo and all(name_ok(leaf.scope, name) for name in leaf.names)
+            # Never evaluated (a branch the reference did not take, `errors.append(...)` under `if bad:`): it
+            # could run under a submission, so only a leaf that runs no code of its own can be trusted.
+            traced = lid in ledger.seen or leaf.pure
+            memo[lid] = traced and lid not in ledger.repo and all(name_ok(leaf.scope, name) for name in leaf.names)
         return memo[lid]
 
     def name_ok(scope: str, name: str) -> bool:
@@ -171,7 +174,7 @@ def expected_leaves(module: Module, ledger: Ledger) -> frozenset[str]:
                 return False
             if binding.kind == "import" and ledger.origins.get(binding.origin, True):
                 return False  # the repository's module, or an import the reference never ran
-            if binding.kind == "value" and not all(leaf_ok(lid) for lid in binding.leaves if lid in ledger.seen):
+            if binding.kind == "value" and not all(leaf_ok(lid) for lid in binding.leaves):
                 return False
         return True
 

@@ -79,6 +79,9 @@ class Leaf:
     """The names it reads from its scope (names bound inside it, by a comprehension or a lambda, excluded)."""
     alias: str | None = None
     """The name, when the leaf is nothing but a name (`expected`): its value is its binding's."""
+    pure: bool = False
+    """It calls nothing, reads no attribute or item: written values and names only. A leaf the reference
+    never evaluated (a branch it did not take) can be taken as expected only if it is pure."""
 
 
 @dataclass(frozen=True)
@@ -260,7 +263,8 @@ class _Analyser:
     def leaf(self, scope: str, node: ast.expr) -> str:
         lid = self._id("leaf", node)
         if lid not in self.m.leaves:  # an in-place change registered it first, with the names it reads
-            self.m.leaves[lid] = Leaf(lid, scope, free_names(node), node.id if isinstance(node, ast.Name) else None)
+            self.m.leaves[lid] = Leaf(lid, scope, free_names(node), node.id if isinstance(node, ast.Name) else None,
+                                      is_pure(node))
         return lid
 
     def bind_targets(self, scope: str, target: ast.expr, binding: Binding) -> None:
@@ -530,6 +534,15 @@ def judged_by_value(compare: ast.Compare) -> bool:
                 isinstance(o, ast.Constant) and any(o.value is s for s in _SINGLETONS) for o in operands[i:i + 2]):
             return False
     return True
+
+
+_PURE = (ast.Constant, ast.Tuple, ast.List, ast.Set, ast.Dict, ast.UnaryOp, ast.BinOp, ast.BoolOp, ast.Compare,
+         ast.Name, ast.expr_context, ast.unaryop, ast.operator, ast.boolop, ast.cmpop, ast.Starred)
+
+
+def is_pure(node: ast.AST) -> bool:
+    """Nothing in `node` runs code of its own (no call, attribute, item, comprehension, f-string, lambda)."""
+    return all(isinstance(child, _PURE) for child in ast.walk(node))
 
 
 def free_names(node: ast.AST) -> frozenset[str]:

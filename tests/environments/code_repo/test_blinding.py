@@ -102,21 +102,21 @@ class Scratch:
         assert report is not None, (self.root / "log").read_text()[-2000:]
         return report
 
-    def key(self, hidden: str, code: str) -> Key:
+    def key(self, hidden: str, code: str, tests: list[str] = TESTS) -> Key:
         plan = plan_files({"test_hidden.py": hidden})
         self.write({"calc.py": code, **plan.reference})
         runs = [self.run("reference"), self.run("reference")]
-        key = decide(plan, runs, TESTS)
+        key = decide(plan, runs, tests)
         self.write(key.graded_files())
         key.map_ids(runs[0]["collected"], self.run("graded", "--collect-only")["collected"])
         return key
 
-    def judged(self, key: Key, code: str) -> dict[str, str]:
+    def judged(self, key: Key, code: str, tests: list[str] = TESTS) -> dict[str, str]:
         self.write({"calc.py": code, **key.graded_files()})
         report = self.run("graded")
         observed = {key.original(t): v for t, v in observations_of(report).items()}
         outcomes = {key.original(t): o for t, o in report["outcomes"].items()}
-        return {t: key.judge(t, outcomes.get(t, "not collected"), observed.get(t, []))[0] for t in TESTS}
+        return {t: key.judge(t, outcomes.get(t, "not collected"), observed.get(t, []))[0] for t in tests}
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +168,20 @@ def test_an_expected_value_that_differs_between_reference_runs_is_not_blinded(tm
     hidden = HIDDEN.replace("LIMIT = 3 + 4", "LIMIT = __import__('random').random() + 7")
     key = runner.key(hidden, RIGHT)
     assert "differs between reference runs" in key.unblinded["test_hidden.py::test_named_and_literal"]
+
+
+def test_a_value_built_in_a_branch_the_reference_never_took_is_not_taken_as_expected(tmp_path: Path) -> None:
+    """wcwidth's shape (a mutant's failing test passed blinded before this): `errors = []`, appended to only
+    when a width is wrong. The reference never appends, but a wrong submission would: `errors` is the
+    submission's, observed, and the wrong code fails."""
+    hidden = ('from calc import shout\n\n\ndef test_errors():\n    errors = []\n    for word in ("a", "b"):\n'
+              f'        if shout(word) != word.upper() + "{M}":\n            errors.append(word)\n'
+              '    assert errors == []\n')
+    tests = ["test_hidden.py::test_errors"]
+    runner = Scratch(tmp_path)
+    key = runner.key(hidden, RIGHT, tests)
+    assert key.expected and runner.judged(key, RIGHT, tests) == {tests[0]: "passed"}
+    assert runner.judged(key, WRONG, tests) == {tests[0]: "failed"}
 
 
 def _observer() -> dict:
