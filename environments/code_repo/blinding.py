@@ -169,6 +169,9 @@ def expected_leaves(module: Module, ledger: Ledger) -> frozenset[str]:
         if where is None:
             return is_builtin(name)
         bindings = module.bindings[(where, name)]
+        mutable = any(not module.leaves[lid].immutable for b in bindings for lid in b.leaves if lid in module.leaves)
+        if mutable and _escapes(module, where, name):
+            return False  # read where its value may change untraced (`collect(errors)`): the submission's
         for binding in bindings:
             if binding.kind == "opaque":
                 return False
@@ -179,6 +182,13 @@ def expected_leaves(module: Module, ledger: Ledger) -> frozenset[str]:
         return True
 
     return frozenset(lid for lid in module.leaves if lid in ledger.seen and leaf_ok(lid))
+
+
+def _escapes(module: Module, where: str, name: str) -> bool:
+    """Whether the name bound in `where` is read anywhere but as a check's operand or the receiver of a
+    traced in-place change."""
+    return any(pos not in module.watched for (scope, n), positions in module.reads.items()
+               if n == name and resolve(module, scope, n) == where for pos in positions)
 
 
 @dataclass

@@ -82,6 +82,8 @@ class Leaf:
     pure: bool = False
     """It calls nothing, reads no attribute or item: written values and names only. A leaf the reference
     never evaluated (a branch it did not take) can be taken as expected only if it is pure."""
+    immutable: bool = False
+    """Pure and building no list, dict or set: nothing can change its value after it is bound."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,10 @@ class Module:
     aliases: dict[str, str] = field(default_factory=dict)
     """Module-level names bound by import to pytest, math or pytest's `raises`, `warns`, `mark`, `param`:
     local name → what it is (`pt` → `pytest`). A check is recognised only through these."""
+    watched: set[Position] = field(default_factory=set)
+    """Reads of a name that cannot change its value unseen: a check's operand that is the name itself, the
+    receiver of an in-place change (traced as part of the name's value). Any other read (`collect(errors)`,
+    `add = errors.append`) lets the value change where nothing traces it."""
     messages: dict[str, Position] = field(default_factory=dict)
     """Site id → the span of its failure message (an assert's `, msg`, unittest's `msg`): gone with the check."""
     unsupported: list[tuple[int, str]] = field(default_factory=list)
@@ -264,7 +270,8 @@ class _Analyser:
         lid = self._id("leaf", node)
         if lid not in self.m.leaves:  # an in-place change registered it first, with the names it reads
             self.m.leaves[lid] = Leaf(lid, scope, free_names(node), node.id if isinstance(node, ast.Name) else None,
-                                      is_pure(node))
+                                      is_pure(node), is_pure(node) and not any(
+                                          isinstance(n, ast.List | ast.Dict | ast.Set) for n in ast.walk(node)))
         return lid
 
     def bind_targets(self, scope: str, target: ast.expr, binding: Binding) -> None:
@@ -309,6 +316,8 @@ class _Analyser:
             if isinstance(target, ast.Subscript) and any(isinstance(n, ast.Call) for n in ast.walk(target.slice)):
                 self.bind(scope, name, opaque)  # an index computed by calls is outside the traced value
             else:
+                receiver = stmt.value.func.value if isinstance(stmt, ast.Expr) else target.value  # type: ignore[attr-defined,union-attr]
+                self.m.watched.add(position(receiver))
                 lid = self._id("leaf", value)
                 reads = free_names(value) | (free_names(target.slice) if isinstance(target, ast.Subscript) else set())
                 self.m.leaves[lid] = Leaf(lid, scope, frozenset(reads - {name}))
@@ -435,6 +444,7 @@ class _Analyser:
         inner, negate = strip_not(part)
         if isinstance(inner, ast.Compare) and judged_by_value(inner):
             operands = [inner.left, *inner.comparators]
+            self.m.watched.update(position(o) for o in operands if isinstance(o, ast.Name))
             return Site(sid, self.m.path, line, "compare", tuple(COMPARE_OPS[type(op)] for op in inner.ops),
                         tuple(self.leaf(scope, o) for o in operands), negate)
         if isinstance(inner, ast.Call) and is_name(inner.func, "math.isclose", aliases=self.m.aliases) and len(inner.args) == 2 \
@@ -471,6 +481,7 @@ class _Analyser:
             self.m.sites[sid] = Site(sid, self.m.path, call.lineno, "truth")
             return
         leaves = [self.leaf(scope, a) for a in args]
+        self.m.watched.update(position(a) for a in args if isinstance(a, ast.Name))
         names = tuple(str(k.arg) for k in keywords)
         if kind == "almost":
             places = call.args[arity:arity + 1]  # assertAlmostEqual(first, second, places, msg, delta)

@@ -184,6 +184,20 @@ def test_a_value_built_in_a_branch_the_reference_never_took_is_not_taken_as_expe
     assert runner.judged(key, WRONG, tests) == {tests[0]: "failed"}
 
 
+def test_a_list_passed_to_other_code_is_the_submissions_not_an_expected_value(tmp_path: Path) -> None:
+    """`errors = []` handed to a helper that appends what the code under test got wrong: the list's value
+    at the check is whatever that code made of it, so it is observed, never taken from the reference."""
+    hidden = ('from calc import shout\n\n\ndef _collect(errors, word):\n'
+              f'    if shout(word) != word.upper() + "{M}":\n        errors.append(word)\n\n\n'
+              'def test_errors():\n    errors = []\n    for word in ("a", "b"):\n        _collect(errors, word)\n'
+              '    assert errors == []\n')
+    tests = ["test_hidden.py::test_errors"]
+    runner = Scratch(tmp_path)
+    key = runner.key(hidden, RIGHT, tests)
+    assert key.expected and runner.judged(key, RIGHT, tests) == {tests[0]: "passed"}
+    assert runner.judged(key, WRONG, tests) == {tests[0]: "failed"}
+
+
 def _observer() -> dict:
     namespace: dict = {}
     exec(compile(OBSERVER, "observer", "exec"), namespace)
