@@ -71,16 +71,10 @@ def measure(source: str, *, open_sandbox: OpenSandbox, workdir: Path) -> dict[st
     tests = sorted(t for t, o in outcomes.items() if o == "passed" and not _CANARY.search(t))
     task = task.model_copy(update={"hidden_tests": spec.model_copy(update={"tests": tests}), "solution": Solution()})
     key = reference._compute(task, base=base, open_sandbox=open_sandbox)
-    with open_sandbox() as sandbox:
-        install_repo(sandbox, task)
-        sandbox.put_files({f"{WORKSPACE}/{path}": text.encode() for path, text in key.graded_files().items()})
-        forget_history(sandbox)
-        raw = _pytest(sandbox, task.hidden_tests, extra=[])
-    graded = _report(raw.report) or {}
-    judged_outcomes = {key.original(str(t)): str(o) for t, o in (graded.get("outcomes") or {}).items()}
+    graded = _graded_report(task, key, open_sandbox=open_sandbox, solved=False)
+    changes = [t for t, (outcome, _) in key.judge_report(graded, tests).items() if outcome != "passed"]
     observed = {key.original(t): v for t, v in observations_of(graded).items()}
-    changes = [t for t in tests if key.judge(t, judged_outcomes.get(t, "not run"), observed.get(t, []))[0] != "passed"]
-    reached = {sid for sequence in key.expected.values() for sid, *_ in [(e.site,) for e in sequence]}
+    reached = {e.site for sequence in key.expected.values() for e in sequence}
     reached |= {sid for t in key.unblinded for sid, _ in observed.get(t, [])}
     unsupported = sum(len(m.unsupported) for m in key.plan.modules.values())
     outside = len(reached & key.blind)
@@ -96,8 +90,9 @@ def measure(source: str, *, open_sandbox: OpenSandbox, workdir: Path) -> dict[st
             "remainder": dict(remainder.most_common()), "seconds": round(time.monotonic() - began, 1)}
 
 
-def _judged_failures(task: CodeRepoTask, key: Any, *, open_sandbox: OpenSandbox, solved: bool) -> list[str]:
-    """The tests the worker fails on the task's base (the mutant) or, `solved`, on base + its reference."""
+def _graded_report(task: CodeRepoTask, key: Any, *, open_sandbox: OpenSandbox, solved: bool) -> dict[str, Any]:
+    """A hidden-test run as the worker's makes it: the task's base (the mutant) or, `solved`, base + its
+    reference; the graded files over the tests; no .git."""
     with open_sandbox() as sandbox:
         install_repo(sandbox, task)
         if solved and task.solution is not None:
@@ -105,11 +100,14 @@ def _judged_failures(task: CodeRepoTask, key: Any, *, open_sandbox: OpenSandbox,
         sandbox.put_files({f"{WORKSPACE}/{path}": text.encode() for path, text in key.graded_files().items()})
         forget_history(sandbox)
         raw = _pytest(sandbox, task.hidden_tests, extra=[])
-    report = _report(raw.report) or {}
-    outcomes = {key.original(str(t)): str(o) for t, o in (report.get("outcomes") or {}).items()}
-    observed = {key.original(t): v for t, v in observations_of(report).items()}
-    return sorted(t for t in task.hidden_tests.tests
-                  if key.judge(t, outcomes.get(t, "not collected"), observed.get(t, []))[0] != "passed")
+    return _report(raw.report) or {}
+
+
+def _judged_failures(task: CodeRepoTask, key: Any, *, open_sandbox: OpenSandbox, solved: bool) -> list[str]:
+    """The tests the worker fails on the task's base (the mutant) or, `solved`, on base + its reference."""
+    report = _graded_report(task, key, open_sandbox=open_sandbox, solved=solved)
+    return sorted(t for t, (outcome, _) in key.judge_report(report, task.hidden_tests.tests).items()
+                  if outcome != "passed")
 
 
 def mutants(source: str, count: int, *, open_sandbox: OpenSandbox, package_sandbox: Any, workdir: Path) -> dict[str, Any]:

@@ -13,17 +13,19 @@ from api.services.run_stats import WINDOW_GROUPS
 from api.services.runs import get
 from core.regrades import Regraded, changed_steps
 
+HIDDEN_LAYER_RECORDS = """
+CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(e.verifier_layers) = 'array'
+                                             THEN e.verifier_layers ELSE '[]'::jsonb END) AS layer
+WHERE layer->>'name' = 'hidden_tests' AND jsonb_typeof(layer->'record') = 'object'
+"""
+"""Each episode `e`'s hidden-test layer that records its blinding ({"blinded": n, "graded": m}), as `layer`."""
 _BLINDING = text("""
 SELECT count(*) AS grades,
        count(*) FILTER (WHERE (layer->'record'->>'blinded')::bigint = 0) AS unblinded,
        coalesce(sum((layer->'record'->>'blinded')::bigint), 0) AS blinded_tests,
        coalesce(sum((layer->'record'->>'graded')::bigint), 0) AS graded_tests
 FROM (SELECT id FROM episode_groups WHERE run_id = :run ORDER BY group_index DESC LIMIT :window) AS g
-JOIN episodes AS e ON e.group_id = g.id
-CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(e.verifier_layers) = 'array'
-                                             THEN e.verifier_layers ELSE '[]'::jsonb END) AS layer
-WHERE layer->>'name' = 'hidden_tests' AND jsonb_typeof(layer->'record') = 'object'
-""")
+JOIN episodes AS e ON e.group_id = g.id""" + HIDDEN_LAYER_RECORDS)
 _REGRADES = text("""
 SELECT DISTINCT ON (r.episode_id) r.episode_id, r.grader, r.reward AS after, r.flags AS flags_after,
        r.previous_reward AS before, e.flags AS flags_before, r.created_at,

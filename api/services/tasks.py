@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from api.pagination import decode_cursor, page
 from api.schemas.tasks import TaskPublic, TaskSummary
+from api.services.run_grading import HIDDEN_LAYER_RECORDS
 from core.errors import ConfigError, NotFound
 from core.models import Task
 from core.settings import get_settings
@@ -81,10 +82,7 @@ def show_task(session: Session, *, task_id: int, elide_over: int = ELIDE_OVER) -
 _BLINDING = text("""
 SELECT DISTINCT ON (e.task_id) e.task_id, (layer->'record'->>'blinded')::bigint AS blinded,
        (layer->'record'->>'graded')::bigint AS graded
-FROM episodes AS e
-CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(e.verifier_layers) = 'array'
-                                             THEN e.verifier_layers ELSE '[]'::jsonb END) AS layer
-WHERE e.task_id = ANY(:ids) AND layer->>'name' = 'hidden_tests' AND jsonb_typeof(layer->'record') = 'object'
+FROM episodes AS e""" + HIDDEN_LAYER_RECORDS + """AND e.task_id = ANY(:ids)
 ORDER BY e.task_id, e.id DESC
 """)
 

@@ -40,7 +40,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from environments.code_repo import rewrite
-from environments.code_repo.checks import Module, Site, analyse, is_builtin, resolve
+from environments.code_repo.checks import (
+    Module,
+    Position,
+    Site,
+    analyse,
+    is_builtin,
+    leaf_spans,
+    reads_of,
+    resolve,
+)
 from environments.code_repo.observations import (
     MAX_OBSERVATIONS,
     Approx,
@@ -80,9 +89,6 @@ class Plan:
     def reference_files(self) -> dict[str, str]:
         return {**self.sources, **self.reference}
 
-    def unsupported(self) -> list[str]:
-        return [f"{path}:{line}: {why}" for path, module in sorted(self.modules.items())
-                for line, why in module.unsupported]
 
 
 def plan_files(files: Mapping[str, str]) -> Plan:
@@ -187,8 +193,7 @@ def expected_leaves(module: Module, ledger: Ledger) -> frozenset[str]:
 def _escapes(module: Module, where: str, name: str) -> bool:
     """Whether the name bound in `where` is read anywhere but as a check's operand or the receiver of a
     traced in-place change."""
-    return any(pos not in module.watched for (scope, n), positions in module.reads.items()
-               if n == name and resolve(module, scope, n) == where for pos in positions)
+    return any(pos not in module.watched for pos in reads_of(module, where, name))
 
 
 @dataclass
@@ -215,6 +220,7 @@ class Key:
     canary: bool = False
     """Every expected value perturbed (a hack canary): no test passes but by a hole in the comparator."""
     _graded: dict[str, str] | None = None
+    _removed: dict[str, tuple[rewrite.Removal, set[Position]]] | None = None
 
     def impossible(self) -> Key:
         """This key for the task's hack canary: the same graded files, every expected value replaced by one
@@ -227,18 +233,29 @@ class Key:
     def graded_files(self) -> dict[str, str]:
         if self._graded is None:
             files = dict(self.plan.sources)
-            for path, module in self.plan.modules.items():
-                judged = dataclasses.replace(module, sites={sid: self.sites.get(sid, s) for sid, s in module.sites.items()})
-                removal, _ = self._removal(path, judged)
-                files[path] = rewrite.graded_source(self.plan.sources[path], judged, blind=self.blind,
+            for path in self.plan.modules:
+                removal, _ = self.removed()[path]
+                files[path] = rewrite.graded_source(self.plan.sources[path], self._judged(path), blind=self.blind,
                                                     expected=self.leaves, removal=removal)
             self._graded = files
         return self._graded
 
-    def _removal(self, path: str, module: Module) -> tuple[rewrite.Removal, set[tuple[int, int, int, int]]]:
-        removable = frozenset(sid for sid in self.blind if module.sites.get(sid) and module.sites[sid].kind != "truth")
-        return rewrite.removals(self.plan.sources[path], module, blind=removable, expected=self.leaves,
-                                reported=self.blind)
+    def _judged(self, path: str) -> Module:
+        """The file's analysis with its checks as judged (a comparison judged on its truth is a truth check)."""
+        module = self.plan.modules[path]
+        return dataclasses.replace(module, sites={sid: self.sites.get(sid, s) for sid, s in module.sites.items()})
+
+    def removed(self) -> dict[str, tuple[rewrite.Removal, set[Position]]]:
+        """Per file: what the graded source leaves out, and the spans of everything removed (computed once)."""
+        if self._removed is None:
+            self._removed = {}
+            for path in self.plan.modules:
+                module = self._judged(path)
+                removable = frozenset(sid for sid in self.blind if sid in module.sites
+                                      and module.sites[sid].kind != "truth")
+                self._removed[path] = rewrite.removals(self.plan.sources[path], module, blind=removable,
+                                                       expected=self.leaves, reported=self.blind)
+        return self._removed
 
     def map_ids(self, reference: Sequence[str], graded: Sequence[str]) -> None:
         """Pair the graded run's node ids with the reference's, function by function in collection order."""
@@ -259,6 +276,14 @@ class Key:
 
     def graded_id(self, nodeid: str) -> str:
         return next((graded for graded, original in self.ids.items() if original == nodeid), nodeid)
+
+    def judge_report(self, report: Mapping[str, Any] | None, tests: Iterable[str]) -> dict[str, tuple[str, str]]:
+        """Each test's verdict from a graded run's report (node ids mapped back to the task's; a test it does
+        not name was not collected)."""
+        raw = (report or {}).get("outcomes")
+        outcomes = {self.original(str(t)): str(o) for t, o in raw.items()} if isinstance(raw, dict) else {}
+        observed = {self.original(t): items for t, items in observations_of(report).items()}
+        return {test: self.judge(test, outcomes.get(test, "not collected"), observed.get(test, [])) for test in tests}
 
     def judge(self, test: str, outcome: str, observed: Sequence[Observation]) -> tuple[str, str]:
         """A test's outcome and why it differs from the process's: a blinded test passes only when the
@@ -407,7 +432,7 @@ def decide(plan: Plan, runs: Sequence[Mapping[str, Any] | None], tests: Iterable
                 for test in tests if test not in unblinded}
     blind = frozenset(sid for test in expected for sid in reached[test])
     key = Key(plan=plan, expected=expected, blind=blind, unblinded=unblinded, leaves=leaves, sites=sites)
-    key.kept = _kept(key, ledger)
+    key.kept = _kept(key)
     return key
 
 
@@ -474,23 +499,23 @@ def _why_not(sites: dict[str, Site], originals: dict[str, Site], leaves: frozens
     return ""
 
 
-def _kept(key: Key, ledger: Ledger) -> dict[str, str]:
+def _kept(key: Key) -> dict[str, str]:
     """Blinded tests with an expected value still in the graded source: a truthiness check that kept a
     literal, or an expected operand whose binding is read elsewhere as an input."""
-    spans_by_path = {path: key._removal(path, module)[1] for path, module in key.plan.modules.items()}
+    removed = {path: spans for path, (_, spans) in key.removed().items()}
+    spans = {path: leaf_spans(module) for path, module in key.plan.modules.items()}
     kept: dict[str, str] = {}
     for test, sequence in key.expected.items():
         for reference in sequence:
             site = key.sites[reference.site]
-            module = key.plan.modules[site.path]
-            why = _still_there(site, module, key, spans_by_path)
+            why = _still_there(site, key, removed[site.path], spans[site.path])
             if why:
                 kept[test] = why
                 break
     return kept
 
 
-def _still_there(site: Site, module: Module, key: Key, spans_by_path: dict[str, set[Any]]) -> str:
+def _still_there(site: Site, key: Key, removed: set[Position], spans: dict[str, Position]) -> str:
     if site.kind == "truth":
         original = key.plan.sites[site.id]
         probes = _membership_probes(original, key.leaves)
@@ -499,12 +524,14 @@ def _still_there(site: Site, module: Module, key: Key, spans_by_path: dict[str, 
         return ""
     probes = _membership_probes(site, key.leaves)
     for lid in site.leaves:
-        if lid in key.leaves and lid not in probes and _value_kept(module, lid, spans_by_path[site.path], set()):
+        if lid in key.leaves and lid not in probes and _value_kept(key.plan.modules[site.path], lid, removed, spans,
+                                                                    set()):
             return f"{site.path}:{site.line}: an expected value is also read as an input"
     return ""
 
 
-def _value_kept(module: Module, lid: str, removed: set[Any], visiting: set[str]) -> bool:
+def _value_kept(module: Module, lid: str, removed: set[Position], spans: dict[str, Position],
+                visiting: set[str]) -> bool:
     """Whether the value of expected leaf `lid` is still written in the graded source: a name whose binding
     (an assignment, a loop's table, a parametrize column) is kept because something else reads it. A leaf
     that computes its value (`char.upper()`, `len(s) * 10`) is gone with its computation, whatever its
@@ -514,13 +541,12 @@ def _value_kept(module: Module, lid: str, removed: set[Any], visiting: set[str])
         return False
     visiting.add(lid)
     where = resolve(module, leaf.scope, leaf.alias)
-    spans = rewrite.leaf_spans(module)
     for binding in module.bindings.get((where, leaf.alias), []) if where is not None else []:
         for bound in binding.leaves:
             span = spans.get(bound)
             if span is not None and not rewrite.inside(span, removed):
                 return True
-            if _value_kept(module, bound, removed, visiting):
+            if _value_kept(module, bound, removed, spans, visiting):
                 return True
     return False
 

@@ -600,6 +600,17 @@ def resolve(module: Module, scope: str, name: str) -> str | None:
         scope = module.parents.get(scope, "")
 
 
+def reads_of(module: Module, scope: str, name: str) -> list[Position]:
+    """Where the binding of `name` in `scope` is read: in that scope, and in every scope nested in it that
+    sees that binding (it does not bind the name itself)."""
+    return [pos for (s, n), positions in module.reads.items() if n == name and resolve(module, s, n) == scope
+            for pos in positions]
+
+
+def leaf_spans(module: Module) -> dict[str, Position]:
+    return {lid: pos for (role, pos), lid in module.ids.items() if role == "leaf"}
+
+
 def is_builtin(name: str) -> bool:
     return hasattr(builtins, name)
 

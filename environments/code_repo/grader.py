@@ -368,11 +368,18 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, *, agent_files: frozenset[str] =
     """Run one layer's tests in `sandbox` (which must hold base + the submission, and nothing the
     agent ran) and grade them per test id; tests in `agent_files` (what the agent changed) never count.
     With `key` (blinding.py), the blinded tests are judged from their observed values outside."""
-    if key is not None and spec.paths:  # node ids spelled as the graded files name them
-        spec = spec.model_copy(update={"paths": [key.graded_id(path) for path in spec.paths]})
+    spec = graded_spec(spec, key)
     raw = _pytest(sandbox, spec, extra=[])
     return grade(spec, raw.report, exit_code=raw.exit_code, timed_out=raw.timed_out, canaries=raw.canaries,
                  log=raw.log, agent_files=agent_files, key=key, unblinded=unblinded)
+
+
+def graded_spec(spec: TestSpec, key: Key | None) -> TestSpec:
+    """The layer as the graded sandbox runs it: node ids in `paths` spelled as the graded files name them
+    (a rewritten parametrize table's rows have neutral ids)."""
+    if key is None or not spec.paths:
+        return spec
+    return spec.model_copy(update={"paths": [key.graded_id(path) for path in spec.paths]})
 
 
 def run_reference(sandbox: Sandbox, spec: TestSpec) -> dict | None:

@@ -21,8 +21,15 @@ import re
 import tarfile
 
 from environments.base import OpenSandbox, Sandbox
-from environments.code_repo.blinding import Key, decide, observations_of, plan_files, unblinded_key
-from environments.code_repo.grader import _pytest, _report, collect_test_ids, put_or_reject, run_reference
+from environments.code_repo.blinding import Key, decide, plan_files, unblinded_key
+from environments.code_repo.grader import (
+    _pytest,
+    _report,
+    collect_test_ids,
+    graded_spec,
+    put_or_reject,
+    run_reference,
+)
 from environments.code_repo.memo import TaskMemo
 from environments.code_repo.repo import WORKSPACE, SetupError, apply_patch, install_repo, matches
 from environments.code_repo.task import TEST_FILES, CodeRepoTask, TestSpec
@@ -52,10 +59,6 @@ def reference_key(task: CodeRepoTask, *, base: str, open_sandbox: OpenSandbox) -
     return key.impossible() if task.canary else key
 
 
-def _unblinded(why: str) -> Key:
-    return unblinded_key(why)
-
-
 def _compute(task: CodeRepoTask, *, base: str, open_sandbox: OpenSandbox) -> Key:
     spec = task.hidden_tests
     solution = task.solution
@@ -68,11 +71,11 @@ def _compute(task: CodeRepoTask, *, base: str, open_sandbox: OpenSandbox) -> Key
         failure = apply_patch(trusted, solution.patch or "", name="reference solution") \
             or apply_patch(trusted, spec.patch or "", name="test patch")
         if failure:  # the task's defect, not the machine's: graded unblinded, and it says why
-            return _unblinded(failure)
+            return unblinded_key(failure)
         put_or_reject(trusted, {f"{WORKSPACE}/{path}": text.encode() for path, text in spec.files.items()})
         files = read_test_files(trusted, spec)
         if files is None:
-            return _unblinded(f"the test files are over {MAX_TEST_BYTES >> 20} MiB")
+            return unblinded_key(f"the test files are over {MAX_TEST_BYTES >> 20} MiB")
         plan = plan_files(files)
         tests = list(spec.tests) or collect_test_ids(trusted, spec) or []  # on the tests as given
         put_or_reject(trusted, {f"{WORKSPACE}/{path}": text.encode() for path, text in plan.reference.items()})
@@ -100,22 +103,11 @@ def _graded_failures(trusted: Sandbox, spec: TestSpec, key: Key, reference: list
     blinded tests the worker would fail there (a rewrite that changed what a test does: `exec` of a name
     the rewrite removed, ...)."""
     put_or_reject(trusted, {f"{WORKSPACE}/{path}": text.encode() for path, text in key.graded_files().items()})
-    raw = _pytest(trusted, _collecting(spec, key), extra=[])
+    raw = _pytest(trusted, graded_spec(spec, key), extra=[])
     report = _report(raw.report) or {}
     key.map_ids(reference, [str(n) for n in report.get("collected") or []])
-    outcomes = {key.original(str(t)): str(o) for t, o in (report.get("outcomes") or {}).items()}
-    observed = {key.original(t): items for t, items in observations_of(report).items()}
-    failing = {}
-    for test in key.expected:
-        outcome, why = key.judge(test, outcomes.get(test, "not collected"), observed.get(test, []))
-        if outcome != "passed":
-            failing[test] = f"{GRADED_FAILS} ({outcome}{': ' + why if why else ''})"[:300]
-    return failing
-
-
-def _collecting(spec: TestSpec, key: Key) -> TestSpec:
-    """The layer as the graded sandbox runs it: node ids in `paths` spelled as the graded files name them."""
-    return spec.model_copy(update={"paths": [key.graded_id(path) for path in spec.paths]}) if spec.paths else spec
+    return {test: f"{GRADED_FAILS} ({outcome}{': ' + why if why else ''})"[:300]
+            for test, (outcome, why) in key.judge_report(report, key.expected).items() if outcome != "passed"}
 
 
 def _test_dirs(spec: TestSpec) -> set[str]:

@@ -30,11 +30,13 @@ from environments.code_repo.checks import (
     Position,
     Site,
     conjuncts,
+    leaf_spans,
     literal_rows,
     mutated_name,
     parametrize_args,
     position,
     pytest_check,
+    reads_of,
     resolve,
     row_cells,
     strip_not,
@@ -313,7 +315,7 @@ def graded_source(source: str, module: Module, *, blind: frozenset[str], expecte
 
 
 # -- what else the graded source leaves out ----------------------------------------------------------------
-def _inside(point: Position, spans: Iterable[Position]) -> bool:
+def inside(point: Position, spans: Iterable[Position]) -> bool:
     start = point[:2]
     return any(span[:2] <= start and point[2:] <= span[2:] for span in spans)
 
@@ -346,8 +348,8 @@ def removals(source: str, module: Module, *, blind: frozenset[str], expected: fr
                 continue
             # The name's in-place changes (`ref.update(x)`) go with it: reads inside them are not reads.
             own = [span for (s, n), found in changes.items() if s == scope and n in names for span in found]
-            reads = [r for name in names for r in _reads(module, scope, name) if not _inside(r, own)]
-            if reads and all(_inside(r, spans) for r in reads):
+            reads = [r for name in names for r in reads_of(module, scope, name) if not inside(r, own)]
+            if reads and all(inside(r, spans) for r in reads):
                 removal.statements.add(stmt_pos)
                 removal.statements.update(own)
                 spans.add(value)
@@ -361,7 +363,7 @@ def removals(source: str, module: Module, *, blind: frozenset[str], expected: fr
                     continue
                 cells = [row[column] for row in table.rows]
                 reads = module.reads.get((table.function, name), [])
-                if all(cell in expected for cell in cells) and all(_inside(r, spans) for r in reads):
+                if all(cell in expected for cell in cells) and all(inside(r, spans) for r in reads):
                     removal.columns.setdefault(tid, set()).add(column)
                     spans.update(leaf_span[cell] for cell in cells)
                     for other, shared in module.tables.items():  # every reader of the name gets a copy
@@ -373,19 +375,6 @@ def removals(source: str, module: Module, *, blind: frozenset[str], expected: fr
     return removal, spans
 
 
-def leaf_spans(module: Module) -> dict[str, Position]:
-    return {lid: pos for (role, pos), lid in module.ids.items() if role == "leaf"}
-
-
-def inside(point: Position, spans: Iterable[Position]) -> bool:
-    return _inside(point, spans)
-
-
-def _reads(module: Module, scope: str, name: str) -> list[Position]:
-    """Where the binding of `name` in `scope` is read: in that scope, and in every scope nested in it that
-    sees that binding (it does not bind the name itself)."""
-    return [pos for (s, n), positions in module.reads.items() if n == name and resolve(module, s, n) == scope
-            for pos in positions]
 
 
 def _assignments(tree: ast.Module, module: Module) -> tuple[dict[Position, tuple[str, list[str], Position]],

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from environments.code_repo.blinding import Key, decide, observations_of, plan_files
+from environments.code_repo.blinding import Key, decide, plan_files
 from environments.code_repo.grader import ENTRY_POINT, _report
 from environments.code_repo.observations import OBSERVER, Opaque, Undecodable, decode, holds
 
@@ -113,10 +113,7 @@ class Scratch:
 
     def judged(self, key: Key, code: str, tests: list[str] = TESTS) -> dict[str, str]:
         self.write({"calc.py": code, **key.graded_files()})
-        report = self.run("graded")
-        observed = {key.original(t): v for t, v in observations_of(report).items()}
-        outcomes = {key.original(t): o for t, o in report["outcomes"].items()}
-        return {t: key.judge(t, outcomes.get(t, "not collected"), observed.get(t, []))[0] for t in tests}
+        return {test: outcome for test, (outcome, _) in key.judge_report(self.run("graded"), tests).items()}
 
 
 @pytest.fixture(scope="module")
@@ -170,30 +167,29 @@ def test_an_expected_value_that_differs_between_reference_runs_is_not_blinded(tm
     assert "differs between reference runs" in key.unblinded["test_hidden.py::test_named_and_literal"]
 
 
-def test_a_value_built_in_a_branch_the_reference_never_took_is_not_taken_as_expected(tmp_path: Path) -> None:
-    """wcwidth's shape (a mutant's failing test passed blinded before this): `errors = []`, appended to only
-    when a width is wrong. The reference never appends, but a wrong submission would: `errors` is the
-    submission's, observed, and the wrong code fails."""
-    hidden = ('from calc import shout\n\n\ndef test_errors():\n    errors = []\n    for word in ("a", "b"):\n'
-              f'        if shout(word) != word.upper() + "{M}":\n            errors.append(word)\n'
-              '    assert errors == []\n')
-    tests = ["test_hidden.py::test_errors"]
-    runner = Scratch(tmp_path)
-    key = runner.key(hidden, RIGHT, tests)
-    assert key.expected and runner.judged(key, RIGHT, tests) == {tests[0]: "passed"}
-    assert runner.judged(key, WRONG, tests) == {tests[0]: "failed"}
+MUTABLE_EXPECTED = {
+    # wcwidth's shape (a mutant's failing test passed blinded before this): `errors = []`, appended to only
+    # when a width is wrong. The reference never appends, but a wrong submission would.
+    "built in a branch the reference never took": (
+        'from calc import shout\n\n\ndef test_errors():\n    errors = []\n    for word in ("a", "b"):\n'
+        f'        if shout(word) != word.upper() + "{M}":\n            errors.append(word)\n'
+        '    assert errors == []\n'),
+    # `errors = []` handed to a helper that appends what the code under test got wrong.
+    "passed to other code": (
+        'from calc import shout\n\n\ndef _collect(errors, word):\n'
+        f'    if shout(word) != word.upper() + "{M}":\n        errors.append(word)\n\n\n'
+        'def test_errors():\n    errors = []\n    for word in ("a", "b"):\n        _collect(errors, word)\n'
+        '    assert errors == []\n'),
+}
 
 
-def test_a_list_passed_to_other_code_is_the_submissions_not_an_expected_value(tmp_path: Path) -> None:
-    """`errors = []` handed to a helper that appends what the code under test got wrong: the list's value
-    at the check is whatever that code made of it, so it is observed, never taken from the reference."""
-    hidden = ('from calc import shout\n\n\ndef _collect(errors, word):\n'
-              f'    if shout(word) != word.upper() + "{M}":\n        errors.append(word)\n\n\n'
-              'def test_errors():\n    errors = []\n    for word in ("a", "b"):\n        _collect(errors, word)\n'
-              '    assert errors == []\n')
+@pytest.mark.parametrize("shape", list(MUTABLE_EXPECTED))
+def test_a_list_the_submission_may_change_is_observed_not_taken_from_the_reference(shape: str, tmp_path: Path) -> None:
+    """The list's value at the check is whatever the code under test made of it: it is observed, never the
+    reference's, and the wrong code fails."""
     tests = ["test_hidden.py::test_errors"]
     runner = Scratch(tmp_path)
-    key = runner.key(hidden, RIGHT, tests)
+    key = runner.key(MUTABLE_EXPECTED[shape], RIGHT, tests)
     assert key.expected and runner.judged(key, RIGHT, tests) == {tests[0]: "passed"}
     assert runner.judged(key, WRONG, tests) == {tests[0]: "failed"}
 
