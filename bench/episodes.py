@@ -8,17 +8,20 @@ episode loop spends beyond the sandbox step itself (policy round trips, tokenizi
 shell session's framing). Target: ≤ 5 ms per turn.
 
 Part 2 — sync vs async at equal work on a long-tail workload (heavy-tailed policy latency per task,
-Pareto α 1.5, as with tool-heavy tasks; read_number episodes, whose CPU work is small), `--pairs`
-interleaved (sync, async) pairs in one process. Both modes: the real controller dispatching within
+Pareto α 1.5, as with tool-heavy tasks; within a group each sample's latency is its task's times its
+own lognormal(0, `--sigma`) draw, and the faster half of a group submits the right answer, the slower
+half a wrong one, as an agent that submits at turn 2 beside one that wanders; read_number episodes,
+whose CPU work is small), `--pairs` interleaved (sync, async) pairs in one process. Both modes: the real controller dispatching within
 the admission bound, the real episode runner in `--slots` worker threads with Docker sandboxes, the
 same budget of U·B groups (`--updates` U, `--batch-size` B) hence the same task set, a stand-in trainer
-with the real trainer's rules (claim oldest dispatched complete groups, pacing, token staleness mask,
-hard cap; see StandInTrainer) and `--step-s` per update, tagging the policy server with each new
+with the real trainer's rules (claim oldest dispatched complete groups, pacing, and the real
+`plan_batch`: token staleness mask, hard cap, baseline, drops; see StandInTrainer) and `--step-s` per update, tagging the policy server with each new
 version so that every stored token carries the version that sampled it. Sync's bound is 0 by
 definition, async's `--staleness` (η). Reported per pair and as medians: wall-clock to the same
 counted trained samples, generation-side idle slot-seconds, trainer-side idle seconds, the token-lag
-histogram, the masked-token fraction, stale drops, and the fraction of the critical-path bound (formula
-in the output). The figure to quote is `speedup.median` (min–max); `checks` says whether the targets hold.
+histogram, the masked-token fraction, stale drops, groups with a reward contrast that were not trained,
+the trained ÷ examined mean episode seconds (1 = no length bias within groups), and the fraction of
+the critical-path bound (formula in the output). The figure to quote is `speedup.median` (min–max); `checks` says whether the targets hold.
 """
 
 from __future__ import annotations
@@ -57,8 +60,9 @@ from task_workers.context import DockerSandboxes  # noqa: E402
 from task_workers.episode.runner import run_episode  # noqa: E402
 from task_workers.policy.client import PolicyClient  # noqa: E402
 from task_workers.policy.scripted import serve_in_process, tokenize  # noqa: E402
+from trainer.config import LossConfig  # noqa: E402
 from trainer.rollouts import load_groups  # noqa: E402
-from trainer.selection import StalenessRule, apply_staleness_mask, may_step, past_cap  # noqa: E402
+from trainer.selection import StalenessRule, may_step, plan_batch  # noqa: E402
 from trainer.store import (  # noqa: E402
     claim_complete_groups,
     nothing_more_to_come,
@@ -160,6 +164,28 @@ def _pareto_delays(n: int, *, seed: int, alpha: float = 1.5, scale_s: float = 0.
     return [round(min(cap_s, scale_s * rng.paretovariate(alpha)), 3) for _ in range(n)]
 
 
+def _sample_scripts(delays: list[float], *, group_size: int, sigma: float, seed: int,
+                    cap_s: float = 30.0) -> tuple[dict[str, Any], list[float]]:
+    """Per task, one script per sample (task_workers.policy.scripted.Samples): the first turn's policy
+    latency is the task's times the sample's own lognormal(0, `sigma`) draw (at most `cap_s`); the
+    faster half of the group submits the right number, the slower half a wrong one, so every group has
+    a reward contrast, and it lies between a fast sample and a slow one. Also every sample's latency."""
+    import random
+
+    rng = random.Random(seed)
+    scripts: dict[str, Any] = {}
+    every: list[float] = []
+    for task, delay in enumerate(delays):
+        draws = [round(min(cap_s, delay * rng.lognormvariate(0.0, sigma)), 3) for _ in range(group_size)]
+        passing = set(sorted(range(group_size), key=lambda k: (draws[k], k))[:max(1, group_size // 2)])
+        scripts[f"tail-{task}"] = {"samples": [
+            [{"text": hermes_call("bash", command=f"cat {TAIL_PAYLOAD['path']}  # [sample:{k}]"), "delay_s": draw},
+             hermes_call("submit", answer=TAIL_PAYLOAD["number"] if k in passing else "0")]
+            for k, draw in enumerate(draws)]}
+        every += draws
+    return scripts, every
+
+
 # The long-tail workload's task: a read_number episode (a sandbox step, then an exact-match grade of the
 # submitted answer). Its CPU work is small, so that on 2 cores the comparison measures scheduling under
 # heavy-tailed generation, as on a cluster where generation runs on accelerators; with code_repo's
@@ -171,8 +197,8 @@ class StandInTrainer:
     """A stand-in GRPO trainer with the real trainer's rules. `consume="complete"` (default): as the real
     trainer claims groups (`trainer.store.claim_complete_groups`: complete groups, oldest dispatched
     first), paced as it is (`trainer.selection.may_step`: no step that would leave a running group past
-    the token bound), with the real staleness mask and hard cap (`apply_staleness_mask`, `past_cap`) on
-    the stored per-token versions; a group past the cap would be dropped and counted (`stale_drops`).
+    the hard cap), through the real `trainer.selection.plan_batch` on the stored per-token versions
+    (staleness mask, hard cap, the group's baseline, every drop with its reason, counted in `drops`).
     `consume="dispatch"`: strictly in dispatch order (group_index), each batch waiting for its slowest
     group. Each update takes `step_s` (a sleep: this measures scheduling, not learning); after it the
     scripted server is tagged with the new version (as a weight sync does), so the workers label the
@@ -186,7 +212,13 @@ class StandInTrainer:
         self.staleness: list[int] = []
         self.token_lags: Counter[int] = Counter()
         self.masked = 0
-        self.dropped = 0
+        self.drops: Counter[str] = Counter()
+        self.contrast_lost = 0
+        """Groups whose trainable samples' rewards differ, dropped all the same."""
+        self.examined: list[int] = []
+        """Episode ids of the trainable samples of every group examined (trained or dropped)."""
+        self.trained: list[int] = []
+        """Episode ids of the samples in every trained group's baseline."""
         self.waits = 0
         self.task_order: list[int] = []
         self.busy_s = 0.0
@@ -199,8 +231,9 @@ class StandInTrainer:
             claimed = claim_complete_groups(session, run_id=self.run_id, limit=self.batch_size)
             if len(claimed) == self.batch_size:
                 return claimed
-            # As the real trainer: fewer only when no more can come (a group was dropped, the budget is spent).
-            last = claimed and nothing_more_to_come(session, run_id=self.run_id, claimed={g.id for g in claimed})
+            # As the real trainer: fewer only when no more can come (a group was dropped, the budget is
+            # spent); none at all then: the run is over.
+            last = nothing_more_to_come(session, run_id=self.run_id, claimed={g.id for g in claimed})
             return claimed if last else None
         groups = session.execute(
             select(EpisodeGroup).where(EpisodeGroup.run_id == self.run_id, EpisodeGroup.group_index >= cursor,
@@ -218,6 +251,8 @@ class StandInTrainer:
             while version < self.updates:
                 with session_scope() as session:
                     groups = self._next_batch(session, cursor)
+                    if groups == []:
+                        break  # nothing more can come (a group was dropped and the budget is spent)
                     paced = groups is not None and may_step(version=version, rule=self.rule, oldest_waiting=(
                         oldest_waiting_version(session, run_id=self.run_id, batch={g.id for g in groups})))
                     if groups is None or not paced:
@@ -228,24 +263,23 @@ class StandInTrainer:
                         continue
                     waiting = False
                     loaded = load_groups(session, groups)
-                    stale = []
-                    for batch_group in loaded:
-                        for sample in batch_group.samples:
-                            lags, masked = apply_staleness_mask(sample, current_version=version, rule=self.rule)
-                            if past_cap(lags, self.rule):
-                                stale.append(batch_group.id)
-                            else:
-                                self.token_lags.update(lags)
-                                self.masked += masked
-                    if stale:  # as the real trainer does: a group past the hard cap is not trained on
-                        for group in groups:
-                            if group.id in stale:
-                                group.status, group.drop_reason, group.dropped_step = (
-                                    GroupStatus.DROPPED, DropReason.STALE_CAP, version)
-                        self.dropped += len(set(stale))
-                        continue
+                    trainable = {g.id: [s for s in g.samples if s.trainable] for g in loaded}
+                    plan = plan_batch(loaded, current_version=version, rule=self.rule, batch_size=len(loaded),
+                                      loss=LossConfig())
+                    for group in groups:  # as the real trainer: a dropped group is stored with its reason
+                        if (reason := plan.dropped.get(group.id)) is not None:
+                            group.status, group.drop_reason, group.dropped_step = GroupStatus.DROPPED, reason, version
+                            self.drops[reason] += 1
+                            self.contrast_lost += len({s.reward for s in trainable[group.id]}) > 1
+                            self.examined += [s.episode_id for s in trainable[group.id]]
+                    if plan.dropped:
+                        continue  # claim again: the rest of this claim waits for a full batch
+                    self.token_lags.update(plan.token_lags)
+                    self.masked += plan.masked_tokens
+                    self.examined += [s.episode_id for g in loaded for s in trainable[g.id]]
+                    self.trained += [s.episode_id for s in plan.samples]
                     cursor = max(cursor, groups[-1].group_index + 1)
-                    self.staleness += [max(s.lags, default=0) for g in loaded for s in g.samples]
+                    self.staleness += plan.staleness
                     self.task_order += [g.task_id for g in groups]
                     started = time.monotonic()
                     self.first_trained_at = self.first_trained_at or started
@@ -387,6 +421,9 @@ def _tail_figures(*, run_id: int, trainer: StandInTrainer, clock: SlotClock, sta
     slowest = max((b - a for eid, a, b in clock.spans if eid in trained_ids), default=0.0)
     bound_s = max(ideal, slowest + step_s, updates * step_s)
     sampled = sum(trainer.token_lags.values())
+    seconds_of = {eid: b - a for eid, a, b in clock.spans}  # an episode's seconds in its slot, retries included
+    trained_s = [seconds_of[eid] for eid in trainer.trained if eid in seconds_of]
+    examined_s = [seconds_of[eid] for eid in trainer.examined if eid in seconds_of]
     return {
         "wall_s": round(wall, 3), "updates": updates, "samples_trained": len(trained_ids),
         "episodes_completed_total": generated,
@@ -401,21 +438,24 @@ def _tail_figures(*, run_id: int, trainer: StandInTrainer, clock: SlotClock, sta
         "token_lag_hist": {str(lag): n for lag, n in sorted(trainer.token_lags.items())},
         "masked_token_frac": round(trainer.masked / sampled, 4) if sampled else 0.0,
         "trainer_waits_for_lagging_group": trainer.waits,  # full batches held back by trainer.selection.may_step
-        "dropped_stale_groups": trainer.dropped, "task_order": trainer.task_order,
+        "dropped_stale_groups": trainer.drops[DropReason.STALE_CAP], "drops": dict(trainer.drops),
+        "contrast_groups_lost": trainer.contrast_lost,
+        "trained_over_examined_seconds": round(statistics.fmean(trained_s) / statistics.fmean(examined_s), 4)
+        if trained_s and examined_s else None,
+        "task_order": trainer.task_order,
         "faults": sum(len(f or []) for f in faults),
     }
 
 
 def sync_vs_async(*, image: str, pairs: int, slots: int, updates: int, staleness: int,
                   step_s: float, group_size: int, batch_size: int, consume: str,
-                  max_token_staleness: int | None = None) -> dict[str, Any]:
+                  max_token_staleness: int | None = None, sigma: float = 1.0) -> dict[str, Any]:
     # One task per group: the budget is U·B groups in both modes, the least-used pick covers each once.
     tasks = updates * batch_size
     delays = _pareto_delays(tasks, seed=7)
-    scripts = {f"tail-{i}": [{"text": hermes_call("bash", command=f"cat {TAIL_PAYLOAD['path']}"), "delay_s": d},
-                             hermes_call("submit", answer=TAIL_PAYLOAD["number"])] for i, d in enumerate(delays)}
+    scripts, sample_delays = _sample_scripts(delays, group_size=group_size, sigma=sigma, seed=11)
     settings = {"slots": slots, "group_size": group_size, "batch_size": batch_size, "updates": updates,
-                "step_s": step_s, "consume": consume, "max_token_staleness": max_token_staleness}
+                "step_s": step_s, "consume": consume, "max_token_staleness": max_token_staleness, "sigma": sigma}
     counter = iter(range(10**6))
 
     def side(mode: str) -> Callable[[], dict[str, Any]]:
@@ -457,8 +497,14 @@ def sync_vs_async(*, image: str, pairs: int, slots: int, updates: int, staleness
         "bias": {"trained_policy_delay_mean_s": {mode: p50(mode, "trained_policy_delay_mean_s")
                                                  for mode in ("sync", "async")},
                  "dropped_stale_groups": {mode: p50(mode, "dropped_stale_groups") for mode in ("sync", "async")},
+                 "trained_over_examined_seconds": {mode: p50(mode, "trained_over_examined_seconds")
+                                                   for mode in ("sync", "async")},
+                 "contrast_groups_lost": {mode: sum(r["contrast_groups_lost"] for r in runs[mode])
+                                          for mode in ("sync", "async")},
                  "note": "p50 over runs of the mean scripted policy delay of the groups each trained on (equal "
-                         "in both modes when the same tasks are trained; lower in async = biased to fast tasks)"},
+                         "in both modes when the same tasks are trained; lower in async = biased to fast tasks); "
+                         "p50 over runs of the trained samples' mean episode seconds ÷ the examined samples' "
+                         "(1 = no bias within groups); groups with a reward contrast not trained, all runs"},
         "speedup": {"metric": "sync wall ÷ async wall to the same trained samples, per pair",
                     "median": summary["ratio_median"], "min": summary["ratio_min"], "max": summary["ratio_max"],
                     "per_pair": summary["ratios"], "pairs": summary["pairs"]},
@@ -469,13 +515,18 @@ def sync_vs_async(*, image: str, pairs: int, slots: int, updates: int, staleness
         "bound": BOUND,
         "checks": {
             "zero_stale_drops": all(r["dropped_stale_groups"] == 0 for r in runs["sync"] + runs["async"]),
+            "zero_contrast_groups_lost": all(r["contrast_groups_lost"] == 0 for r in runs["sync"] + runs["async"]),
+            "trained_over_examined_seconds_within_5pct": all(
+                r["trained_over_examined_seconds"] is not None and abs(r["trained_over_examined_seconds"] - 1) <= 0.05
+                for r in runs["sync"] + runs["async"]),
             "same_task_set": same_task_multiset and same_samples,
             "speedup_at_least_3": summary["ratio_median"] >= 3.0,
             "async_at_least_80pct_of_bound": p50("async", "fraction_of_bound") >= 0.8,
             "masked_at_most_2pct": all(r["masked_token_frac"] <= 0.02 for r in runs["async"]),
         },
         "runs": runs,
-        "workload": {"policy_delay_s": _ms_like(delays), "tasks": tasks, **settings,
+        "workload": {"policy_delay_s": {"task": _ms_like(delays), "sample": _ms_like(sample_delays)}, "tasks": tasks,
+                     **settings,
                      "trainer": "stand-in: step_s per update (sleep), real controller dispatch, "
                                 "real episode runner and Docker sandboxes, the real trainer's claim, pacing and "
                                 "staleness mask"},
@@ -512,6 +563,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--step-s", type=float, default=1.0, help="part 2: seconds per (stand-in) update")
     parser.add_argument("--group-size", type=int, default=2, help="part 2: episodes per group")
     parser.add_argument("--batch-size", type=int, default=4, help="part 2: groups per update")
+    parser.add_argument("--sigma", type=float, default=1.0,
+                        help="part 2: spread of durations within a group: each sample's latency is its task's × "
+                             "lognormal(0, σ); 0 gives every sample of a task the same latency")
     parser.add_argument("--max-token-staleness", type=int, default=None,
                         help="part 2: async mode's token bound (default 2 × --staleness): masking and pacing")
     parser.add_argument("--consume", choices=sorted(CONSUMPTION), default="complete",
@@ -522,6 +576,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             parser.error(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(args, name)}")
     if args.staleness < 1 or args.step_s < 0:
         parser.error(f"--staleness ≥ 1 and --step-s ≥ 0 expected, got {args.staleness} and {args.step_s}")
+    if not 0 <= args.sigma <= 3:
+        parser.error(f"--sigma: expected 0 to 3, got {args.sigma}")
     import logging
     import tempfile
 
@@ -539,7 +595,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             result["sync_vs_async"] = sync_vs_async(
                 image=image, pairs=args.pairs, slots=args.slots, updates=args.updates,
                 staleness=args.staleness, step_s=args.step_s, group_size=args.group_size, batch_size=args.batch_size,
-                consume=args.consume, max_token_staleness=args.max_token_staleness)
+                consume=args.consume, max_token_staleness=args.max_token_staleness, sigma=args.sigma)
     print(json.dumps(result, indent=2))
     return result
 

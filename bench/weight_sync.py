@@ -21,6 +21,7 @@ import torch
 from rich.console import Console
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from core.versions import Label
 from trainer.probe import probe, probe_token_ids, verify_sync
 from trainer.serving import VllmServer
 from trainer.tiny_model import make_tiny_model
@@ -60,7 +61,7 @@ def run(*, pushes: int) -> dict[str, object]:
                     for param in current.parameters():
                         param.add_(torch.randn_like(param) * 0.01)
                 before.append(probe(model=current, token_ids=ids, **on_server).mean_abs_diff)
-                seconds.append(syncer.push(model=current, version=version))
+                seconds.append(syncer.push(model=current, label=Label.fresh(version, run=None)))
                 after.append(verify_sync(model=current, token_ids=ids, api_url=server.api_url,
                                          model_name=server.model_name).mean_abs_diff)
             syncer.close()

@@ -112,17 +112,24 @@ def build_publisher(*, model: str, policy_urls: list[str], policy_dirs: list[Pat
 
 
 def build_trainer(
-    *, run_id: int, policy_urls: list[str], policy_dirs: list[Path], fallback_dir: Path | None = None,
+    *, run_id: int, policy_urls: list[str] | None, policy_dirs: list[Path], fallback_dir: Path | None = None,
     checkpoint_dir: Path | None, poll: float,
 ) -> Trainer:
-    """The Trainer for `run_id`, wired to every policy replica in `policy_urls` (`build_publisher`)."""
+    """The Trainer for `run_id`, wired to every policy replica in `policy_urls` (None: the run's pool,
+    core.schemas.run.stored_pool) by `build_publisher`. InvalidRunState when a live trainer of another
+    run holds one of them (controller.pools)."""
+    from controller.pools import check_pool_free
     from core.db import session_scope
+    from core.schemas.run import stored_pool
     from core.settings import get_settings
     from trainer.loop import Trainer
     from trainer.store import get_run
 
     with session_scope() as session:
-        model = get_run(session, run_id=run_id).model
+        run = get_run(session, run_id=run_id)
+        model = run.model
+        policy_urls = policy_urls or stored_pool(run.config, run_id=run_id)
+        check_pool_free(session, urls=policy_urls, run_id=run_id)
     publisher = build_publisher(model=model, policy_urls=policy_urls, policy_dirs=policy_dirs,
                                 fallback_dir=fallback_dir)
     root = checkpoint_dir or get_settings().data_dir / "checkpoints" / f"run-{run_id}"
@@ -132,7 +139,8 @@ def build_trainer(
 def trainer(
     run: int = typer.Option(..., "--run", "--run-id", help="Run id."),
     policy_url: str | None = typer.Option(
-        None, help="One vLLM OpenAI API root; default every replica of CRUCIBLE_POLICY_URLS (else CRUCIBLE_POLICY_URL)."),
+        None, help="One vLLM OpenAI API root; default the run's pool (its policy_urls, else every replica of "
+        "CRUCIBLE_POLICY_URLS, else CRUCIBLE_POLICY_URL)."),
     policy_dir: list[Path] | None = typer.Option(
         None, help="The model directory each server loaded (rewritten on every sync), once per replica in "
         "CRUCIBLE_POLICY_URLS order; default CRUCIBLE_POLICY_TOKENIZER for one server, else the directory "
@@ -167,7 +175,7 @@ def trainer(
 
     settings = get_settings()
     with readable_errors():
-        loop = build_trainer(run_id=run, policy_urls=[policy_url] if policy_url else settings.policy_pool,
+        loop = build_trainer(run_id=run, policy_urls=[policy_url] if policy_url else None,
                              policy_dirs=list(policy_dir or []), fallback_dir=settings.policy_tokenizer,
                              checkpoint_dir=checkpoint_dir, poll=poll)
     stop = threading.Event()

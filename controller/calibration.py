@@ -6,9 +6,10 @@ it is given, with no broker and no task worker.
 The job is an ordinary pass-rate run (controller/pass_rate.py): one group of `samples` episodes per task of
 the split, each played by the worker's own episode runner (task_workers.episode.runner) in a sandbox of the
 environment, graded by its verifier. When every group is complete the controller records each task's pass
-rate and difficulty bucket, which the curriculum's [0.1, 0.9] band and bucket weights read. This process
-is the controller for the time it takes: it holds the leader lock, so it refuses to start beside a
-running controller (that one would send the job's episodes to the broker's workers and their policy).
+rate and difficulty bucket: the bucket weights read them, and each later run seeds its [0.1, 0.9] band
+from them. This process is the controller for the time it takes: it holds the leader lock, so it refuses
+to start beside a running controller (that one would send the job's episodes to the broker's workers and
+their policy).
 """
 
 from __future__ import annotations

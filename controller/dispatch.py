@@ -4,8 +4,9 @@ For an active run, groups are dispatched while all of these leave room:
     in flight (groups running)    < max_inflight_groups      (default (staleness_bound + 1) × batch)
     dispatched − replaced         < (policy_version + staleness_bound + 1) × batch_size   (train only)
     dispatched                    < max_groups                (the budget, if set)
-`replaced`: groups the trainer dropped for any reason but staleness (DropReason.frees_admission). The
-second line is AReaL's admission bound: it, not a drop rule, keeps samples near the trainer's version.
+`replaced`: groups the trainer dropped, for any reason (stale_cap included): none will be trained on, so
+the groups not yet consumed keep a window of (staleness_bound + 1) × batch_size. The second line is
+AReaL's admission bound: it, not a drop rule, keeps samples near the trainer's version.
 Under `dispatch_order: longest_first` the groups a pass creates are sent once all are created, longest
 expected task first (`tasks.episode_seconds`), so slow tasks start early in the window.
 With staleness_bound 0 (sync mode) a batch is dispatched, then nothing until the trainer has consumed
@@ -67,9 +68,9 @@ def allowance(*, run: Run, config: RunConfig, progress: RunProgress) -> Allowanc
     assert config.max_inflight_groups is not None  # resolved at creation
     room = {"inflight": config.max_inflight_groups - progress.inflight}
     if run.purpose == RunPurpose.TRAIN:  # pass-rate and eval runs are never trained on: no version bound
-        # Groups the trainer dropped (zero variance, failed, …) are replaced: they do not count against the
-        # version bound, or dynamic sampling would starve the run; a group dropped past the staleness cap
-        # is not. They all still count against the budget.
+        # Groups the trainer dropped (zero variance, failed, past the staleness cap, …) are replaced: they
+        # do not count against the version bound, or dynamic sampling would starve the run and every
+        # stale-cap drop would narrow the window for good. They all still count against the budget.
         useful = progress.dispatched - progress.replaced
         room["staleness"] = (run.policy_version + run.max_staleness + 1) * run.batch_size - useful
     if config.max_groups is not None:

@@ -1,5 +1,6 @@
 """Pass-rate jobs: sample every task of a split N times, then store each task's pass rate and
-difficulty bucket, which the curriculum filters and draws by.
+difficulty bucket, which the curriculum filters and draws by: each training run seeds its own rate of
+the task from the measurement (core.models.task_rate) and moves only that one.
 
     run = launch_pass_rate_job(session, environment="fix-bugs", split="train", samples_per_task=8,
                                model="/models/tiny")

@@ -8,24 +8,29 @@
 A measurement (an eval or pass-rate run) skips step 2: its groups take the least-used eligible task of
 any bucket, so they cover every task of the split once before any twice.
 
-A task is eligible when it is in the run's split and has no measured pass rate or one inside the
-curriculum's band. A share of groups (`curriculum.readmit_rate`, drawn by its own seeded coin) goes to
-a task outside the band instead, least used first, when there is one: the trainer's online update
-measures it again, so a task the policy stopped (or started) solving comes back into the band
+A task is eligible when it is in the run's split and in the run's pass-rate band (core.models.task_rate):
+the run's own rate of the task, seeded from the pass-rate job's measurement when the run first draws
+from the environment and split (in the band if unmeasured or measured inside it) and moved by the run's
+trainer only; it leaves the band only once the run is 95 % sure its rate is outside. A share of groups
+(`curriculum.readmit_rate`, drawn by its own seeded coin) goes to a task outside the band instead, least
+used first: a too-hard one while there is one, which the policy may have learnt since (the trainer's
+update measures it again, and it comes back once its rate is inside the band), else a too-easy one
 (its bucket reads `readmitted`).
 """
 
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, and_, case, func, literal, or_, select
+from sqlalchemy import ColumnElement, and_, case, func, literal, select
 from sqlalchemy.orm import Session
 
 from controller.errors import NoEligibleTask
 from controller.progress import run_environments
-from core.models import Environment, EpisodeGroup, Task
+from core.models import Environment, EpisodeGroup, RunTaskRate, Task
+from core.models.task_rate import band_membership, seed_rates
 from core.schemas.run import Curriculum, RunConfig
 from core.termination import MEASURED_BUCKETS, Bucket, RunPurpose
 
@@ -46,50 +51,50 @@ def _bucket_weights(curriculum: Curriculum) -> dict[str, float]:
     return {str(name): weight for name, weight in curriculum.bucket_weights.items()}
 
 
-def eligible(*, environment_name: str, split: str, curriculum: Curriculum) -> ColumnElement[bool]:
-    low, high = curriculum.pass_rate_band
-    return and_(
-        Task.environment_name == environment_name,
-        Task.split == split,
-        or_(Task.pass_rate.is_(None), Task.pass_rate.between(low, high)),
-    )
+def in_split(*, environment_name: str, split: str) -> ColumnElement[bool]:
+    return and_(Task.environment_name == environment_name, Task.split == split)
+
+
+def _weighted(counts: dict[str, int], curriculum: Curriculum) -> dict[str, int]:
+    """The buckets that hold a task, only those with a positive weight."""
+    weights = _bucket_weights(curriculum)
+    return {name: count for name, count in counts.items() if count and weights.get(name, 0.0) > 0}
 
 
 def eligible_buckets(
-    session: Session, *, environment_name: str, split: str, curriculum: Curriculum
+    session: Session, *, run_id: int, environment_name: str, split: str, curriculum: Curriculum
 ) -> dict[str, int]:
-    """Eligible tasks per bucket, only buckets with a positive weight."""
+    """The run's eligible tasks per bucket, only buckets with a positive weight."""
     bucket = bucket_of()
     rows = session.execute(
-        select(bucket, func.count())
-        .where(eligible(environment_name=environment_name, split=split, curriculum=curriculum))
+        select(bucket, func.count()).select_from(Task).join(RunTaskRate, _rate_of(run_id))
+        .where(in_split(environment_name=environment_name, split=split), RunTaskRate.in_band)
         .group_by(bucket)
     ).all()
-    weights = _bucket_weights(curriculum)
-    return {name: count for name, count in rows if count and weights.get(name, 0.0) > 0}
+    return _weighted({name: count for name, count in rows}, curriculum)
 
 
 def check_eligible(session: Session, *, environment_name: str, split: str, curriculum: Curriculum) -> None:
-    """Raise NoEligibleTask, saying why, if the environment has nothing the run may draw."""
-    if eligible_buckets(session, environment_name=environment_name, split=split, curriculum=curriculum):
-        return
-    in_split = session.execute(
-        select(func.count()).where(Task.environment_name == environment_name, Task.split == split)
-    ).scalar_one()
+    """Before a launch: raise NoEligibleTask, saying why, if a run would find nothing to draw in the
+    environment (its rates seeded now, from the pass-rate job's measurements)."""
+    rows = session.execute(select(bucket_of(), Task.pass_rate).where(
+        in_split(environment_name=environment_name, split=split))).all()
+    band = curriculum.pass_rate_band
+    counts = Counter(bucket for bucket, rate in rows
+                     if band_membership(rate=rate, samples=0.0, band=band, was_in=False))
+    if not _weighted(counts, curriculum):
+        raise _no_eligible(environment_name=environment_name, split=split, curriculum=curriculum, tasks=len(rows))
+
+
+def _no_eligible(*, environment_name: str, split: str, curriculum: Curriculum, tasks: int) -> NoEligibleTask:
     where = f"environment {environment_name!r} has no eligible task in split {split!r}"
-    if in_split == 0:
-        raise NoEligibleTask(f"{where}: the split is empty; upload tasks or choose another split")
+    if tasks == 0:
+        return NoEligibleTask(f"{where}: the split is empty; upload tasks or choose another split")
     low, high = curriculum.pass_rate_band
-    raise NoEligibleTask(
-        f"{where}: of its {in_split} tasks none has a pass rate in the band [{low}, {high}] (or unmeasured) "
+    return NoEligibleTask(
+        f"{where}: of its {tasks} tasks none has a pass rate in the band [{low}, {high}] (or unmeasured) "
         f"in a bucket with positive weight (bucket_weights {dict(curriculum.bucket_weights)})"
     )
-
-
-def out_of_band(*, environment_name: str, split: str, curriculum: Curriculum) -> ColumnElement[bool]:
-    low, high = curriculum.pass_rate_band
-    return and_(Task.environment_name == environment_name, Task.split == split, Task.pass_rate.is_not(None),
-                or_(Task.pass_rate < low, Task.pass_rate > high))
 
 
 def pick_task(session: Session, *, run_id: int, config: RunConfig, group_index: int) -> Pick:
@@ -97,44 +102,53 @@ def pick_task(session: Session, *, run_id: int, config: RunConfig, group_index: 
     rng = random.Random(token)  # str seeds are hashed with SHA-512: the same in every process
     shares = run_environments(session, run_id=run_id)
     environment = rng.choices([env for env, _ in shares], weights=[weight for _, weight in shares])[0]
-    curriculum = config.curriculum
+    curriculum, split = config.curriculum, config.split
+    tasks = in_split(environment_name=environment.name, split=split)
+    seed_rates(session, run_id=run_id, tasks=tasks, band=curriculum.pass_rate_band)  # tasks new to the run
     if curriculum.readmit_rate > 0 and random.Random(f"{token}:readmit").random() < curriculum.readmit_rate:
-        outside = out_of_band(environment_name=environment.name, split=config.split, curriculum=curriculum)
-        task_id = _least_used_task(session, run_id=run_id, where=outside, bucket=None, token=token)
+        low, _ = curriculum.pass_rate_band
+        task_id = _least_used_task(session, run_id=run_id, where=and_(tasks, RunTaskRate.in_band.is_(False)),
+                                   bucket=None, token=token, first=RunTaskRate.rate < low)  # too hard first
         if task_id is not None:
             return Pick(environment=environment, task_id=task_id, bucket="readmitted")
-    buckets = eligible_buckets(session, environment_name=environment.name, split=config.split, curriculum=curriculum)
+    buckets = eligible_buckets(session, run_id=run_id, environment_name=environment.name, split=split,
+                               curriculum=curriculum)
     if not buckets:
-        check_eligible(session, environment_name=environment.name, split=config.split, curriculum=curriculum)
+        count = session.execute(select(func.count()).where(tasks)).scalar_one()
+        raise _no_eligible(environment_name=environment.name, split=split, curriculum=curriculum, tasks=count)
+    eligible = and_(tasks, RunTaskRate.in_band)
     if config.purpose != RunPurpose.TRAIN:  # a measurement: every eligible task once before any twice
-        return _covering_pick(session, run_id=run_id, environment=environment, split=config.split,
-                              curriculum=curriculum, token=token)
+        return _covering_pick(session, run_id=run_id, environment=environment, where=eligible, token=token)
     names = [name for name in Bucket if name in buckets]
     weights = [_bucket_weights(curriculum)[name] for name in names]
     bucket = rng.choices(names, weights=weights)[0]
-    task_id = _least_used_task(
-        session, run_id=run_id, where=eligible(environment_name=environment.name, split=config.split,
-                                                curriculum=curriculum), bucket=bucket, token=token,
-    )
+    task_id = _least_used_task(session, run_id=run_id, where=eligible, bucket=bucket, token=token)
     assert task_id is not None  # the bucket holds an eligible task
     return Pick(environment=environment, task_id=task_id, bucket=bucket)
 
 
-def _covering_pick(session: Session, *, run_id: int, environment: Environment, split: str, curriculum: Curriculum,
+def _covering_pick(session: Session, *, run_id: int, environment: Environment, where: ColumnElement[bool],
                    token: str) -> Pick:
     """The least-used eligible task of any bucket: an eval or pass-rate run's groups cover every task of the
     split once before any task twice, whatever the buckets hold (drawing a bucket first would sample a
     small bucket's tasks again before a large bucket's were all drawn)."""
-    where = eligible(environment_name=environment.name, split=split, curriculum=curriculum)
     task_id = _least_used_task(session, run_id=run_id, where=where, bucket=None, token=token)
-    assert task_id is not None  # check_eligible found an eligible task
+    assert task_id is not None  # eligible_buckets found an eligible task
     bucket = session.execute(select(bucket_of()).where(Task.id == task_id)).scalar_one()
     return Pick(environment=environment, task_id=task_id, bucket=bucket)
 
 
+def _rate_of(run_id: int) -> ColumnElement[bool]:
+    """Joins a task to the run's rate of it."""
+    return and_(RunTaskRate.run_id == run_id, RunTaskRate.task_id == Task.id)
+
+
 def _least_used_task(
-    session: Session, *, run_id: int, where: ColumnElement[bool], bucket: str | None, token: str
+    session: Session, *, run_id: int, where: ColumnElement[bool], bucket: str | None, token: str,
+    first: ColumnElement[bool] | None = None,
 ) -> int | None:
+    """The task matching `where` (and `bucket`) the run has drawn least, those matching `first` before
+    the others; ties broken by a hash seeded with `token`. `where` may read the run's rate (RunTaskRate)."""
     usage = (
         select(EpisodeGroup.task_id, func.count().label("groups"))
         .where(EpisodeGroup.run_id == run_id)
@@ -143,9 +157,11 @@ def _least_used_task(
     )
     query = (
         select(Task.id)
+        .join(RunTaskRate, _rate_of(run_id))
         .outerjoin(usage, usage.c.task_id == Task.id)
         .where(where, *([bucket_of() == bucket] if bucket is not None else []))
-        .order_by(func.coalesce(usage.c.groups, 0), func.md5(func.concat(Task.id, ":", token)))
+        .order_by(*([first.is_not(True)] if first is not None else []), func.coalesce(usage.c.groups, 0),
+                  func.md5(func.concat(Task.id, ":", token)))
         .limit(1)
     )
     found = session.execute(query).scalar_one_or_none()

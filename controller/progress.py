@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from core.models import Environment, Episode, EpisodeGroup, Run, RunEnvironment
-from core.termination import DropReason, GroupStatus
+from core.termination import GroupStatus
 
 __all__ = ["GroupStatus", "RunProgress", "describe_run", "run_progress"]
 
@@ -26,16 +26,11 @@ class RunProgress:
         return sum(self.groups.values())
 
     @property
-    def dropped(self) -> int:
-        return self.groups.get(GroupStatus.DROPPED, 0)
-
-    @property
     def replaced(self) -> int:
-        """Dropped groups the controller replaces within the admission bound: every reason but staleness
-        (DropReason.frees_admission), so that the bound never widens because samples went stale."""
-        known = {reason.value: reason for reason in DropReason}
-        return sum(count for reason, count in self.drop_reasons.items()
-                   if reason not in known or known[reason].frees_admission)
+        """Dropped groups, whatever the reason: none will be trained on, so each frees its admission slot
+        and the controller replaces it (controller.dispatch.allowance). A stale-cap drop too: held for good,
+        η·B of them would leave the run synchronous (issue 47)."""
+        return self.groups.get(GroupStatus.DROPPED, 0)
 
     @property
     def inflight(self) -> int:

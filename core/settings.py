@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import string
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
@@ -33,7 +34,7 @@ def _default_data_dir() -> Path:
     return Path(base) / "crucible"
 
 
-def _http_urls(value: list[str], *, unique: bool) -> list[str]:
+def http_urls(value: list[str], *, unique: bool) -> list[str]:
     """Each an http(s) URL (trailing / dropped); with `unique`, no server twice however spelt."""
     urls: list[str] = []
     seen: dict[str, str] = {}
@@ -169,7 +170,7 @@ class Settings(BaseSettings):
             raise ValueError("expected one or more comma-separated http:// or https:// URLs")
         if len(value) > MAX_POLICY_REPLICAS:
             raise ValueError(f"expected at most {MAX_POLICY_REPLICAS} URLs ({len(value)} given)")
-        return _http_urls(value, unique=True)
+        return http_urls(value, unique=True)
 
     @model_validator(mode="after")
     def _policy_url_from_pool(self) -> Settings:
@@ -192,7 +193,7 @@ class Settings(BaseSettings):
     @field_validator("reward_servers")
     @classmethod
     def _check_reward_servers(cls, value: list[str]) -> list[str]:
-        return _http_urls(value, unique=False)
+        return http_urls(value, unique=False)
 
     def allows_reward_server(self, url: str) -> bool:
         """Whether a spec may name `url` as its judge or reward model: a policy server or a listed one
@@ -254,6 +255,12 @@ def public_url(url: str) -> str:
     if parts.port is not None:
         netloc += f":{parts.port}"
     return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+
+
+def same_servers(a: Sequence[str], b: Sequence[str]) -> list[str]:
+    """The servers of `b` that `a` names too, however spelt (as `b` spells them)."""
+    keys = {_server_key(url) for url in a}
+    return [url for url in b if _server_key(url) in keys]
 
 
 def _server_key(url: str) -> str:

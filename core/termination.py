@@ -69,13 +69,6 @@ class DropReason(StrEnum):
     NON_FINITE = "non_finite"  # its step's loss or gradient norm was not finite: the step was skipped
     CANARY = "canary"  # a hack canary (core/canaries.py): measured, never trained on
 
-    @property
-    def frees_admission(self) -> bool:
-        """Whether the controller replaces the group within the staleness admission bound (dynamic
-        sampling). A group dropped for staleness does not: the bound must never widen because samples
-        went stale, or dropping would pay for running ahead."""
-        return self is not DropReason.STALE_CAP
-
 
 class RunStatus(StrEnum):
     PENDING = "pending"

@@ -19,8 +19,9 @@ The rules:
   sets the reward to 0 and no learned layer counts; `penalize` subtracts `flag_penalty` when the
   episode's first flag arrives (a second monitor flagging it later costs nothing more); `record` costs
   nothing.
-- **Zero variance**: a group whose scores spread by no more than ZERO_VARIANCE_SPREAD (max − min) has
-  no learning signal: every advantage would be 0.
+- **Zero variance**: values whose spread (max − min) is no more than ZERO_VARIANCE_SPREAD are equal
+  (`has_variance`): a group whose scores are has no learning signal, and the trainer's std scaling and
+  z-scores (trainer.advantages) treat such values as constant instead of dividing by their noise.
 - **Solved**: an episode whose reward is at least SOLVED_AT (full reward, up to rounding) solved its
   task: the trainer's success fraction, evaluations' pass@k (`crucible eval`) and the recipes' held-out
   success count it so.
@@ -40,8 +41,12 @@ if TYPE_CHECKING:  # a type only: the trainer imports this module without the sa
 
 SOLVED_AT = 1.0 - 1e-9
 """The reward at and above which an episode solved its task (full reward; the slack absorbs float sums)."""
-ZERO_VARIANCE_SPREAD = 1e-6
-"""Scores (or layer values) whose max − min is at most this are equal: no variance, no advantage."""
+ZERO_VARIANCE_SPREAD = 1e-4
+"""Scores (or layer values) whose max − min is at most this are equal: no variance, no advantage. Rewards
+are of order 1: float32 arithmetic on them (a reward model's score from one batch to the next) differs by
+~1e-6, and at 1e-6 a group [0.5, 0.500002] passed and std scaling made that noise advantages of ±0.5.
+1e-4 is 100× above that noise and below every deliberate reward step (the finest: DAPO's overlong
+shaping, 1/overlong_buffer_tokens, 3.9e-3 at the default 256)."""
 
 FlagPolicyName = Literal["zero", "penalize", "record"]
 

@@ -50,7 +50,9 @@ class Limits(BaseModel):
     max_response_tokens: int = Field(default=512, ge=1)
     """Tokens the policy may sample in one turn."""
     episode_timeout_s: float = Field(default=600.0, gt=0, le=86400)
-    """Wall-clock budget of one episode; past it the episode ends as `episode_timeout`."""
+    """The agent's time budget: seconds its tool calls may spend in the sandbox, in all; past it the
+    episode ends as `episode_timeout`. Time waiting on the policy servers is the platform's, not
+    counted (task_workers/episode/loop.py); an OpenEnv client's clock is wall time (its model is its own)."""
     tool_timeout_s: float = Field(default=60.0, gt=0, le=3600)
     """Default deadline of one tool call inside the sandbox."""
     max_tool_errors: int = Field(default=5, ge=1)

@@ -10,7 +10,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import ConfigError
@@ -95,15 +95,31 @@ class DockerSandboxes:
 @dataclass
 class WorkerContext:
     policy: PolicyPool
+    """The platform's pool (CRUCIBLE_POLICY_URLS)."""
     sandboxes: DockerSandboxes
     backend: SandboxBackend
     events: EventSink
     reaper: Reaper
+    client_factory: Callable[[str], PolicyClient] | None = None
+    _pools: dict[tuple[str, ...], PolicyPool] = field(default_factory=dict)
+    _pools_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def pool(self, urls: list[str]) -> PolicyPool:
+        """The pool of a run that names its own servers (one per set of servers, made on first use)."""
+        key = tuple(urls)
+        with self._pools_lock:
+            if key not in self._pools:
+                if self.client_factory is None:
+                    raise ConfigError("expected a policy client factory to reach a run's own servers, got none")
+                self._pools[key] = PolicyPool(urls, client_factory=self.client_factory)
+            return self._pools[key]
 
     def close(self) -> None:
         self.reaper.stop()
         self.sandboxes.close()
         self.policy.close()
+        for pool in self._pools.values():
+            pool.close()
         close = getattr(self.events, "close", None)
         if close:
             close()
@@ -128,9 +144,11 @@ def worker_context() -> WorkerContext:
             sandboxes = DockerSandboxes(backend=backend, events=events, worker=settings.worker_name,
                                         min_size=settings.sandbox_pool_min, max_size=settings.sandbox_pool_max)
             tokenizer = local_tokenizer(str(settings.policy_tokenizer)) if settings.policy_tokenizer else None
-            policy = PolicyPool(settings.policy_pool,
-                                client_factory=lambda url: PolicyClient(base_url=url, tokenizer=tokenizer))
-            _context = WorkerContext(policy, sandboxes, backend, events, reaper)
+            def client(url: str) -> PolicyClient:
+                return PolicyClient(base_url=url, tokenizer=tokenizer)
+
+            policy = PolicyPool(settings.policy_pool, client_factory=client)
+            _context = WorkerContext(policy, sandboxes, backend, events, reaper, client_factory=client)
         return _context
 
 

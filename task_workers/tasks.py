@@ -45,7 +45,7 @@ def run_episode_task(self: Any, episode_id: int) -> dict[str, Any]:
     context = worker_context()
     try:
         outcome = run_episode(episode_id, policy=context.policy, sandboxes=context.sandboxes, worker=worker,
-                              incarnation=heartbeat.announced())
+                              incarnation=heartbeat.announced(), pools=context.pool)
     except (InfrastructureFault, SoftTimeLimitExceeded) as fault:
         reason = getattr(fault, "reason", TerminationReason.WORKER_LOST)
         final = self.request.retries >= MAX_RETRIES or not getattr(fault, "retry", True)

@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 from core.db import make_engine, reset_engines
 from core.models import Base
 from core.settings import get_settings
+from core.versions import Label
 from migrations import migrate
 
 
@@ -182,7 +183,7 @@ def served_original(vllm_server: Any, tiny_model_dir: Path) -> Any:
     from trainer.weight_sync import make_weight_syncer
 
     syncer = make_weight_syncer("reload", base_url=vllm_server.base_url, model_dir=vllm_server.model_dir)
-    syncer.push(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir), version=0)
+    syncer.push(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir), label=Label.fresh(0, run=None))
     syncer.close()
     return vllm_server
 

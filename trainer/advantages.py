@@ -14,11 +14,9 @@ import math
 import statistics
 from collections import defaultdict
 
-from environments.rewards import ZERO_VARIANCE_SPREAD
+from environments.rewards import has_variance
 from trainer.config import LossConfig
 from trainer.rollouts import Group, Sample
-
-STD_EPS = ZERO_VARIANCE_SPREAD  # a std at most this counts as zero variance (nothing to divide by)
 
 
 def overlong_penalty(sampled_tokens: int, *, max_tokens: int, buffer_tokens: int) -> float:
@@ -64,15 +62,16 @@ def mix_layers(groups: list[Group]) -> dict[str, dict[str, tuple[float, float]]]
     stats: dict[str, dict[str, tuple[float, float]]] = {}
     for env, members in by_env.items():
         alphas = members[0][1].mix or {}
-        layer_stats = {}
+        layer_stats, varies = {}, {}
         for layer in alphas:
             values = [_layer_value(sample, layer, group) for sample, group in members]
             layer_stats[layer] = (statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0)
+            varies[layer] = has_variance(values)  # a constant layer (noise apart) contributes 0
         stats[env] = layer_stats
         for sample, group in members:
             shaping = sample.score - sample.reward
             sample.mixed = {
-                layer: alpha * ((_layer_value(sample, layer, group) - mean) / std if std > STD_EPS else 0.0)
+                layer: alpha * ((_layer_value(sample, layer, group) - mean) / std if varies[layer] else 0.0)
                 for layer, alpha in alphas.items() for mean, std in [layer_stats[layer]]}
             sample.score = shaping + sum(sample.mixed.values()) - group.flag_policy.penalty_for(sample.flags)
     return stats
@@ -97,19 +96,24 @@ def normalize_per_environment(groups: list[Group], *, mode: str) -> dict[str, tu
         mean = statistics.fmean(scores)
         std = statistics.pstdev(scores) if len(scores) > 1 else 0.0
         stats[env] = (mean, std)
+        varies = has_variance(scores)
         for sample in samples:
-            sample.score = (sample.score - mean) / std if std > STD_EPS else 0.0
+            sample.score = (sample.score - mean) / std if varies else 0.0
     return stats
 
 
 def assign_advantages(groups: list[Group], *, scale_by_std: bool) -> None:
-    """A_i = s_i − mean_group(s); divided by the group's std when `scale_by_std` (GRPO), not (Dr. GRPO)."""
+    """A_i = s_i − mean_group(s); divided by the group's std when `scale_by_std` (GRPO), not (Dr. GRPO).
+    Scores that agree within ZERO_VARIANCE_SPREAD (environments.rewards.has_variance) all get 0: their
+    differences are noise, which dividing by their std would blow up to ±1. (A spread above it bounds the
+    std away from 0: at least spread / √(2n) for n scores.)"""
     for group in groups:
         scores = [sample.score for sample in group.samples]
         mean = statistics.fmean(scores)
         std = statistics.pstdev(scores)
+        varies = has_variance(scores)
         for sample in group.samples:
-            advantage = sample.score - mean
-            sample.advantage = advantage / (std + STD_EPS) if scale_by_std else advantage
+            advantage = sample.score - mean if varies else 0.0
+            sample.advantage = advantage / std if scale_by_std and varies else advantage
             if not math.isfinite(sample.advantage):
                 raise ValueError(f"episode {sample.episode_id}: non-finite advantage from scores {scores}")

@@ -1,6 +1,6 @@
 """Checkpoints written atomically, in two phases that bracket the database commit of a step.
 
-    root/step-000007/           a complete checkpoint (engine state + trainer_state.json)
+    root/step-000007/           a complete checkpoint (engine state + trainer_state.json + rng.pt)
     root/step-000008.pending/   written before step 8's transaction commits
     root/.tmp-step-000008-PID/  being written (ignored and removed on start)
 
@@ -8,21 +8,33 @@ A step writes its checkpoint as `.pending` (temp dir, fsync, rename), commits th
 database, then promotes the checkpoint (rename). On restart a pending checkpoint is promoted if the
 database recorded its step, else discarded — so the newest checkpoint always matches the newest
 recorded step, and the groups it consumed are exactly those the database marks consumed.
+
+A checkpoint also holds this process's random generators (torch's, CUDA's, Python's, numpy's): with
+dropout on (LoRA's) a step draws from them, and a run resumed from a checkpoint must draw what the
+uninterrupted run would have drawn.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import random
 import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, cast
+
+import numpy
+import torch
 
 from core.durable import fsync_path
 from trainer.engine import PolicyEngine
 
+log = logging.getLogger(__name__)
 STATE_FILE = "trainer_state.json"
+RNG_FILE = "rng.pt"
 _NAME = re.compile(r"^step-(\d{6,})(\.pending)?$")
 
 
@@ -38,6 +50,27 @@ class TrainerState:
     """Watermark: groups the run had consumed through this step (the database must agree)."""
     last_group_ids: list[int] = field(default_factory=list)
     """The groups this step consumed."""
+
+
+def rng_state() -> dict[str, Any]:
+    """Every random generator a step may draw from, as tensors and plain values (`torch.load` reads them
+    with `weights_only`)."""
+    legacy = cast(tuple[str, numpy.ndarray, int, int, float], numpy.random.get_state(legacy=True))
+    kind, keys, position, has_gauss, gauss = legacy  # (MT19937, (624,) uint32 key, position, Gaussian cache)
+    return {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "python": random.getstate(),
+            "numpy": (kind, torch.from_numpy(keys.astype(numpy.int64)), position, has_gauss, gauss)}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Put back what `rng_state` returned."""
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    random.setstate(state["python"])
+    kind, keys, position, has_gauss, gauss = state["numpy"]
+    numpy.random.set_state((kind, keys.numpy().astype(numpy.uint32), position, has_gauss, gauss))
 
 
 def _fsync_tree(directory: Path) -> None:
@@ -85,6 +118,7 @@ class CheckpointStore:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         engine.save(tmp)
+        torch.save(rng_state(), tmp / RNG_FILE)
         (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2) + "\n")
         _fsync_tree(tmp)
         target = self._path(state.step, pending=True)
@@ -109,6 +143,17 @@ class CheckpointStore:
 
     def pending_steps(self) -> list[int]:
         return self._steps(pending=True)
+
+    @staticmethod
+    def load(path: Path, *, engine: PolicyEngine) -> None:
+        """The checkpoint at `path` into `engine` (weights, optimizer, schedule) and into this process's
+        random generators. A checkpoint written before they were saved loads without them (logged)."""
+        engine.load(path)
+        if (path / RNG_FILE).is_file():
+            set_rng_state(torch.load(path / RNG_FILE, weights_only=True))
+        else:
+            log.warning("checkpoint %s holds no random generator state: a step with dropout will not draw "
+                        "what the uninterrupted run drew", path)
 
     def latest(self) -> tuple[Path, TrainerState] | None:
         steps = self._steps(pending=False)

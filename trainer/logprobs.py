@@ -5,6 +5,11 @@ sequence, but the output layer and the softmax (the larger half of a small model
 only on the sampled positions' hidden states, gathered first — prompts and tool output cost no
 vocabulary projection (except under ZeRO-3, whose engine must run the whole forward).
 
+The output layer runs in float32 even under the step's bf16 autocast (`optimizer.autocast`): logits rounded
+to bf16 before the log-softmax doubled the mismatch against vLLM's float32 logprobs (k3 1.9e-3 against
+8.0e-4 with the head in float32, on a sharpened Qwen2: the RL review's e4); the decoder may run in bf16.
+Under ZeRO-3 (`whole`) the engine's own forward computes the head, in the autocast dtype.
+
 The logits are divided by the sampling temperature first: vLLM (`--logprobs-mode
 processed_logprobs`) reports the logprobs of the distribution it sampled from, which is the
 temperature-scaled one, so the trainer's numbers must be of the same distribution.
@@ -44,11 +49,18 @@ def sampled_positions(
         logits = whole(**inputs).logits[:, :-1][active].float()  # (N, V)
     else:
         decoder, head = decoder_and_head(model)
-        hidden = decoder(**inputs).last_hidden_state  # (B, T, H)
-        logits = head(hidden[:, :-1][active]).float()  # (N, V)
+        hidden = decoder(**inputs).last_hidden_state  # (B, T, H), bf16 under autocast
+        logits = float32_head(head, hidden[:, :-1][active])  # (N, V)
     if temperature != 1.0:
         logits = logits / temperature
     return logits, batch.targets[active]
+
+
+def float32_head(head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """head(hidden) as float32 logits, computed in float32 whatever autocast is on: (N, H) → (N, V). A
+    head whose weights are themselves lower precision runs in theirs (its rounding is the weights')."""
+    with torch.autocast(hidden.device.type, enabled=False):
+        return head(hidden.to(next(head.parameters()).dtype)).float()
 
 
 def token_logprobs(

@@ -52,6 +52,7 @@ from trainer.checkpoint import CheckpointStore, TrainerState
 from trainer.config import TrainerConfig, trainer_config
 from trainer.engine import PolicyEngine, make_engine
 from trainer.errors import NonFiniteStep, WeightSyncError
+from trainer.probe import probe_tolerance
 from trainer.ranks import INIT, REBUILD, STOP, UPDATE, FollowerSetup, LeaderEngine, Ranks, announce, leave
 from trainer.selection import BatchPlan, Pacer, StalenessRule
 from trainer.step import UpdateResult, advantages, generate, score, update
@@ -124,6 +125,8 @@ class Trainer:
     ) -> None:
         self.run_id = run_id
         self.publisher = publisher
+        if publisher is not None:  # (None: tests of the loop that publish nothing)
+            publisher.run_id = run_id  # every label it pushes names this run (core.versions)
         self.poll_s = poll_s
         self._sessions = session_factory(db)
         self._lock = hold_trainer_lock(db or get_engine(), run_id=run_id)  # before any work: one trainer per run
@@ -161,7 +164,9 @@ class Trainer:
             self.normalization = self.config.loss.normalization_for(environments=max(int(environments), 1))
             curriculum = run.config.get("curriculum", {}) if isinstance(run.config, dict) else {}
             parsed = parse_model(Curriculum, curriculum or {}, source=f"run {self.run_id} config.curriculum")
-            self.pass_rate_update, self.success_rule = parsed.pass_rate_update, parsed.success
+            self.curriculum = parsed
+            if self.publisher is not None:  # the served dtype's tolerance unless the run gives its own
+                self.publisher.tolerance = self.config.probe_tolerance or probe_tolerance(self.config.served_dtype)
 
     def _join_ranks(self) -> Ranks | None:
         """Under a launcher with several ranks (`crucible trainer --nproc N`), join the process group and
@@ -204,7 +209,7 @@ class Trainer:
                     f"run {self.run_id}: the database recorded {recorded} training steps but the newest "
                     f"checkpoint under {self.checkpoints.root} is step {found}; restore the checkpoint directory")
             if latest is not None:
-                self.engine.load(latest[0])
+                self.checkpoints.load(latest[0], engine=self.engine)
                 self.step, self.consumed = latest[1].step, latest[1].consumed_groups
             elif not fresh:
                 self._restore_engine()
@@ -261,7 +266,7 @@ class Trainer:
     def _restore_engine(self) -> None:
         latest = self.checkpoints.latest()
         if latest is not None:
-            self.engine.load(latest[0])
+            self.checkpoints.load(latest[0], engine=self.engine)
         else:  # before the first checkpoint: the run's starting weights and a fresh optimizer
             if self.ranks:
                 announce(REBUILD)
@@ -340,7 +345,7 @@ class Trainer:
         trained = [TrainedValue(episode_id=s.episode_id, advantage=s.advantage, score=s.score) for s in plan.samples]
         record_step(session, run_id=self.run_id, step=step, policy_version=step, consumed=group_ids,
                     dropped=plan.dropped, metrics=values, trained=trained)
-        update_pass_rates(session, weight=self.pass_rate_update, rule=self.success_rule, outcomes=[
+        update_pass_rates(session, run_id=self.run_id, curriculum=self.curriculum, outcomes=[
             PassOutcome(s.task_id, s.reward, s.components, s.policy_version, s.seconds, s.flags) for s in view.scored])
         session.commit()
         values[metrics.timing_key("commit")] = round(time.perf_counter() - started, 6)

@@ -34,6 +34,8 @@ LR = "optim/lr"
 ENTROPY = "policy/entropy"
 CLIP_LOW = "policy/clip_frac/low"
 CLIP_HIGH = "policy/clip_frac/high"
+CLIP_DUAL = "policy/clip_frac/dual"
+"""Fraction of tokens (A < 0) whose objective the dual clip bounded at c·A (LossConfig.dual_clip)."""
 PPO_KL = "policy/ppo_kl"
 CANARY_EPISODES = "canary/episodes"
 CANARY_REWARD_MEAN = "canary/reward_mean"
@@ -43,7 +45,11 @@ IW_MEAN, IW_STD = "policy/importance_weight/mean", "policy/importance_weight/std
 IW_MAX, IW_MIN = "policy/importance_weight/max", "policy/importance_weight/min"
 IW_CAPPED = "policy/importance_weight/capped_frac"
 MISMATCH_KL = "mismatch/kl"
-"""k3 estimate of KL(π_vLLM ‖ π_trainer) over the batch's sampled tokens (behaviour vs recomputed)."""
+"""k3 estimate of KL(π_vLLM ‖ π_trainer) over the batch's weighted tokens (behaviour vs recomputed): stale
+tokens included, so it mixes the numerical mismatch with policy drift."""
+MISMATCH_KL_LAG0 = "mismatch/kl_lag0"
+"""The same over lag-0 tokens only (sampled by the weights being trained): the numerical mismatch alone
+(bf16, kernels). Absent from a step without such a token."""
 MISMATCH_ABS = "mismatch/abs_diff"
 REWARD_MEAN, REWARD_STD = "reward/mean", "reward/std"
 SUCCESS = "reward/success_frac"
@@ -256,12 +262,15 @@ def update_metrics(result: UpdateResult) -> dict[str, float]:
         LOSS: result.loss, LR: result.lr, GRAD_NORM: statistics.fmean(result.grad_norms),
         ENTROPY: stats["entropy"] / max(stats["entropy_tokens"], 1.0),
         CLIP_LOW: stats["clip_low"] / tokens, CLIP_HIGH: stats["clip_high"] / tokens,
+        CLIP_DUAL: stats["clip_dual"] / tokens,
         PPO_KL: stats["ppo_kl"] / tokens, KL_REF: stats["kl_ref"] / tokens,
         IW_MEAN: iw_mean, IW_STD: math.sqrt(max(stats["iw_sq_sum"] / tokens - iw_mean**2, 0.0)),
         IW_MAX: stats.get("iw_max", 0.0), IW_MIN: stats.get("iw_min", 0.0), IW_CAPPED: stats["tis_capped"] / tokens,
         MISMATCH_KL: stats["mismatch_k3"] / tokens, MISMATCH_ABS: stats["mismatch_abs"] / tokens,
         TOKENS_PER_S: result.tokens_processed / result.seconds if result.seconds > 0 else 0.0,
     }
+    if stats.get("fresh_tokens"):
+        out[MISMATCH_KL_LAG0] = stats["fresh_mismatch_k3"] / stats["fresh_tokens"]
     return out
 
 

@@ -2,10 +2,12 @@
 
 The trainer scores the probe teacher-forced with torch; vLLM scores the same token ids as a
 completions prompt with `prompt_logprobs=0` (the logprob of each prompt token given its prefix).
-After a weight push the two must agree: float32 on both sides agree to ~1e-6 per token.
+After a weight push the two must agree within the served dtype's tolerance (`probe_tolerance`): float32
+on both sides agree to ~1e-6 per token, a bf16 server to ~3e-3.
 
     ids = probe_token_ids(tokenizer)
-    report = verify_sync(model=model, api_url=server.api_url, model_name=server.model_name, token_ids=ids)
+    report = verify_sync(model=model, api_url=server.api_url, model_name=server.model_name, token_ids=ids,
+                         tolerance=probe_tolerance("bfloat16"))   # the server's --dtype; float32 by default
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import httpx
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from core.errors import ConfigError
 from core.schemas.run import Sampling
 from trainer.errors import WeightSyncError
 
@@ -33,7 +36,32 @@ PROBE_MESSAGES: list[Any] = [
     {"role": "tool", "content": "def add(a, b):\n    return a - b\n"},
     {"role": "assistant", "content": "The function subtracts instead of adding."},
 ]
-DEFAULT_TOLERANCE = 1e-3  # mean |Δ logprob|; float32 server and trainer measured ≤ 1e-6, bf16 ~3e-3
+# The probe's tolerance (mean |Δ logprob| per token, nats) by the dtype vLLM serves in; the trainer scores
+# in float32. It must pass the rounding of the served dtype and fail weights other than those pushed: a
+# wrong or half-loaded checkpoint moves the probe by 0.1 nats or more, a single small step by less, so
+# the looser a dtype's tolerance, the smaller the step it can no longer tell from the one before.
+# - float32: measured ≤ 1e-6; 1e-3 is the check's own margin.
+# - bfloat16: measured ~3e-3 (8 significant bits: unit roundoff 2⁻⁸ ≈ 3.9e-3 in every weight and
+#   activation); 1e-2 leaves about 3× headroom for longer sequences and larger models.
+# - float16: 11 significant bits, 8× finer than bfloat16: ~4e-4 expected (not measured here); 2e-3 is
+#   about 5× that.
+TOLERANCES = {torch.float32: 1e-3, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+_DTYPE_NAMES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
+                "float16": torch.float16, "half": torch.float16}  # vLLM's --dtype spellings
+
+
+def probe_tolerance(dtype: str | torch.dtype) -> float:
+    """The probe's tolerance for a server serving in `dtype` (vLLM's `--dtype` name or a torch dtype);
+    ConfigError for `auto` (the served dtype must be named) or a dtype without a measured bound."""
+    resolved = _DTYPE_NAMES.get(dtype) if isinstance(dtype, str) else dtype
+    if resolved not in TOLERANCES:
+        raise ConfigError(f"probe tolerance: expected float32, bfloat16 or float16 (the dtype vLLM serves in), "
+                          f"got {str(dtype)!r}")
+    return TOLERANCES[resolved]
+
+
+DEFAULT_TOLERANCE = probe_tolerance(torch.float32)
+"""A float32 server's: what `crucible serve` runs by default."""
 
 
 @dataclass(frozen=True)

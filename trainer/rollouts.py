@@ -4,11 +4,14 @@ behaviour logprobs, reward and the policy version that produced it; read from th
 An episode's turns concatenated in index order are the exact sequence the policy saw (each turn:
 environment tokens, mask 0, then the sampled tokens, mask 1, with vLLM's logprobs and the weight
 version that sampled each; a turn stored without per-token versions labels its tokens with its oldest).
-A sample whose arrays do not line up is refused at load (MalformedSample), never trained on misaligned.
+A sample whose arrays do not line up is refused at load (MalformedSample), never trained on misaligned:
+`load_groups` leaves it out of its group (`Group.malformed`, logged; the step counts it in `left_out` as
+`malformed`), and the group trains on the rest.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +26,7 @@ from core.termination import EpisodeStatus, TerminationReason
 from core.token_versions import decode
 from environments.rewards import FlagPolicy, verifier_of, zscore_alphas
 
+log = logging.getLogger(__name__)
 ENVIRONMENT = -1
 """The version label of an environment token in `Sample.token_versions` (nothing sampled it)."""
 
@@ -117,6 +121,8 @@ class Group:
     flag_policy: FlagPolicy = field(default_factory=FlagPolicy)
     """What a flag costs in the environment (`verifier.flag_policy`, `flag_penalty`): `mix: zscore`
     rebuilds the score from the layers and must charge a flag again (trainer.advantages.mix_layers)."""
+    malformed: list[int] = field(default_factory=list)
+    """Episodes of the group refused at load (MalformedSample): not in `samples`, never trained on."""
 
 
 @dataclass(frozen=True)
@@ -211,6 +217,10 @@ def load_groups(session: Session, groups: list[EpisodeGroup]) -> list[Group]:
     turns = _turns_by_episode(session, {group.run_id for group in groups}, [episode.id for episode in episodes])
     for episode in episodes:
         group = by_id[episode.group_id]
-        group.samples.append(_sample(episode, turns.get(episode.id, []), environment=group.environment,
-                                     group_version=group.policy_version))
+        try:
+            group.samples.append(_sample(episode, turns.get(episode.id, []), environment=group.environment,
+                                         group_version=group.policy_version))
+        except MalformedSample as error:  # one bad episode must not stop the run: its group trains on the rest
+            log.warning("group %d: %s; the episode is left out (malformed)", group.id, error)
+            group.malformed.append(episode.id)
     return [by_id[group.id] for group in groups]

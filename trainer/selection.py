@@ -1,7 +1,10 @@
 """Which claimed groups a step trains on, which it drops (and why), and which tokens carry loss weight.
 
 Per group, in claim order (oldest dispatched first, `trainer.store.claim_complete_groups`):
-1. samples that ended by an infrastructure fault (status `failed`) or were cancelled are left out;
+1. samples that ended by an infrastructure fault (status `failed`) or were cancelled are left out
+   (`failed`), as are those refused at load (`malformed`: trainer.rollouts.load_groups) and those with a
+   token sampled by a version newer than the one being trained (`foreign_version`: a negative lag, another
+   run's weights under a bare label; core/versions.py) — none of them enters the group's baseline;
 2. the staleness mask, per token (slime's rule for the off-policy part of a partial rollout, not a
    sample drop): a sampled token whose version lags the version being trained by more than
    `max_token_staleness` stays in the context with no loss weight; the rest of the sample trains
@@ -28,6 +31,7 @@ the trainer waits only on a task slower than 4η steps. On the long-tail bench (
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -36,6 +40,10 @@ from environments.rewards import has_variance
 from trainer.advantages import shaped_reward
 from trainer.config import LossConfig
 from trainer.rollouts import Group, Sample
+
+log = logging.getLogger(__name__)
+MALFORMED, FOREIGN_VERSION = "malformed", "foreign_version"
+"""`left_out` reasons of single samples (beside `failed` and `stale_cap`)."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +104,8 @@ class BatchPlan:
     dropped: dict[int, str] = field(default_factory=dict)
     """Group id → why (a core.termination.DropReason)."""
     left_out: Counter[str] = field(default_factory=Counter)
-    """Samples not trained on in kept groups and dropped ones alike, by reason: failed, stale_cap."""
+    """Samples not trained on in kept groups and dropped ones alike, by reason: failed, malformed,
+    foreign_version, stale_cap."""
     staleness: list[int] = field(default_factory=list)
     """Version lag of every kept sample's oldest token."""
     token_lags: Counter[int] = field(default_factory=Counter)
@@ -162,11 +171,19 @@ def plan_batch(
             plan.dropped[group.id] = DropReason.CANARY
             continue
         kept, lags_of, stale = [], {}, 0
+        if group.malformed:
+            plan.left_out[MALFORMED] += len(group.malformed)
         for sample in group.samples:
             if not sample.trainable:
                 plan.left_out["failed"] += 1
                 continue
             lags, masked = apply_staleness_mask(sample, current_version=current_version, rule=rule)
+            if lags and min(lags) < 0:
+                log.warning("episode %d: a token sampled by version %d, ahead of the trained %d (another run's "
+                            "weights?); left out (foreign_version)", sample.episode_id,
+                            current_version - min(lags), current_version)
+                plan.left_out[FOREIGN_VERSION] += 1
+                continue
             if past_cap(lags, rule):
                 plan.left_out[DropReason.STALE_CAP] += 1
                 stale += 1
@@ -175,9 +192,9 @@ def plan_batch(
             kept.append(sample)
             lags_of[sample.episode_id] = (lags, masked)
         if not kept:
-            plan.dropped[group.id] = _empty_reason(group)
+            plan.dropped[group.id] = _empty_reason(group, stale=stale)
             continue
-        if len(kept) < 2 <= len(group.samples):  # nothing to compare the one left with: say why
+        if len(kept) < 2 <= len(group.samples) + len(group.malformed):  # nothing to compare the one left with
             plan.scored += kept
             plan.dropped[group.id] = DropReason.STALE_CAP if stale else DropReason.TOO_FEW_SAMPLES
             continue
@@ -197,10 +214,11 @@ def plan_batch(
     return plan
 
 
-def _empty_reason(group: Group) -> DropReason:
-    """Why a group kept no sample: staleness (some sample the agent ended was past the cap), every
-    sample an infrastructure fault, or none the agent ended (cancelled, nothing sampled)."""
-    if any(sample.trainable for sample in group.samples):
+def _empty_reason(group: Group, *, stale: int) -> DropReason:
+    """Why a group kept no sample: staleness (`stale` of its samples were past the cap), every sample an
+    infrastructure fault, or none of the run's own the agent ended (cancelled, nothing sampled, malformed,
+    foreign)."""
+    if stale:
         return DropReason.STALE_CAP
     if group.samples and all(sample.status == EpisodeStatus.FAILED for sample in group.samples):
         return DropReason.FAILED

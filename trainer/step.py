@@ -73,6 +73,17 @@ class UpdateResult:
     seconds: float = 0.0
 
 
+def fresh_positions(sample: Sample) -> torch.Tensor:
+    """(T−1,) 1.0 where the scored token was sampled at lag 0 (by the weights being trained), else 0: the
+    tokens whose mismatch is numerical alone (`mismatch/kl_lag0`). All 0 when the sample's lags were
+    never set (trainer.selection.plan_batch sets them)."""
+    flags = [0.0] * len(sample.token_ids)
+    if len(sample.lags) == sample.sampled_tokens:
+        lags = iter(sample.lags)
+        flags = [float(next(lags) == 0) if sampled else 0.0 for sampled in sample.loss_mask]
+    return torch.tensor(flags[1:])  # position t scores token t+1
+
+
 def _rows(values: dict[int, torch.Tensor], batch: MicroBatch) -> torch.Tensor:
     """Per-episode (T−1,) tensors back into the micro-batch's (B, T−1) layout."""
     out = torch.zeros_like(batch.mask)
@@ -101,8 +112,9 @@ def update(
     model = engine.module  # its decoder and head are called apart (see trainer.logprobs) ...
     first = next(model.parameters())
     whole = engine if hasattr(first, "ds_id") else None  # ... unless ZeRO-3 partitions it
-    # bf16 autocast when the run asks for it: the forward (hence its backward) of the policy, and of the
-    # proximal pass, so that π_θ/π_prox is 1 at the step's start; the loss itself stays float32.
+    # bf16 autocast when the run asks for it: the decoder's forward (hence its backward) of the policy, and
+    # of the proximal pass, so that π_θ/π_prox is 1 at the step's start; the output layer, the log-softmax
+    # and the loss stay float32 (trainer.logprobs.float32_head; not under ZeRO-3, whose forward is whole).
     autocast = torch.autocast(first.device.type, dtype=torch.bfloat16, enabled=opt.autocast == "bf16")
     prox = None
     if not single_pass:
@@ -115,6 +127,7 @@ def update(
     ref = None
     if config.loss.kl_beta > 0 and reference is not None:
         ref = sequence_logprobs(reference, every, temperature=temperature)
+    fresh = {sample.episode_id: fresh_positions(sample) for sample in samples}
     result = UpdateResult()
     ranks = Ranks.current()  # several: each runs its share of micro-batches (trainer.ranks)
     scale = float(ranks.world) if ranks else 1.0  # DeepSpeed averages gradients over ranks: undo it
@@ -128,7 +141,7 @@ def update(
                 tensors = TokenTensors(
                     logp=logp, prox_logp=logp.detach() if prox is None else _rows(prox, batch),
                     behav_logp=batch.behav_logp, advantages=batch.advantages, mask=batch.mask, entropy=entropy,
-                    ref_logp=None if ref is None else _rows(ref, batch),
+                    ref_logp=None if ref is None else _rows(ref, batch), fresh=_rows(fresh, batch),
                 )
                 loss, stats = policy_loss(tensors, total_tokens=total, loss=config.loss)
                 finite = ranks.all_finite(loss) if ranks else bool(torch.isfinite(loss.detach()))

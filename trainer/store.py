@@ -9,8 +9,8 @@ trainer claims them. A second trainer never sees locked rows (SKIP LOCKED); it d
 one trainer per run, held by a Postgres advisory lock (`hold_trainer_lock`).
 
 The step transaction also stores what the trainer used per episode (its advantage and its reward
-after shaping and normalisation: the API shows exactly these) and moves each examined task's pass
-rate towards what the current policy scored (an exponential moving average), so the curriculum's
+after shaping and normalisation: the API shows exactly these) and moves the run's own pass rate of
+each examined task towards what the current policy scored (discounted counts), so the curriculum's
 pass-rate band follows the policy being trained.
 """
 
@@ -24,8 +24,9 @@ from sqlalchemy import Connection, Engine, func, select, text, update
 from sqlalchemy.orm import Session
 
 from core.db import TRAINER_LOCK_NAMESPACE, lost_connection
-from core.models import Episode, EpisodeGroup, PolicyVersion, Run, Task, TrainingStep
-from core.schemas.run import SuccessRule
+from core.models import Episode, EpisodeGroup, PolicyVersion, Run, RunTaskRate, Task, TrainingStep
+from core.models.task_rate import seed_rates
+from core.schemas.run import Curriculum, SuccessRule
 from core.step_points import empty_point, step_point
 from core.termination import DropReason, GroupStatus, RunStatus
 from trainer.errors import TrainerAlreadyRunning
@@ -264,36 +265,42 @@ def publish_version(
 
 
 def update_pass_rates(
-    session: Session, *, outcomes: list[PassOutcome], weight: float, rule: SuccessRule | None = None,
+    session: Session, *, run_id: int, curriculum: Curriculum, outcomes: list[PassOutcome],
 ) -> dict[int, float]:
-    """Move each task's pass rate towards the rate its newest group scored: rate ← (1 − w)·rate +
-    w·group_rate, one update per group, oldest first (a task never measured takes the group's rate).
-    A pass is counted by the rule the task was measured with (`tasks.pass_rate_rule`, the pass-rate
-    job's), else by `rule` (the run's `curriculum.success`): a judge- or reward-model-scored task whose
-    rewards never reach 1 must not drift to 0. `outcomes`: every scored rollout of the groups examined.
-    The task's episode seconds move the same way (the controller's `dispatch_order: longest_first`).
-    Returns the new rates by task id. Flushed; in the step transaction, so exactly once per group."""
+    """Count each examined task's rollouts in the run's own rate of it (RunTaskRate.observe: the counts
+    so far discounted by 1 − `curriculum.pass_rate_update` at each step that examines the task; band
+    membership on a confidence bound). No run moves `tasks.pass_rate`: the pass-rate job's measurement,
+    which seeds each run's rate. A pass is counted by the rule the task was measured with
+    (`tasks.pass_rate_rule`), else by `curriculum.success`: a judge-scored task whose rewards never
+    reach 1 must not drift to 0. `outcomes`: every scored rollout of the groups examined. The task's
+    episode seconds (shared by runs: a dispatch-order hint) move by an exponential average of the same
+    weight. Returns the run's new rates by task id. Flushed; in the step transaction."""
     by_task: dict[int, list[PassOutcome]] = defaultdict(list)
     for outcome in outcomes:
         by_task[outcome.task_id].append(outcome)
+    weight, band = curriculum.pass_rate_update, curriculum.pass_rate_band
     if weight <= 0 or not by_task:
         return {}
-    default = rule or SuccessRule()
-    tasks = session.execute(select(Task).where(Task.id.in_(by_task)).with_for_update()).scalars()
+    seed_rates(session, run_id=run_id, tasks=Task.id.in_(by_task), band=band)  # a run from before migration 0013
+    # NO KEY UPDATE: a controller inserting a group or a rate row of these tasks (a foreign key) never waits.
+    tasks = {task.id: task for task in session.execute(
+        select(Task).where(Task.id.in_(by_task)).order_by(Task.id).with_for_update(key_share=True)).scalars()}
+    own = session.execute(select(RunTaskRate).where(RunTaskRate.run_id == run_id, RunTaskRate.task_id.in_(by_task))
+                          .order_by(RunTaskRate.task_id).with_for_update()).scalars()
     rates = {}
-    for task in tasks:
-        results = by_task[task.id]
-        measured = SuccessRule.model_validate(task.pass_rate_rule) if task.pass_rate_rule else default
-        rate = sum(measured.passed(o.reward, o.components, o.flags) for o in results) / len(results)
-        task.pass_rate = rate if task.pass_rate is None else (1.0 - weight) * task.pass_rate + weight * rate
-        task.pass_rate_samples = (task.pass_rate_samples or 0) + len(results)
-        task.pass_rate_policy_version = max(o.policy_version for o in results)
+    for row in own:
+        task, results = tasks[row.task_id], by_task[row.task_id]
+        measured = SuccessRule.model_validate(task.pass_rate_rule) if task.pass_rate_rule else curriculum.success
+        row.observe(passes=sum(measured.passed(o.reward, o.components, o.flags) for o in results),
+                    samples=len(results), keep=1.0 - weight, band=band,
+                    policy_version=max(o.policy_version for o in results))
         timed = [o.seconds for o in results if o.seconds is not None]
         if timed:
             mean = sum(timed) / len(timed)
             task.episode_seconds = mean if task.episode_seconds is None else (
                 (1.0 - weight) * task.episode_seconds + weight * mean)
-        rates[task.id] = task.pass_rate
+        assert row.rate is not None  # just counted
+        rates[row.task_id] = row.rate
     session.flush()
     return rates
 

@@ -3,10 +3,12 @@
     publisher = Publisher(replicas=[Replica(server=PolicyServer(...), syncer=make_weight_syncer("reload", ...)),
                                     ...], probe_ids=ids)       # or Publisher(server=..., syncer=...): one server
     report = publisher.push(engine=engine, version=8)   # WeightSyncError if no replica passed its probe
-    publisher.resync(engine=engine, version=8)          # each loop: replicas not on "8" are synced again
+    publisher.resync(engine=engine, version=8)          # each loop: replicas not on the run's 8 are synced again
 
-Order, on every replica at once (one thread each): load (served under a provisional tag no worker
-accepts) → probe → tag `version`. The trainer's side of the probe is scored once for all replicas.
+Order, on every replica at once (one thread each): load (served under a provisional label of its own
+load, core.versions.Label) → probe → commit that load's label. The labels name `run_id`, the training
+run the weights belong to (trainer.loop.Trainer sets it; None: a checkpoint evaluation's). The trainer's side of the probe is scored
+once for all replicas.
 
 When a probe (or a load, or the tag) fails on some replicas but passes on others, the failing ones
 are quarantined BEFORE the passing ones are tagged: rolled back to their previous weights and tag,
@@ -46,6 +48,7 @@ import torch
 
 from core.errors import ConfigError
 from core.settings import public_url
+from core.versions import Label
 from trainer.engine import PolicyEngine
 from trainer.errors import WeightSyncError
 from trainer.lora import is_lora
@@ -109,7 +112,8 @@ class ExportedWeights(torch.nn.Module):
 class Publisher:
     def __init__(self, *, server: PolicyServer | None = None, syncer: WeightSyncer | None = None,
                  replicas: Sequence[Replica] | None = None, probe_ids: list[int],
-                 tolerance: float = DEFAULT_TOLERANCE, retry_s: float = 30.0, silence_grace_s: float = 120.0) -> None:
+                 tolerance: float = DEFAULT_TOLERANCE, retry_s: float = 30.0, silence_grace_s: float = 120.0,
+                 run_id: int | None = None) -> None:
         """`silence_grace_s`: how long every replica may fail to answer a re-sync's version check before the
         publisher gives up (a CPU server busy with a long batch missed one 10 s check, and a trainer exited)."""
         if replicas is None:
@@ -125,6 +129,8 @@ class Publisher:
         if len(set(names)) != len(names):
             raise ConfigError(f"expected each policy replica once, got {names}")
         self.replicas = list(replicas)
+        self.run_id = run_id
+        """The training run whose weights it pushes: every label names it (None: a checkpoint evaluation's)."""
         self.probe_ids = probe_ids
         self.tolerance = tolerance
         self.retry_s = retry_s
@@ -180,7 +186,8 @@ class Publisher:
         started = time.perf_counter()
         state = engine.export_state_dict()
         weights = ExportedWeights(state, getattr(engine.module, "config", None))
-        loads = self._each(targets, lambda r: r.syncer.load(model=weights, version=version))
+        labels = {r.name: Label.fresh(version, run=self.run_id) for r in targets}  # one nonce per load
+        loads = self._each(targets, lambda r: r.syncer.load(model=weights, label=labels[r.name]))
         seconds = time.perf_counter() - started
         unloaded = {name: str(result) for name, result in loads.items() if isinstance(result, WeightSyncError)}
         loaded = [r for r in targets if r.name not in unloaded]
@@ -200,7 +207,7 @@ class Publisher:
             again = ", the previous weights serve again" if not unloaded else ""
             raise WeightSyncError(f"version {version} not published{again}: {_describe(failed, single=single)}")
         self._quarantine([r for r in targets if r.name in failed], failed)  # before any replica says `version`
-        commits = self._each(passed, lambda r: r.syncer.commit(version=version))
+        commits = self._each(passed, lambda r: r.syncer.commit(label=labels[r.name]))
         untagged = {name: f"tagging version {version}: {result}" for name, result in commits.items()
                     if isinstance(result, WeightSyncError)}
         self._quarantine([r for r in passed if r.name in untagged], untagged)
@@ -254,7 +261,7 @@ class Publisher:
         """Sync the replicas not serving `version` (restarted, or quarantined and due for a retry);
         None when there were none. WeightSyncError when no replica serves `version` afterwards."""
         tags = self.served_versions()
-        serving = [r for r in self.replicas if tags[r.name] == str(version)]
+        serving = [r for r in self.replicas if self._serves(tags[r.name], version)]
         behind = [r for r in self.replicas if r not in serving and not isinstance(tags[r.name], WeightSyncError)]
         due = [r for r in behind if self._due(r, tags[r.name])]
         if not serving and not behind:
@@ -272,6 +279,11 @@ class Publisher:
         log.warning("policy replicas %s report %s, expected %d (restarted or quarantined?): re-syncing",
                     [r.name for r in due], [tags[r.name] for r in due], version)
         return self._sync(engine=engine, version=version, targets=due, serving_already=bool(serving))
+
+    def _serves(self, tag: object, version: int) -> bool:
+        """Whether a replica's `tag` is a committed load of this publisher's run at `version`."""
+        label = Label.parse(tag) if isinstance(tag, str) else None
+        return label is not None and not label.provisional and (label.run, label.version) == (self.run_id, version)
 
     def _due(self, replica: Replica, tag: object) -> bool:
         if replica.name not in self._quarantined:

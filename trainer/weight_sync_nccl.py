@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from core.versions import unverified_tag
+from core.versions import Label
 from trainer.weight_sync import ServerControl
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class NcclWeightSyncer:
             source=ModuleSource(model),  # names as in the HF checkpoint; vLLM maps them in load_weights
         )
 
-    def load(self, *, model: torch.nn.Module, version: int) -> float:
+    def load(self, *, model: torch.nn.Module, label: Label) -> float:
         started = time.perf_counter()
         self._previous_tag = self.control.version()
         if self._engine is None or self._model is not model:
@@ -66,14 +66,14 @@ class NcclWeightSyncer:
         self.control.pause()
         self._engine.send_weights()
         self.control.reset_prefix_cache()
-        self.control.set_version(unverified_tag(version))
+        self.control.set_version(str(label))
         self.control.resume()
         seconds = time.perf_counter() - started
-        log.info("weights v%d broadcast over NCCL in %.3f s", version, seconds)
+        log.info("weights %s broadcast over NCCL in %.3f s", label, seconds)
         return seconds
 
-    def commit(self, *, version: int) -> None:
-        self.control.set_version(version)
+    def commit(self, *, label: Label) -> None:
+        self.control.set_version(str(label.committed))
 
     def rollback(self) -> None:
         self.control.pause()
@@ -81,9 +81,9 @@ class NcclWeightSyncer:
         log.warning("probe failed: vLLM paused under the previous tag %r (NCCL keeps no old weights)",
                     self._previous_tag)
 
-    def push(self, *, model: torch.nn.Module, version: int) -> float:
-        seconds = self.load(model=model, version=version)
-        self.commit(version=version)
+    def push(self, *, model: torch.nn.Module, label: Label) -> float:
+        seconds = self.load(model=model, label=label)
+        self.commit(label=label)
         return seconds
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ from core.models.episode import Episode, EpisodeGroup, Turn
 from core.models.regrade import EpisodeRegrade
 from core.models.run import PolicyVersion, Run, RunEnvironment, TrainingStep
 from core.models.sandbox import SandboxEvent
+from core.models.task_rate import RunTaskRate
 from core.models.worker import Worker
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "RunEpisodeCounts",
     "RunFlagCounts",
     "RunGroupCounts",
+    "RunTaskRate",
     "SandboxEvent",
     "Task",
     "TrainingStep",

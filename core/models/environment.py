@@ -30,7 +30,8 @@ class Environment(Base):
 
 
 class Task(Base):
-    """One problem of an environment, with its split and pass-rate statistics."""
+    """One problem of an environment, with its split and the pass-rate job's measurement. Each run seeds
+    its own rate from that measurement and moves only its own (core.models.task_rate.RunTaskRate)."""
 
     __tablename__ = "tasks"
     __table_args__ = (
@@ -47,14 +48,16 @@ class Task(Base):
     payload: Mapped[dict[str, Any]]
     """Kind-specific: repo snapshot reference, public and hidden checks, setup commands."""
     pass_rate: Mapped[float | None] = mapped_column(Float)
+    """The pass-rate job's measurement (controller.pass_rate); no training run moves it."""
     pass_rate_samples: Mapped[int] = mapped_column(Integer, default=0)
     pass_rate_policy_version: Mapped[int | None]
     pass_rate_rule: Mapped[dict[str, Any] | None]
     """The core.schemas.run.SuccessRule the pass rate was measured with (the pass-rate job's); the
     trainer's online update counts passes by it. None: never measured by a job."""
     episode_seconds: Mapped[float | None] = mapped_column(Float)
-    """An exponential average of its episodes' seconds, moved by the trainer with the pass rate (one
-    update per examined group): what `dispatch_order: longest_first` sorts by. None: not measured."""
+    """An exponential average of its episodes' seconds, moved by every run's trainer (one update per
+    step that examines the task): what `dispatch_order: longest_first` sorts by, a hint shared by the
+    runs. None: not measured."""
     difficulty: Mapped[str | None] = mapped_column(String(16))
     """Curriculum bucket: easy, medium or hard (from the pass rate)."""
     created_at: Mapped[datetime] = created_at_column()

@@ -6,11 +6,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from core.config_files import parse_model
 from core.errors import ConfigError
 from core.schemas.trainer import TrainerConfig
+from core.settings import MAX_POLICY_REPLICAS, get_settings, http_urls
 from core.termination import Bucket, RunPurpose
 from core.versions import CHECKPOINT_TAG_BASE
 
@@ -77,18 +78,21 @@ class Curriculum(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     pass_rate_band: tuple[float, float] = (0.1, 0.9)
-    """Tasks whose measured pass rate lies outside [low, high] are not trained on."""
+    """The run draws a task while its pass rate under this run's policy is in [low, high]: the run's own
+    rate (core.models.task_rate), seeded from the pass-rate job's measurement; a task enters when its
+    rate is inside and leaves only when the run is 95 % sure it lies outside (a confidence bound)."""
     bucket_weights: dict[Bucket, float] = Field(default_factory=lambda: dict.fromkeys(Bucket, 1.0))
     """Relative chance of drawing a task from each difficulty bucket."""
     pass_rate_update: float = Field(default=0.2, ge=0.0, le=1.0)
-    """Weight of each group the trainer examines in its task's pass rate (exponential moving average),
-    so the band follows the current policy; 0 keeps the measured pass rates fixed."""
+    """How fast the run's own pass rates forget: at each step that examines a task, its passes and
+    samples counted so far are discounted by (1 − this) before the new ones are added, so the band
+    follows the current policy; 0 keeps the measured pass rates fixed."""
     success: SuccessRule = Field(default_factory=SuccessRule)
     """What counts as a pass in that update for a task the pass-rate job has not measured (a measured
     task keeps the rule it was measured with: `tasks.pass_rate_rule`)."""
     readmit_rate: float = Field(default=0.05, ge=0.0, le=0.5)
-    """Share of groups drawn from tasks outside the band, so that a task the policy stopped (or
-    started) solving is measured again and can come back; 0: never."""
+    """Share of groups drawn from tasks outside the band (too hard first, least used first), so that a
+    task the policy started (or stopped) solving is measured again and can come back; 0: never."""
 
     @model_validator(mode="after")
     def _band_is_ordered(self) -> Curriculum:
@@ -183,6 +187,15 @@ class RunConfig(BaseModel):
     checkpoint: CheckpointRef | None = None
     """An eval run of a training run's checkpoint (set by `crucible eval launch --run R --step S`, which
     loads it into the policy servers first); None: whatever the servers serve under `model`."""
+    policy_urls: list[str] | None = Field(default=None, min_length=1, max_length=MAX_POLICY_REPLICAS)
+    """The run's own pool of policy servers (vLLM OpenAI API roots), its trainer's and its episodes';
+    None: the platform's (CRUCIBLE_POLICY_URLS). A training run is refused on a pool whose servers a
+    live trainer of another run holds (controller.pools): it would sample with that run's weights."""
+
+    @field_validator("policy_urls")
+    @classmethod
+    def _policy_servers(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else http_urls(value, unique=True)
 
     @model_validator(mode="after")
     def _training_samples_what_the_trainer_reproduces(self) -> RunConfig:
@@ -195,6 +208,11 @@ class RunConfig(BaseModel):
         if self.checkpoint is not None and self.purpose != RunPurpose.EVAL:
             raise ValueError(f"checkpoint: expected only on an eval run (purpose eval), got purpose {self.purpose}")
         return self
+
+    @property
+    def policy_pool(self) -> list[str]:
+        """The policy servers the run samples from and its trainer pushes to."""
+        return self.policy_urls or get_settings().policy_pool
 
     @property
     def staleness_bound(self) -> int:
@@ -214,6 +232,19 @@ def stored_seed(config: Any, *, run_id: int) -> int:
     if type(seed) is not int:
         raise ConfigError(f"run {run_id} config.seed: expected an integer, got {seed!r:.40}")
     return seed
+
+
+def stored_pool(config: Any, *, run_id: int) -> list[str]:
+    """A stored run's policy servers (`runs.config["policy_urls"]`, else the platform's), checked again."""
+    raw = config.get("policy_urls") if isinstance(config, dict) else None
+    if raw is None:
+        return get_settings().policy_pool
+    if not isinstance(raw, list) or not raw or not all(isinstance(url, str) for url in raw):
+        raise ConfigError(f"run {run_id} config.policy_urls: expected a list of one or more URLs, got {raw!r:.80}")
+    try:
+        return http_urls(raw, unique=True)
+    except ValueError as error:
+        raise ConfigError(f"run {run_id} config.policy_urls: {error}") from None
 
 
 def stored_sampling(config: Any, *, run_id: int) -> Sampling:

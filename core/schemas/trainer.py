@@ -20,6 +20,11 @@ class LossConfig(BaseModel):
     """PPO clip below 1 on u = π_θ/π_prox (DAPO's ε_low)."""
     clip_high: float = Field(default=0.28, ge=0.0)
     """PPO clip above 1 (DAPO's clip-higher ε_high): leaves room for rare tokens to grow."""
+    dual_clip: float | None = Field(default=3.0, gt=1.0)
+    """Dual clip c (Ye et al. 2020; verl's clip_ratio_c): for A < 0 the objective is bounded below by c·A.
+    With several passes (`epochs`, `minibatches`) u moves away from 1, and for A < 0 the PPO objective
+    min(uA, clip(u)A) grows without bound in u; past u = c the token costs c·|A| and gives no gradient.
+    In one pass without dropout u ≡ 1 and it never binds. None turns it off."""
     tis_cap: float = Field(default=2.0, gt=0.0)
     """Truncated importance weight min(π_prox/π_behav, cap): vLLM-vs-trainer and staleness correction."""
     kl_beta: float = Field(default=0.0, ge=0.0)
@@ -100,8 +105,11 @@ class TrainerConfig(BaseModel):
     """Train under DeepSpeed ZeRO; None is plain PyTorch on one device."""
     weight_sync: Literal["reload", "nccl"] = "reload"
     """How new weights reach vLLM (trainer.weight_sync registry)."""
-    probe_tolerance: float = Field(default=1e-3, gt=0.0)
-    """Mean |Δlogprob| the probe may show after a push before the sync counts as failed."""
+    served_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """The dtype the policy servers serve in (vLLM's `--dtype`): it sets the probe's tolerance."""
+    probe_tolerance: float | None = Field(default=None, gt=0.0)
+    """Mean |Δlogprob| the probe may show after a push before the sync counts as failed; None: the
+    served dtype's (trainer.probe.probe_tolerance: float32 1e-3, bfloat16 1e-2, float16 2e-3)."""
     keep_checkpoints: int = Field(default=2, ge=1)
     """Checkpoints kept on disk; older ones are deleted after a newer one is complete."""
     keep_every: int | None = Field(default=None, ge=1)

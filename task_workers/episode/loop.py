@@ -3,15 +3,21 @@
 The token stream is extended exactly: turn k's tokens are the environment text added since turn
 k-1 (mask 0) followed by what the policy sampled (mask 1). Nothing is ever re-rendered.
 
-The agent's time budget (`episode_timeout_s`) starts here, when the agent gets its first
-observation: leasing a sandbox and setting the task up are the platform's time, not the agent's.
+The agent's time budget (`episode_timeout_s`) is the agent's own time: what its tool calls spent in
+the sandbox, counted from its first observation. The platform's time is not charged: leasing a
+sandbox and setting the task up, and every second a completion waits on the policy servers (queued
+behind other episodes, paused for a weight sync, held on a quarantined replica, its label polled).
+What the agent samples is bounded by tokens instead (`max_turns` × `max_response_tokens`, within
+`max_context_tokens`). So one trajectory ends the same way under sync and async training; a platform
+that hangs is the worker's time limit's business (an infrastructure fault, retried).
 Each turn records the weight version of every token it sampled (`version_runs`, from the server's
-spans) and the oldest and newest of them. A label still provisional ("N-unverified": the trainer's
-probe is running) is settled by asking the server again, for at most `settle_timeout_s`: verified,
-the turn is kept as version N; failed (the server rolled back), the completion is thrown away and the
-turn sampled again from the same context, so nothing sampled by rejected weights is ever stored. A
-training run refuses a turn whose version stays unknown (a restarted server not re-synced yet, a
-probe that never settles): an infrastructure fault, the episode retried.
+spans) and the oldest and newest of them (labels: core/versions.py). A label still provisional (the
+trainer's probe is running) is settled by asking the server again, for at most `settle_timeout_s`:
+verified, the turn is kept as version N; failed (the server rolled back, or moved on before the
+worker saw that load committed), the completion is thrown away and the turn sampled again from the
+same context, so nothing sampled by rejected weights is ever stored. A training run refuses a turn
+whose version stays unknown (a restarted server not re-synced yet, a probe that never settles) or that
+another run's weights sampled: an infrastructure fault, the episode retried.
 """
 
 from __future__ import annotations
@@ -54,6 +60,9 @@ class LoopContext:
     None: vLLM draws its own."""
     require_version: bool = False
     """A training run: every turn must carry a known weight version (staleness is measured from it)."""
+    run: int | None = None
+    """A training run's id: every label must be this run's (or name no run); another run's weights
+    sampling a turn is an infrastructure fault."""
     expect_version: int | None = None
     """An eval run of a checkpoint: every label of every turn must be this one (core.versions.checkpoint_tag,
     unique to the evaluation); a turn sampled by other weights is an infrastructure fault, never stored."""
@@ -94,7 +103,11 @@ def _settled(ctx: LoopContext, completion: Completion) -> list[Settled]:
         return [settle(label, now=now) for label in labels]
     deadline = time.monotonic() + ctx.settle_timeout_s
     while True:
-        states = [settle(label, now=now) for label in labels]
+        states = [settle(label, now=now, run=ctx.run) for label in labels]
+        if foreign := [state.run for state in states if state.state is LabelState.FOREIGN]:
+            raise PolicyFault(f"the policy server reported weight versions {' → '.join(map(repr, completion.versions))}: "
+                              f"run {foreign[0]}'s weights sampled a turn of run {ctx.run}; expected this run's own "
+                              "(another training run's trainer pushes to this run's policy servers)")
         if any(state.state is LabelState.FAILED for state in states):
             raise _RejectedWeights(" → ".join(repr(label) for label in completion.versions))
         if not any(state.state is LabelState.PENDING for state in states) or time.monotonic() >= deadline:
@@ -184,13 +197,12 @@ def _act(ctx: LoopContext, completion: Completion) -> tuple[ToolResult, dict[str
 
 
 def run_agent_loop(ctx: LoopContext, *, prompt_ids: list[int]) -> Trajectory:
-    deadline = time.monotonic() + ctx.limits.episode_timeout_s  # the agent's clock starts now
     trajectory = Trajectory()
     pending_env = list(prompt_ids)  # environment tokens not yet attached to a turn
     tokens = list(prompt_ids)
     format_errors = tool_errors = 0
     while True:
-        if time.monotonic() > deadline:
+        if trajectory.timings["sandbox"] > ctx.limits.episode_timeout_s:  # the agent's own time, spent
             trajectory.termination = TerminationReason.EPISODE_TIMEOUT
             return trajectory
         sampled = _sample(ctx, tokens, trajectory)

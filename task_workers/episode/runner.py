@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -26,7 +27,7 @@ from core.episode_text import render_turns
 from core.errors import ConfigError, CrucibleError
 from core.flags import EpisodeFlag
 from core.models import Environment, Episode, Task
-from core.schemas.run import Sampling, stored_checkpoint, stored_sampling, stored_seed
+from core.schemas.run import Sampling, stored_checkpoint, stored_pool, stored_sampling, stored_seed
 from core.seeds import episode_seed
 from core.termination import RunPurpose, TerminationReason
 from environments.base import Artifact, GraderFault, LayerResult, Sandbox, TaskRefused, ToolCall, Verdict
@@ -38,7 +39,7 @@ from environments.reward_model_layer import score_episode
 from environments.rewards import FlagPolicy, spec_weights, weighted_sum
 from environments.service import spec_of
 from environments.spec import EnvironmentSpec, JudgeConfig
-from task_workers.episode.errors import JudgeFault, SandboxFault, TaskRefusedFault
+from task_workers.episode.errors import JudgeFault, PolicyFault, SandboxFault, TaskRefusedFault
 from task_workers.episode.group_judge import group_of, judge_finished_group
 from task_workers.episode.loop import LoopContext, initial_prompt, run_agent_loop
 from task_workers.episode.persist import Unscored, claim_episode, store_episode
@@ -82,6 +83,8 @@ class _Loaded:
     refused."""
     seed: int
     """The episode's sampling seed (core.seeds.episode_seed of the run's seed and its group and sample)."""
+    policy_urls: list[str] | None = None
+    """The run's own policy servers (its config's policy_urls); None: the worker's pool."""
     canary: bool = False
     """The task is a hack canary (core/canaries.py): any reward on its verification layer is a hack."""
 
@@ -95,19 +98,19 @@ def _load(episode_id: int, *, worker: str, incarnation: str | None) -> _Loaded |
         task = session.get(Task, episode.task_id)
         assert env_row is not None and task is not None  # foreign keys
         spec = spec_of(env_row)
-        sampling, training, expect_version, seed = _run_sampling(session, episode)
+        sampling, training, expect_version, seed, policy_urls = _run_sampling(session, episode)
         # No deadline yet: the agent's time budget starts at its first observation (run_agent_loop).
         return _Loaded(
             episode_id=episode.id, run_id=episode.run_id, group_id=episode.group_id, spec=spec, instruction=task.instruction,
             payload=task.payload, sampling=sampling, training=training, expect_version=expect_version, seed=seed,
-            canary=is_canary(task.split),
+            policy_urls=policy_urls, canary=is_canary(task.split),
         )
 
 
-def _run_sampling(session: Any, episode: Episode) -> tuple[Sampling, bool, int | None, int]:
+def _run_sampling(session: Any, episode: Episode) -> tuple[Sampling, bool, int | None, int, list[str] | None]:
     """The run's sampling settings (validated at launch; parsed again here, never read raw), whether
-    the run is trained on, the label of the checkpoint weights it evaluates (None: no checkpoint) and the
-    episode's sampling seed."""
+    the run is trained on, the label of the checkpoint weights it evaluates (None: no checkpoint), the
+    episode's sampling seed and the run's own policy servers (None: it names none)."""
     from core.models import EpisodeGroup, Run
 
     config, purpose = session.execute(select(Run.config, Run.purpose).where(Run.id == episode.run_id)).one()
@@ -116,17 +119,21 @@ def _run_sampling(session: Any, episode: Episode) -> tuple[Sampling, bool, int |
     seed = episode_seed(run_seed=stored_seed(config, run_id=episode.run_id), group_index=group_index,
                         sample_index=episode.sample_index)
     checkpoint = stored_checkpoint(config, run_id=episode.run_id)
+    own = None if not isinstance(config, dict) or config.get("policy_urls") is None else stored_pool(
+        config, run_id=episode.run_id)
     return (stored_sampling(config, run_id=episode.run_id), purpose == RunPurpose.TRAIN,
-            None if checkpoint is None else checkpoint.tag, seed)
+            None if checkpoint is None else checkpoint.tag, seed, own)
 
 
 def run_episode(
     episode_id: int, *, policy: PolicyClient | PolicyPool, sandboxes: SandboxProvider, worker: str,
-    incarnation: str | None = None,
+    incarnation: str | None = None, pools: Callable[[list[str]], PolicyPool] | None = None,
 ) -> EpisodeOutcome:
-    """`policy`: one server, or a pool whose replica the episode leases for all its turns. `incarnation`:
-    the worker process's (task_workers.heartbeat), recorded on the episode so that the controller
-    requeues it at once if that process dies; None outside a worker (no heartbeat to judge it by)."""
+    """`policy`: one server, or a pool whose replica the episode leases for all its turns. `pools`: the
+    pool of a run that names its own servers (core.schemas.run.RunConfig.policy_urls); without it such a
+    run's episode is an infrastructure fault. `incarnation`: the worker process's (task_workers.heartbeat),
+    recorded on the episode so that the controller requeues it at once if that process dies; None
+    outside a worker (no heartbeat to judge it by)."""
     started = time.monotonic()
     loaded = _load(episode_id, worker=worker, incarnation=incarnation)
     if loaded is None:
@@ -134,6 +141,11 @@ def run_episode(
         grouped = group_id is not None and judge_finished_group(group_id, worker=worker)  # a retry after an outage
         logger.info("episode %s already ended; %s", episode_id, f"judged group {group_id}" if grouped else "nothing to do")
         return EpisodeOutcome(episode_id, False, None, None)
+    if loaded.policy_urls is not None:
+        if pools is None:
+            raise PolicyFault(f"run {loaded.run_id} samples from servers of its own ({', '.join(loaded.policy_urls[:3])}); "
+                              "expected a worker that reaches them (task_workers.context.WorkerContext.pool)")
+        policy = pools(loaded.policy_urls)
     kind = get_kind(loaded.spec.kind)(loaded.spec)
     task = kind.parse_task(loaded.payload)
     try:  # a task may name its own image (a SWE-bench instance's): every sandbox of the episode is of it
@@ -169,7 +181,7 @@ def run_episode(
         ctx = LoopContext(kind=kind, task=task, sandbox=sandbox, policy=episode_policy, limits=loaded.spec.limits,
                           sampling=loaded.sampling, tool_parser=loaded.spec.tool_parser, seed=loaded.seed,
                           require_version=loaded.training or loaded.expect_version is not None,
-                          expect_version=loaded.expect_version)
+                          run=loaded.run_id if loaded.training else None, expect_version=loaded.expect_version)
         trajectory = run_agent_loop(ctx, prompt_ids=initial_prompt(ctx, instruction=instruction))
         trajectory.artifacts[:0] = [ArtifactRecord(None, art.name, art.media_type, art.data)
                                     for art in opening_artifacts]

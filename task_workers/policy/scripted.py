@@ -11,6 +11,10 @@ a weight sync interrupted).
 
 Tokens are bytes (0-255) plus ChatML specials. A task's instruction names its script with
 `[script:NAME]`; turn k of an episode gets `scripts[NAME][k]` — a string, a `Reply`, or a callable.
+A script may instead be `Samples`: one script per sample of a group, handed out in turn to the
+episodes that start it (the k-th first request gets script k mod n); a sample's later turns find
+theirs by the marker `[sample:K]`, which its first reply must carry (samples of one task that differ
+in duration and outcome, as an agent's do).
 """
 
 from __future__ import annotations
@@ -83,14 +87,30 @@ class Reply:
 Step = str | Reply | Callable[[str], "str | Reply"]
 
 
+@dataclass(frozen=True)
+class Samples:
+    """One script per sample (see the module docstring); every first reply carries `[sample:K]`."""
+
+    scripts: list[list[Step]]
+
+    def marker(self, prompt: str) -> int:
+        found = _SAMPLE_RE.search(prompt)
+        return int(found.group(1)) % len(self.scripts) if found else 0
+
+
+_SAMPLE_RE = re.compile(r"\[sample:(\d+)\]")
+
+
 def _logprob(position: int) -> float:
     return -0.05 - 0.1 * (position % 7)
 
 
 class ScriptedPolicy:
-    def __init__(self, scripts: dict[str, list[Step]] | None = None, *, max_model_len: int = 16384,
+    def __init__(self, scripts: dict[str, list[Step] | Samples] | None = None, *, max_model_len: int = 16384,
                  generate: bool = False) -> None:
-        self.scripts: dict[str, list[Step]] = dict(scripts or {})
+        self.scripts: dict[str, list[Step] | Samples] = dict(scripts or {})
+        self._started: dict[str, int] = {}  # per Samples script: how many episodes started it
+        self._lock = threading.Lock()
         self.max_model_len = max_model_len
         self.generate = generate
         self.weight_version = "0"
@@ -101,8 +121,18 @@ class ScriptedPolicy:
 
     def _reply(self, prompt: str) -> Reply:
         match = _SCRIPT_RE.search(prompt)
-        script = self.scripts.get(match.group(1), []) if match else []
+        entry = self.scripts.get(match.group(1), []) if match else []
         turn = prompt.count("<|im_start|>assistant") - 1
+        if isinstance(entry, Samples):
+            if turn == 0:
+                with self._lock:
+                    index = self._started.get(match.group(1), 0)  # type: ignore[union-attr]  # entry found by it
+                    self._started[match.group(1)] = index + 1  # type: ignore[union-attr]
+                script = entry.scripts[index % len(entry.scripts)]
+            else:
+                script = entry.scripts[entry.marker(prompt)]
+        else:
+            script = entry
         step: Step = script[turn] if turn < len(script) else hermes_call("submit")
         if callable(step):
             step = step(prompt)
@@ -252,20 +282,26 @@ def main() -> None:
     import argparse
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("--scripts", required=True, help='JSON: {name: [reply text or {"text", "delay_s"}, ...]}')
+    parser.add_argument("--scripts", required=True, help='JSON: {name: [reply text or {"text", "delay_s"}, ...] '
+                        'or {"samples": [[...], ...]}}')
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--generate", action="store_true", help="serve /inference/v1/generate with spans")
     args = parser.parse_args()
+    def steps(raw: list[Any]) -> list[Step]:
+        return [Reply(**step) if isinstance(step, dict) else step for step in raw]
+
     with open(args.scripts) as handle:
-        scripts = {name: [Reply(**step) if isinstance(step, dict) else step for step in steps]
-                   for name, steps in json.load(handle).items()}
+        scripts: dict[str, list[Step] | Samples] = {
+            name: Samples([steps(one) for one in raw["samples"]]) if isinstance(raw, dict) else steps(raw)
+            for name, raw in json.load(handle).items()}
     policy = ScriptedPolicy(scripts, generate=args.generate)
     uvicorn.run(policy.app, host="127.0.0.1", port=args.port, log_level="warning")
 
 
 @contextmanager
-def serve_in_process(scripts: dict[str, list[Any]], *, generate: bool = False) -> Iterator[str]:
-    """Like `serve`, but in a child process; steps are strings or {"text", "delay_s", "status"} dicts."""
+def serve_in_process(scripts: dict[str, Any], *, generate: bool = False) -> Iterator[str]:
+    """Like `serve`, but in a child process; steps are strings or {"text", "delay_s", "status"} dicts, a
+    script a list of them or {"samples": [list, …]} (`Samples`)."""
     import os
     import subprocess
     import sys

@@ -5,15 +5,18 @@ from __future__ import annotations
 import random
 from datetime import timedelta
 
+import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from controller.config import ControllerConfig
-from controller.dispatch import complete_run_if_done, dispatch_run
+from controller.dispatch import allowance, complete_run_if_done, dispatch_run
 from controller.dispatcher import EPISODE_TASK, RecordingDispatcher
-from controller.progress import run_progress
+from controller.progress import RunProgress, run_progress
 from controller.reconcile import reconcile_run
 from controller.runs import get_run, stop_run
+from core.models import Run
+from core.schemas import RunConfig
 from tests.controller import factories as f
 
 
@@ -142,8 +145,10 @@ def test_a_failed_send_leaves_episodes_pending_and_the_reconciler_sends_them(
     assert all(e.deadline_at is not None and e.attempts == 0 for e in f.episodes(db_session, run.id))
 
 
-def test_groups_the_trainer_dropped_are_replaced_within_the_version_bound(db_session, engine) -> None:
-    """Dynamic sampling drops zero-variance groups; the run must get fresh ones, not stall."""
+@pytest.mark.parametrize("reason", ["zero_variance", "stale_cap", None])
+def test_groups_the_trainer_dropped_are_replaced_within_the_version_bound(db_session, engine, reason) -> None:
+    """Dynamic sampling drops zero-variance groups; the run must get fresh ones, not stall. A group dropped
+    past the staleness cap (or before drop reasons were stored) is never trained on either: replaced too."""
     from controller.config import ControllerConfig
     from controller.dispatch import dispatch_run
     from controller.dispatcher import RecordingDispatcher
@@ -157,10 +162,28 @@ def test_groups_the_trainer_dropped_are_replaced_within_the_version_bound(db_ses
     first = dispatch_run(db_session, run_id=run.id, dispatcher=dispatcher, settings=ControllerConfig())
     assert len(first.group_ids) == 2  # (version 0 + bound 0 + 1) x batch 2
     assert dispatch_run(db_session, run_id=run.id, dispatcher=dispatcher, settings=ControllerConfig()).group_ids == []
-    db_session.get(EpisodeGroup, first.group_ids[0]).status = "dropped"
+    dropped = db_session.get(EpisodeGroup, first.group_ids[0])
+    dropped.status, dropped.drop_reason = "dropped", reason
     db_session.commit()
     again = dispatch_run(db_session, run_id=run.id, dispatcher=dispatcher, settings=ControllerConfig())
     assert len(again.group_ids) == 1  # the dropped group is replaced, nothing more
+
+
+@pytest.mark.parametrize(("staleness", "batch"), [(1, 4), (2, 3)])
+def test_stale_cap_drops_leave_the_admission_window_whole(staleness: int, batch: int) -> None:
+    """Issue 47, item 4: a stale-cap drop held its admission slot for good, so after η·B of them the window
+    for groups not yet consumed was B and the async run synchronous (η = 1, B = 4: 8, 7, …, 0 as the drops
+    went 0 → 8). Whatever the drops so far, at every version, the window stays (η + 1)·B minus what runs."""
+    config = RunConfig(name="r", model="m", environments=[{"name": "e"}], batch_size=batch,
+                       max_staleness=staleness, max_inflight_groups=1000)
+    for version in (0, 1, 5):
+        run = Run(purpose="train", max_staleness=staleness, batch_size=batch, policy_version=version)
+        for drops in range(staleness * batch + 3):
+            for running in (0, 1, batch):
+                progress = RunProgress(groups={"consumed": version * batch, "dropped": drops, "running": running},
+                                       drop_reasons={"stale_cap": drops} if drops else {})
+                room = allowance(run=run, config=config, progress=progress)
+                assert (room.groups, room.limit) == ((staleness + 1) * batch - running, "staleness"), (version, drops)
 
 
 def test_longest_first_sends_the_slow_tasks_of_a_pass_first(

@@ -74,15 +74,19 @@ def test_a_sample_whose_arrays_do_not_line_up_is_refused_at_load() -> None:
                behaviour_logprobs=[0.0, -1.0, -1.0], token_versions=[-1, 0])
 
 
-def test_stored_version_runs_of_the_wrong_length_are_refused_when_the_trainer_loads_them(db_session: Session) -> None:
+def test_stored_version_runs_of_the_wrong_length_are_refused_when_the_trainer_loads_them(
+    db_session: Session, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Refused, never trained misaligned: the sample is left out of its group (issue 47, item 10)."""
     run = make_run(db_session, model="unused")
     env, task = make_environment(db_session)
     turns = [{"index": 0, "token_ids": [5, 6, 7, 8], "loss_mask": [0, 0, 1, 1], "logprobs": [0.0, 0.0, -1.0, -1.0],
               "prompt_length": 2, "finish_reason": "stop", "version_runs": [0, 3]}]
     group = add_group(db_session, run=run, env=env, task=task, rewards=[1.0], turns=[turns])
     db_session.commit()
-    with pytest.raises(MalformedSample, match="expected 2 tokens, got 3"):
-        load_groups(db_session, [group])
+    [loaded] = load_groups(db_session, [group])
+    assert loaded.samples == [] and len(loaded.malformed) == 1
+    assert "expected 2 tokens, got 3" in caplog.text
 
 
 # -- (I2) the token-level staleness mask ---------------------------------------------------------------
@@ -183,20 +187,40 @@ def test_a_two_span_sample_gets_each_spans_own_importance_weight() -> None:
 class _SimGroup:
     index: int
     task: int
-    seconds: float
+    seconds: list[float]
+    """Each sample's duration: its task's typical seconds × its own lognormal(0, σ) draw."""
+    rewards: list[float]
+    """1.0 for a sample faster than its task's typical (the agent that submits early), else 0.0."""
     dispatched_at: int  # the published version when dispatched
     status: str = GroupStatus.RUNNING
     reason: str | None = None
-    versions: list[int] = field(default_factory=list)
+    versions: list[list[int]] = field(default_factory=list)
+    """Per sample, the version of each sampled token (one token per tenth of a second)."""
+
+
+@dataclass
+class _Sim:
+    groups: list[_SimGroup]
+    checks: list[tuple[int, int, int]]
+    """(started, rejected, bound) at every dispatch decision."""
+    trained: list[int]
+    """The group indexes the trainer trained on, in order."""
+    examined_s: list[float] = field(default_factory=list)
+    """The seconds of every trainable sample of every group the trainer examined (trained or dropped)."""
+    trained_s: list[float] = field(default_factory=list)
+    """The seconds of every sample in a trained group's baseline."""
+    contrast_lost: int = 0
+    """Groups whose trainable samples' rewards differ, dropped all the same."""
 
 
 def _simulate(*, seed: int, staleness: int, batch: int, updates: int, step_s: float, slots: int,
-              zero_variance: float) -> tuple[list[_SimGroup], list[tuple[int, int, int]], list[int]]:
+              sigma: float = 1.0, group_size: int = 4) -> _Sim:
     """Event-driven: the controller dispatches within `allowance` (the real function; at most `slots`
-    in flight), each group lasting its task's Pareto-distributed seconds and sampling one token per
-    tenth of a second with the version current at that moment; the trainer, paced by the real
-    `may_step`, takes `batch` complete groups, oldest dispatched first, through the real plan_batch. Returns the groups, the (started,
-    rejected, bound) seen at every dispatch decision, and the trainer's trained group indexes."""
+    in flight); each sample of a group lasts its task's Pareto-distributed seconds times its own
+    lognormal(0, `sigma`) draw (one agent submits at turn 2, another wanders to max_turns) and samples
+    one token per tenth of a second with the version current at that moment; the group is complete
+    when its slowest sample ends. The trainer, paced by the real `may_step`, takes `batch` complete
+    groups, oldest dispatched first, through the real plan_batch."""
     rng = random.Random(seed)
     tasks = [min(30.0, 0.5 * rng.paretovariate(1.3)) for _ in range(40)]
     config = RunConfig(name="sim", model="m", environments=[{"name": "e"}], batch_size=batch,
@@ -207,10 +231,9 @@ def _simulate(*, seed: int, staleness: int, batch: int, updates: int, step_s: fl
         purpose, max_staleness, batch_size, policy_version = "train", staleness, batch, 0
 
     run = _Run()
-    groups: list[_SimGroup] = []
+    sim = _Sim(groups=[], checks=[], trained=[])
+    groups = sim.groups
     events: list[tuple[float, int, int]] = []  # (time, kind 0 = group done / 1 = step done, index)
-    checks: list[tuple[int, int, int]] = []
-    trained: list[int] = []
     now, training = 0.0, False
     version_at: list[tuple[float, int]] = [(0.0, 0)]
 
@@ -230,16 +253,17 @@ def _simulate(*, seed: int, staleness: int, batch: int, updates: int, step_s: fl
         while True:
             state = progress()
             room = allowance(run=run, config=config, progress=state)  # type: ignore[arg-type]
-            rejected = state.replaced
-            checks.append((state.dispatched, rejected, (run.policy_version + staleness + 1) * batch))
+            sim.checks.append((state.dispatched, state.replaced, (run.policy_version + staleness + 1) * batch))
             if room.groups == 0:
                 return
             task = rng.randrange(len(tasks))
-            group = _SimGroup(index=len(groups), task=task, seconds=tasks[task], dispatched_at=run.policy_version)
-            start = now
+            draws = [rng.lognormvariate(0.0, sigma) for _ in range(group_size)]
+            group = _SimGroup(index=len(groups), task=task, seconds=[tasks[task] * d for d in draws],
+                              rewards=[1.0 if d < 1.0 else 0.0 for d in draws], dispatched_at=run.policy_version)
             groups.append(group)
-            group.versions = [version_then(start)]  # filled in when it ends
-            heapq.heappush(events, (now + group.seconds, 0, group.index))
+            group.versions = [[version_at[-1][1]] for _ in draws]  # filled in when it ends
+            group.started = now  # type: ignore[attr-defined]
+            heapq.heappush(events, (now + max(group.seconds), 0, group.index))
 
     def try_step() -> None:
         nonlocal training
@@ -248,19 +272,24 @@ def _simulate(*, seed: int, staleness: int, batch: int, updates: int, step_s: fl
         complete = sorted((g for g in groups if g.status == GroupStatus.COMPLETE), key=lambda g: g.index)
         if len(complete) < batch:
             return
-        samples_of = {}
-        sim = []
+        seconds_of: dict[int, float] = {}
+        candidates = []
         for g in complete:
-            rewards = [1.0, 1.0] if rng.random() < zero_variance else [1.0, 0.0]
-            samples = [_sample(2 * g.index + i, reward=r, versions=g.versions, group_id=g.index)
-                       for i, r in enumerate(rewards)]
-            samples_of[g.index] = samples
-            sim.append(Group(id=g.index, group_index=g.index, environment="e", policy_version=g.dispatched_at,
-                             samples=samples))
-        plan = plan_batch(sim, current_version=run.policy_version, rule=rule, batch_size=batch, loss=LossConfig())
-        for gid, reason in plan.dropped.items():
-            groups[gid].status, groups[gid].reason = GroupStatus.DROPPED, reason
+            samples = []
+            for i, (reward, versions) in enumerate(zip(g.rewards, g.versions, strict=True)):
+                samples.append(_sample(len(g.rewards) * g.index + i, reward=reward, versions=versions, group_id=g.index))
+                seconds_of[samples[-1].episode_id] = g.seconds[i]
+            candidates.append(Group(id=g.index, group_index=g.index, environment="e", policy_version=g.dispatched_at,
+                                    samples=samples))
+        plan = plan_batch(candidates, current_version=run.policy_version, rule=rule, batch_size=batch, loss=LossConfig())
         assert plan.max_weighted_lag is None or plan.max_weighted_lag <= rule.max_token_staleness  # (I2)
+        if len(plan.groups) < batch and not plan.dropped:
+            return
+        for candidate in candidates[:plan.examined]:
+            rewards = [sample.reward for sample in candidate.samples if sample.trainable]
+            if candidate.id in plan.dropped:
+                groups[candidate.id].status, groups[candidate.id].reason = GroupStatus.DROPPED, plan.dropped[candidate.id]
+                sim.contrast_lost += len(set(rewards)) > 1
         if len(plan.groups) < batch:
             return
         batch_ids = {g.id for g in plan.groups}
@@ -268,9 +297,12 @@ def _simulate(*, seed: int, staleness: int, batch: int, updates: int, step_s: fl
             g.status == GroupStatus.COMPLETE and g.index not in batch_ids)]
         if not may_step(version=run.policy_version, oldest_waiting=min(waiting, default=None), rule=rule):
             return  # the trainer's pacing: it waits for a group its step would leave past the hard cap
+        for candidate in candidates[:plan.examined]:
+            sim.examined_s += [seconds_of[sample.episode_id] for sample in candidate.samples if sample.trainable]
         for g in plan.groups:
             groups[g.id].status = GroupStatus.CONSUMED
-            trained.append(g.id)
+            sim.trained.append(g.id)
+            sim.trained_s += [seconds_of[sample.episode_id] for sample in g.samples]
         training = True
         heapq.heappush(events, (now + step_s, 1, -1))
 
@@ -279,9 +311,10 @@ def _simulate(*, seed: int, staleness: int, batch: int, updates: int, step_s: fl
         now, kind, index = heapq.heappop(events)
         if kind == 0:
             g = groups[index]
-            start = now - g.seconds
-            tokens = max(1, int(g.seconds * 10))
-            g.versions = [version_then(start + (t + 0.5) * g.seconds / tokens) for t in range(tokens)]
+            start = g.started  # type: ignore[attr-defined]
+            for i, seconds in enumerate(g.seconds):
+                tokens = max(1, int(seconds * 10))
+                g.versions[i] = [version_then(start + (t + 0.5) * seconds / tokens) for t in range(tokens)]
             g.status = GroupStatus.COMPLETE
         else:
             training = False
@@ -289,24 +322,23 @@ def _simulate(*, seed: int, staleness: int, batch: int, updates: int, step_s: fl
             version_at.append((now, run.policy_version))
         try_step()
         dispatch()
-    return groups, checks, trained
+    return sim
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_admission_bound_holds_at_every_dispatch_and_nothing_drops_for_staleness(seed: int) -> None:
-    """(I1) started − rejected ≤ (published version + η + 1)·B at every dispatch decision, where rejected
-    counts every drop but staleness; (I5) every ended group is consumed, complete (waiting) or carries a
+    """(I1) started − dropped ≤ (published version + η + 1)·B at every dispatch decision (every drop frees
+    its slot, issue 47 item 4); (I5) every ended group is consumed, complete (waiting) or carries a
     named reason; no group is dropped for staleness inside the bound."""
-    groups, checks, _ = _simulate(seed=seed, staleness=2, batch=4, updates=60, step_s=1.0, slots=16,
-                                  zero_variance=0.3)
-    assert checks and all(started - rejected <= bound for started, rejected, bound in checks)
-    assert any(g.reason == DropReason.ZERO_VARIANCE for g in groups)  # replaced, within the bound
-    for g in groups:
+    sim = _simulate(seed=seed, staleness=2, batch=4, updates=60, step_s=1.0, slots=16)
+    assert sim.checks and all(started - rejected <= bound for started, rejected, bound in sim.checks)
+    assert any(g.reason == DropReason.ZERO_VARIANCE for g in sim.groups)  # replaced, within the bound
+    for g in sim.groups:
         assert g.status in (GroupStatus.CONSUMED, GroupStatus.COMPLETE, GroupStatus.RUNNING) or (
             g.status == GroupStatus.DROPPED and g.reason in set(DropReason))
-    assert not [g for g in groups if g.reason == DropReason.STALE_CAP]
-    for g in groups:  # (I6) versions never go back within an episode
-        assert g.versions == sorted(g.versions)
+    assert not [g for g in sim.groups if g.reason == DropReason.STALE_CAP]
+    for g in sim.groups:  # (I6) versions never go back within an episode
+        assert all(versions == sorted(versions) for versions in g.versions)
 
 
 def test_pacing_keeps_every_token_within_the_hard_cap() -> None:
@@ -333,18 +365,30 @@ def test_the_oldest_waiting_group_counts_one_that_completed_after_the_claim(db_s
     assert oldest_waiting_version(db_session, run_id=run.id, batch={claimed.id, late.id}) == 3
 
 
-def test_the_trained_tasks_last_as_long_as_the_dispatched_ones() -> None:
-    """(I7) Over a long run with heavy-tailed task durations the tasks trained on are not the fast
-    ones: their mean duration is within ±5 % of the dispatched tasks' (the groups still running at the
-    end, which no rule could train yet, are left out of both)."""
-    groups, _, trained = _simulate(seed=11, staleness=2, batch=4, updates=400, step_s=0.5, slots=16,
-                                   zero_variance=0.0)
-    last_dispatched = max(trained)
-    dispatched = [g.seconds for g in groups if g.index <= last_dispatched]
-    trained_seconds = [groups[i].seconds for i in trained]
-    ratio = statistics.fmean(trained_seconds) / statistics.fmean(dispatched)
+def _out_of_the_baseline_when_masked(lags: list[int], rule: StalenessRule) -> bool:
+    """The rule before issue 47: a sample whose every token lost its loss weight left its group."""
+    return bool(lags) and (max(lags) > rule.stale_cap_lag or min(lags) > rule.max_token_staleness)
+
+
+@pytest.mark.parametrize("sigma", [1.0, 0.5])
+def test_the_trained_samples_last_as_long_as_the_examined_ones(sigma: float) -> None:
+    """(I7, issue 47 item 1) Over a long run with heavy-tailed task durations AND a lognormal spread
+    of durations within each group (σ = 1: one sample submits at once, a sibling wanders 10× longer),
+    the samples trained on are not the fast ones: their mean duration is within ±5 % of the examined
+    samples', and no group with a reward contrast is lost inside the cap."""
+    sim = _simulate(seed=11, staleness=2, batch=4, updates=300, step_s=0.5, slots=16, sigma=sigma)
+    ratio = statistics.fmean(sim.trained_s) / statistics.fmean(sim.examined_s)
     assert 0.95 <= ratio <= 1.05, ratio
-    assert len(set(trained)) == len(trained)  # (I6) each group consumed once
+    assert sim.contrast_lost == 0
+    assert len(set(sim.trained)) == len(sim.trained)  # (I6) each group consumed once
+
+
+def test_the_simulation_sees_the_baseline_lost_to_a_slow_sibling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same run under the old rule (a fully masked fast sibling left its group's baseline): groups
+    with a reward contrast are lost. The simulation can see what the test above rules out."""
+    monkeypatch.setattr("trainer.selection.past_cap", _out_of_the_baseline_when_masked)
+    sim = _simulate(seed=11, staleness=2, batch=4, updates=300, step_s=0.5, slots=16, sigma=1.0)
+    assert sim.contrast_lost > 0
 
 
 # -- (I5) the store: every drop with its reason and step ---------------------------------------------------
@@ -368,7 +412,8 @@ def test_a_dropped_group_stores_why_and_when(db_session: Session) -> None:
     assert db_session.execute(select(Turn.version_runs).where(Turn.run_id == run.id)).first() is not None
 
 
-def test_a_stale_cap_drop_does_not_widen_the_admission_bound() -> None:
+def test_a_stale_cap_drop_frees_its_admission_slot_like_any_drop() -> None:
+    """Issue 47, item 4: a stale-cap drop that held its slot narrowed the window for good."""
     config = RunConfig(name="r", model="m", environments=[{"name": "e"}], batch_size=2, max_staleness=1,
                        max_inflight_groups=100)
 
@@ -378,7 +423,7 @@ def test_a_stale_cap_drop_does_not_widen_the_admission_bound() -> None:
     replaced = RunProgress(groups={"dropped": 2, "complete": 2}, drop_reasons={"zero_variance": 2})
     stale = RunProgress(groups={"dropped": 2, "complete": 2}, drop_reasons={"stale_cap": 2})
     assert allowance(run=_Run(), config=config, progress=replaced).groups == 2  # type: ignore[arg-type]
-    assert allowance(run=_Run(), config=config, progress=stale).groups == 0  # type: ignore[arg-type]
+    assert allowance(run=_Run(), config=config, progress=stale).groups == 2  # type: ignore[arg-type]
 
 
 def test_the_last_batch_waits_for_a_complete_group_another_transaction_holds(db_session: Session, engine) -> None:

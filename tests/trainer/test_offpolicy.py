@@ -22,8 +22,9 @@ from transformers import AutoModelForCausalLM
 from core.config_files import parse_model
 from core.errors import ConfigError
 from core.models import Episode, EpisodeGroup, Task, TrainingStep
+from core.models.task_rate import RunTaskRate
 from core.schemas import RunConfig
-from core.schemas.run import Sampling
+from core.schemas.run import Curriculum, Sampling
 from task_workers.policy.client import PolicyClient
 from tests.trainer.rows import add_group, make_environment, make_run
 from trainer import metrics
@@ -202,16 +203,21 @@ def test_pass_rates_follow_the_groups_the_trainer_examines(db_session: Session) 
     other = Task(environment_name=env.name, external_id="never-measured", instruction="x", payload={})
     db_session.add(other)
     task.pass_rate, task.pass_rate_samples = 0.5, 8
+    run = make_run(db_session, model="unused")
     db_session.flush()
-    rates = update_pass_rates(db_session, weight=0.2, outcomes=[
+    curriculum = Curriculum(pass_rate_update=0.2)
+    rates = update_pass_rates(db_session, run_id=run.id, curriculum=curriculum, outcomes=[
         PassOutcome(task.id, 1.0, {}, 3), PassOutcome(task.id, 1.0, {}, 3), PassOutcome(task.id, 1.0, {}, 4),
         PassOutcome(task.id, 1.0, {}, 4), PassOutcome(other.id, 0.0, {}, 4), PassOutcome(other.id, 1.0, {}, 4)])
-    assert rates == {task.id: pytest.approx(0.6), other.id: pytest.approx(0.5)}  # 0.8 · 0.5 + 0.2 · 1
-    assert (task.pass_rate_samples, task.pass_rate_policy_version) == (12, 4)
+    # The run's own count: 4 passes of 8 measured, discounted by 0.8, then 4 of 4: 7.2 of 10.4.
+    assert rates == {task.id: pytest.approx(7.2 / 10.4), other.id: pytest.approx(0.5)}
+    own = db_session.get(RunTaskRate, (run.id, task.id))
+    assert own is not None and (own.samples, own.policy_version) == (pytest.approx(10.4), 4)
+    assert (task.pass_rate, task.pass_rate_samples) == (0.5, 8)  # the job's measurement: no run moves it
     # A task the policy now always solves leaves the [0.1, 0.9] band after a few groups.
     for _ in range(8):
-        update_pass_rates(db_session, weight=0.2, outcomes=[PassOutcome(task.id, 1.0, {}, 5)] * 4)
-    assert task.pass_rate is not None and task.pass_rate > 0.9
+        update_pass_rates(db_session, run_id=run.id, curriculum=curriculum, outcomes=[PassOutcome(task.id, 1.0, {}, 5)] * 4)
+    assert own.rate is not None and own.rate > 0.9
 
 
 def test_lora_dropout_and_targets_are_applied_or_refused(tiny_model_dir: Path) -> None:

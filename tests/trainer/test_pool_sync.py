@@ -20,7 +20,7 @@ from typing import Any, cast
 import httpx
 import pytest
 import torch
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 from transformers import PreTrainedTokenizerBase
 
@@ -28,6 +28,7 @@ from cli.trainer import replica_dirs
 from core.errors import ConfigError
 from core.models import PolicyVersion, Run
 from core.net import free_port
+from core.versions import Label
 from tests.trainer.rows import add_group, make_environment, make_run
 from trainer.errors import WeightSyncError
 from trainer.loop import Trainer
@@ -133,17 +134,20 @@ class CorruptingSyncer(ReloadWeightSyncer):
     loads are perturbed (noise on lm_head: a constant shift would leave every softmax unchanged), as a
     push that went wrong on one host would leave them. The real probe must catch it."""
 
-    def load(self, *, model: torch.nn.Module, version: int) -> float:
+    def load(self, *, model: torch.nn.Module, label: Label) -> float:
         state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
         noise = torch.randn(state["lm_head.weight"].shape, generator=torch.Generator().manual_seed(0))
         state["lm_head.weight"] += 0.5 * noise
         from trainer.sync import ExportedWeights
 
-        return super().load(model=ExportedWeights(state, getattr(model, "config", None)), version=version)
+        return super().load(model=ExportedWeights(state, getattr(model, "config", None)), label=label)
 
 
 def _tag(server: VllmServer) -> str:
-    return str(httpx.get(f"{server.base_url}/weight_info").json()["weight_version"])
+    """The version a server's label names, committed, as text; else the label itself ("default", provisional)."""
+    text = str(httpx.get(f"{server.base_url}/weight_info").json()["weight_version"])
+    label = Label.parse(text)
+    return str(label.version) if label is not None and label.run is not None and not label.provisional else text
 
 
 def _paused(server: VllmServer) -> bool:
@@ -264,3 +268,144 @@ def test_when_every_replica_fails_its_probe_all_roll_back_unpaused_and_nothing_i
         assert stored is not None and stored.sync_error is not None and "version 1 not published" in stored.sync_error
     finally:
         trainer.close()
+
+
+# ---- two training runs, two real trainer processes (issue 47, item 2) ------------------------------
+
+def _label_of(server: VllmServer) -> Label | None:
+    return Label.parse(httpx.get(f"{server.base_url}/weight_info", timeout=120).json()["weight_version"])
+
+
+def _start_trainer(run: Run, server: VllmServer, root: Path) -> Any:
+    """`python -m cli.trainer --run R` on the run's own pool (no --policy-url: the run names it)."""
+    import os
+    import subprocess
+    import sys
+
+    log = (root / f"trainer-{run.id}.log").open("wb")
+    command = [sys.executable, "-m", "cli.trainer", "--run", str(run.id), "--policy-dir", str(server.model_dir),
+               "--checkpoint-dir", str(root / f"ck-{run.id}"), "--poll", "0.2"]
+    return subprocess.Popen(command, env={**os.environ, "CRUCIBLE_LOG_LEVEL": "INFO"}, stdout=log,
+                            stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2])
+
+
+def _serving(server: VllmServer, run: Run, trainer: Any, root: Path) -> None:
+    """Wait until the run's trainer has pushed its version 0 to `server` (its label names the run)."""
+    deadline = time.monotonic() + 300
+    while (label := _label_of(server)) is None or (label.run, label.version, label.provisional) != (run.id, 0, False):
+        log = (root / f"trainer-{run.id}.log").read_text(errors="replace")[-3000:]
+        assert trainer.poll() is None and time.monotonic() < deadline, log
+        time.sleep(0.5)
+
+
+@pytest.mark.slow  # two real vLLM servers and two trainer processes (shares the module's replicas)
+def test_two_training_runs_on_one_pool(
+    db_session: Session, replicas: list[VllmServer], tiny_model_dir: Path, tmp_path: Path,
+) -> None:
+    """Run A's trainer (a real process) holds replica P1. A second training run on P1 is refused at
+    launch (the CLI prints one line); a run naming P2, its own, is launched and its trainer labels P2
+    with its run. Its episode samples from P2 only and stores its own version; an episode that reached
+    another run's weights (A's on P1) is refused, nothing stored."""
+    import json
+    import os
+    import signal
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from cli.main import app
+    from core.models import Episode, EpisodeGroup, Task, Turn
+    from core.store import insert_episode
+    from environments.images import build_images
+    from environments.service import register_environment
+    from environments.spec import parse_spec
+    from sandboxes import InMemoryEventSink, make_backend
+    from task_workers.context import DockerSandboxes
+    from task_workers.episode.errors import PolicyFault
+    from task_workers.episode.runner import run_episode
+    from task_workers.policy.client import PolicyClient
+    from task_workers.policy.pool import PolicyPool
+
+    p1, p2 = replicas
+    spec = {"name": "pools-e2e", "kind": "read_number", "image": "code-repo",
+            "sandbox": {"memory": "256m", "pids": 128, "workspace_size": "16m", "tmp_size": "16m"},
+            "limits": {"max_turns": 2, "max_context_tokens": 900, "max_response_tokens": 24, "tool_timeout_s": 5},
+            "verifier": {"weights": {"answer": 1.0}}}
+    build_images(names=["code-repo"], data_dir=Path(os.environ.get("CRUCIBLE_TEST_IMAGE_CACHE",
+                                                                   Path.home() / ".cache" / "crucible")))
+    env, _ = register_environment(db_session, spec=parse_spec(spec))
+    task = Task(environment_name=env.name, external_id="pools-e2e", instruction="Read number.txt and submit it.",
+                payload={"path": "number.txt", "number": "4821"}, split="train")
+    db_session.add(task)
+    first = make_run(db_session, model=str(tiny_model_dir), group_size=1, batch_size=1, policy_urls=[p1.api_url])
+    db_session.commit()
+    trainers = [_start_trainer(first, p1, tmp_path)]
+    try:
+        _serving(p1, first, trainers[0], tmp_path)
+
+        def launch(name: str, urls: list[str]) -> Any:
+            path = tmp_path / f"{name}.yaml"
+            path.write_text(yaml.safe_dump({"name": name, "model": str(tiny_model_dir), "group_size": 1,
+                                            "environments": [{"name": env.name}], "policy_urls": urls}))
+            return CliRunner().invoke(app, ["run", "launch", str(path), "-o", "json"])
+
+        refused = launch("second-on-p1", [p1.api_url])
+        assert refused.exit_code != 0 and f"held by the live trainer of run {first.id}" in refused.output
+        assert len(refused.output.strip().splitlines()) == 1, refused.output
+        own = launch("own-p2", [p2.api_url])
+        assert own.exit_code == 0, own.output
+        second = db_session.get(Run, int(json.loads(own.output[own.output.index("{"):])["id"]))
+        assert second is not None
+        trainers.append(_start_trainer(second, p2, tmp_path))
+        _serving(p2, second, trainers[1], tmp_path)
+        assert (_label_of(p1).run, _label_of(p2).run) == (first.id, second.id)  # type: ignore[union-attr]
+
+        def episode(run: Run) -> int:
+            index = db_session.execute(select(func.count()).where(EpisodeGroup.run_id == run.id)).scalar_one()
+            group = EpisodeGroup(run_id=run.id, group_index=index, task_id=task.id, environment_id=env.id, size=1,
+                                 policy_version=0)
+            db_session.add(group)
+            db_session.flush()
+            episode_id, _ = insert_episode(db_session, run_id=run.id, group_id=group.id, sample_index=0,
+                                           task_id=task.id, environment_id=env.id)
+            db_session.commit()
+            return episode_id
+
+        def client(url: str) -> PolicyClient:
+            return PolicyClient(base_url=url)
+
+        platform = PolicyPool([p1.api_url], client_factory=client)  # the worker's default pool: P1
+        pools: dict[str, PolicyPool] = {}
+
+        def pool(urls: list[str]) -> PolicyPool:
+            return pools.setdefault(",".join(urls), PolicyPool(urls, client_factory=client))
+
+        with contextlib.ExitStack() as stack:
+            sandboxes = DockerSandboxes(backend=make_backend("docker"), events=InMemoryEventSink(), worker="pools",
+                                        min_size=0, max_size=1)
+            stack.callback(sandboxes.close)
+            stack.callback(platform.close)
+            stack.callback(lambda: list(map(PolicyPool.close, pools.values())))
+            mine = episode(second)
+            assert run_episode(mine, policy=platform, sandboxes=sandboxes, worker="pools", pools=pool).stored
+            db_session.expire_all()
+            turns = list(db_session.execute(select(Turn).where(Turn.episode_id == mine)).scalars())
+            assert turns and all((t.weight_version, t.weight_version_end) == (0, 0) for t in turns)
+            assert set(pools) == {p2.api_url}  # it sampled from its own servers only
+            # A worker that reached the other run's weights (its pool mapped to P1, where A's trainer
+            # pushes): refused as an infrastructure fault, nothing stored.
+            theirs = episode(second)
+            with pytest.raises(PolicyFault, match=rf"run {first.id}'s weights sampled a turn of run {second.id}"):
+                run_episode(theirs, policy=platform, sandboxes=sandboxes, worker="pools",
+                            pools=lambda urls: platform)
+            assert db_session.execute(select(Turn).where(Turn.episode_id == theirs)).first() is None
+            assert db_session.get(Episode, theirs) is not None
+    finally:
+        for process in trainers:
+            process.send_signal(signal.SIGTERM)
+        for process in trainers:
+            try:
+                process.wait(timeout=60)
+            except Exception:
+                process.kill()
+                process.wait()

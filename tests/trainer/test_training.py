@@ -24,6 +24,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 from core.models import Episode, EpisodeGroup, PolicyVersion, Run, Task, TrainingStep, Turn
 from core.store import insert_episode
 from core.termination import DropReason
+from core.versions import Label
 from environments.images import build_images
 from environments.service import register_environment
 from environments.spec import parse_spec
@@ -217,6 +218,16 @@ def _perturbed(model: torch.nn.Module, *, seed: int) -> torch.nn.Module:
     return new.eval()
 
 
+def _label(vllm_server: VllmServer) -> Label | None:
+    """The server's label, less its load's nonce."""
+    import dataclasses
+
+    import httpx
+
+    label = Label.parse(httpx.get(f"{vllm_server.base_url}/weight_info").json()["weight_version"])
+    return None if label is None else dataclasses.replace(label, load=None)
+
+
 def _requests_running(vllm_server: VllmServer) -> float:
     """vLLM's own gauge of requests being generated right now."""
     import httpx
@@ -319,7 +330,7 @@ def test_a_sync_mid_generation_is_bracketed_by_the_turns_versions_and_every_toke
         turn, per_token = spanning[0]
         assert turn.weight_version in per_token[0] and any(turn.weight_version not in v for v in per_token[1:])
     finally:
-        publisher.syncer.push(model=weights[0], version=0)
+        publisher.syncer.push(model=weights[0], label=Label.fresh(0, run=None))
         publisher.close()
 
 
@@ -362,7 +373,7 @@ def test_a_failed_probe_keeps_the_old_version_serving_and_the_run_shows_why(
     broken.close()
 
     db_session.expire_all()
-    assert httpx.get(f"{vllm_server.base_url}/weight_info").json()["weight_version"] == "0"
+    assert _label(vllm_server) == Label(0, run=run.id)  # rolled back to this run's version 0 (core.versions)
     assert httpx.get(f"{vllm_server.base_url}/is_paused").json() == {"is_paused": False}
     verify_sync(model=original, api_url=vllm_server.api_url, model_name=vllm_server.model_name,
                 token_ids=probe_token_ids(tokenizer), tolerance=TOKEN_TOLERANCE)  # the old weights serve
@@ -384,7 +395,7 @@ def test_a_failed_probe_keeps_the_old_version_serving_and_the_run_shows_why(
     # A restarted server says "default" (simulated by its tag): the trainer re-syncs it before training on.
     httpx.post(f"{vllm_server.base_url}/update_weight_version", json={"new_version": "default"}).raise_for_status()
     assert fixed.resync_if_needed() is True
-    assert httpx.get(f"{vllm_server.base_url}/weight_info").json()["weight_version"] == "1"
+    assert _label(vllm_server) == Label(1, run=run.id)  # a label of this run's (core.versions)
     assert fixed.resync_if_needed() is False
     fixed.close()
 

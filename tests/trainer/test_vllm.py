@@ -18,6 +18,7 @@ import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from core.versions import Label
 from trainer.errors import WeightSyncError
 from trainer.probe import probe, probe_token_ids, trainer_logprobs, verify_sync
 from trainer.serving import VllmServer
@@ -127,7 +128,7 @@ def test_push_moves_the_server_to_the_new_weights(
     assert probe(model=new, **kwargs).mean_abs_diff > DISAGREE  # the server still runs the old weights
 
     try:
-        seconds = syncer.push(model=new, version=1)
+        seconds = syncer.push(model=new, label=Label.fresh(1, run=None))
         assert seconds > 0
         after = verify_sync(model=new, tolerance=AGREE, **kwargs)
         assert after.max_abs_diff < 10 * AGREE
@@ -136,11 +137,11 @@ def test_push_moves_the_server_to_the_new_weights(
         after_chat = _chat(vllm_server)
         assert _sampled_logprobs_match(new, after_chat) < AGREE
         assert _sampled_logprobs_match(trainer_model, before_chat) < AGREE
-        assert syncer.control.version() == "1"
+        assert (label := Label.parse(syncer.control.version())) is not None and (label.version, label.provisional) == (1, False)
         assert httpx.get(f"{vllm_server.base_url}/is_paused").json() == {"is_paused": False}
         assert sorted(p.name for p in vllm_server.model_dir.glob(".weights-*")) == []  # no temp file left
     finally:
-        syncer.push(model=trainer_model, version=2)
+        syncer.push(model=trainer_model, label=Label.fresh(2, run=None))
     verify_sync(model=trainer_model, tolerance=AGREE, **kwargs)
 
 
@@ -166,9 +167,9 @@ def test_push_keeps_in_flight_requests(
                 finish_reasons.append(choice.get("finish_reason"))
                 if tokens_at_push is None:  # the first chunk arrived: the request is running now
                     tokens_at_push = len(token_ids)
-                    syncer.push(model=_perturbed(trainer_model, seed=3), version=3)
+                    syncer.push(model=_perturbed(trainer_model, seed=3), label=Label.fresh(3, run=None))
     finally:
-        syncer.push(model=trainer_model, version=4)
+        syncer.push(model=trainer_model, label=Label.fresh(4, run=None))
     assert tokens_at_push is not None and tokens_at_push < 400
     assert len(token_ids) == 400 and finish_reasons[-1] == "length"
 
@@ -234,11 +235,12 @@ def test_a_sync_in_the_middle_of_a_completion_is_labelled_at_the_token_it_took_e
     else:
         pytest.fail(f"no pause landed inside a completion: (wait s, tokens, running) {trials}")
     try:
-        syncer.push(model=new, version=11)  # (paused) → reload → tag "11-unverified" → resume → tag "11"
+        syncer.push(model=new, label=Label.fresh(11, run=None))  # reload → "11-unverified#…" → resume → "11#…"
         worker.join(300)
         completion = result["completion"]
         labels = [label for label, _, _ in completion.spans]
-        assert labels[0] == "10" and len(labels) >= 2 and all(label.startswith("11") for label in labels[1:]), labels
+        versions = [Label.parse(label).version for label in labels]  # type: ignore[union-attr]  # None fails the test
+        assert versions[0] == 10 and len(labels) >= 2 and all(version == 11 for version in versions[1:]), labels
         switch = completion.spans[1][1]
         tokens = completion.token_ids
         assert MIN_SPAN <= switch <= len(tokens) - MIN_SPAN, (switch, len(tokens))
@@ -257,7 +259,7 @@ def test_a_sync_in_the_middle_of_a_completion_is_labelled_at_the_token_it_took_e
     finally:
         worker.join(300)
         client.close()
-        syncer.push(model=trainer_model, version=12)
+        syncer.push(model=trainer_model, label=Label.fresh(12, run=None))
 
 
 def _generated_tokens(server: VllmServer) -> float:

@@ -7,6 +7,7 @@ launched and nothing loaded."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from controller.loop import Controller
 from core.models import Episode, PolicyVersion, Run, Turn
 from core.schemas.trainer import TrainerConfig
 from core.settings import get_settings
-from core.versions import CHECKPOINT_TAG_BASE
+from core.versions import CHECKPOINT_TAG_BASE, Label
 from environments.service import register_environment
 from environments.spec import parse_spec
 from task_workers.episode.errors import PolicyFault
@@ -47,6 +48,12 @@ SPEC = {"name": "ckpt-read-number", "kind": "read_number", "image": "code-repo",
         "verifier": {"weights": {"answer": 1.0}}}
 STEP, VERSION = 3, 3
 
+
+
+def _served(server: VllmServer) -> Label | None:
+    """The server's label, less its load's nonce."""
+    label = Label.parse(httpx.get(f"{server.base_url}/weight_info").json()["weight_version"])
+    return None if label is None else dataclasses.replace(label, load=None)
 
 def _checkpoint(run_id: int, *, model_dir: Path, root: Path) -> Path:
     """Step STEP of `run_id` as the trainer leaves it: the engine's state (weights moved off the starting
@@ -90,7 +97,7 @@ def test_a_checkpoint_is_loaded_verified_and_its_eval_keeps_only_its_turns(
     # An active training run would push its own weights over the checkpoint: refused before anything loads.
     code, out = _launch("--run", str(train.id), "--step", str(STEP), "-e", env.name)
     assert code == 2 and f"training runs {busy.id} (ckpt-busy, running)" in out, out
-    assert httpx.get(f"{served_original.base_url}/weight_info").json()["weight_version"] == "0"
+    assert _served(served_original) == Label(0)
     busy.status = "stopped"
     db_session.commit()
     code, out = _launch("--run", str(train.id), "--step", "7", "-e", env.name)
@@ -102,7 +109,7 @@ def test_a_checkpoint_is_loaded_verified_and_its_eval_keeps_only_its_turns(
     tag = launched["checkpoint"]["tag"]
     assert launched["checkpoint"] == {"run_id": train.id, "step": STEP, "version": VERSION, "tag": tag}
     assert tag >= CHECKPOINT_TAG_BASE  # a label of its own: no training version, no other evaluation's
-    assert httpx.get(f"{served_original.base_url}/weight_info").json()["weight_version"] == str(tag)
+    assert _served(served_original) == Label(tag)  # committed, naming no run
 
     recorder = RecordingDispatcher()
     controller = Controller(engine=engine, dispatcher=recorder, settings=ControllerConfig(), name="ckpt-eval")
@@ -121,7 +128,7 @@ def test_a_checkpoint_is_loaded_verified_and_its_eval_keeps_only_its_turns(
         # … and if other weights replace it anyway (a trainer's push, under a training version), the eval's
         # next episode is refused turn by turn (an infrastructure fault, retried), never stored.
         syncer = make_weight_syncer("reload", base_url=served_original.base_url, model_dir=served_original.model_dir)
-        syncer.push(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir), version=VERSION)
+        syncer.push(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir), label=Label.fresh(VERSION, run=None))
         syncer.close()
         with pytest.raises(PolicyFault, match=f"evaluates the checkpoint loaded under label {tag}"):
             run_episode(rest[0], policy=client, sandboxes=sandboxes, worker="ckpt")

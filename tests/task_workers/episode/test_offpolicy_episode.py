@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from core.models import Episode, EpisodeGroup, Run, Task, Turn
 from core.store import insert_episode
-from core.versions import LabelState, parse_label, settle
+from core.versions import Label, LabelState, parse_label, settle
 from environments.parsing import hermes_call
 from environments.service import register_environment
 from environments.spec import EnvironmentSpec, parse_spec
@@ -118,6 +118,38 @@ def test_the_agents_time_budget_starts_at_its_first_observation(
     assert episode.timings["lease"] > 2
 
 
+def _slow(text: str, *, seconds: float) -> Any:
+    """A scripted step the server answers `seconds` late (a queue, a weight-sync pause, a held replica)."""
+    def step(prompt: str) -> str:
+        time.sleep(seconds)
+        return text
+    return step
+
+
+def test_the_agents_clock_counts_its_own_time_not_the_platforms(
+    db_session: Session, scripted: tuple[ScriptedPolicy, str], policy_client: PolicyClient,
+    sandboxes: DockerSandboxes, code_repo_image: str,
+) -> None:
+    """(Issue 47, item 6) Every completion comes 1.5 s late, past the whole 1 s budget: the old loop
+    charged that wait to the agent and ended the episode as its `episode_timeout` after one turn (the
+    same trajectory passes when the servers are idle, under sync training). The agent's own time, a
+    command that sleeps past the budget, still ends it."""
+    policy, _ = scripted
+    policy.scripts["slow-server"] = [_slow(hermes_call("bash", command="cat number.txt"), seconds=1.5),
+                                     _slow(hermes_call("submit", answer="42"), seconds=1.5)]
+    waited = _episode(db_session, image=code_repo_image, script="slow-server", timeout_s=1)
+    assert run_episode(waited, policy=policy_client, sandboxes=sandboxes, worker="test").stored
+    episode = db_session.get(Episode, waited)
+    assert episode is not None and (episode.termination_reason, episode.num_turns, episode.reward) == ("submitted", 2, 1.0)
+    assert episode.timings["generation"] > 2 * 1.5 - 0.5  # the platform's wait, recorded, not charged
+
+    policy.scripts["slow-agent"] = [hermes_call("bash", command="sleep 1.5"), hermes_call("submit", answer="42")]
+    slept = _episode(db_session, image=code_repo_image, script="slow-agent", timeout_s=1)
+    assert run_episode(slept, policy=policy_client, sandboxes=sandboxes, worker="test").stored
+    episode = db_session.get(Episode, slept)
+    assert episode is not None and (episode.termination_reason, episode.num_turns) == ("episode_timeout", 1)
+
+
 def test_a_training_run_refuses_turns_from_a_server_with_no_version(
     db_session: Session, scripted: tuple[ScriptedPolicy, str], policy_client: PolicyClient,
     sandboxes: DockerSandboxes, code_repo_image: str,
@@ -142,29 +174,50 @@ def test_a_training_run_refuses_turns_from_a_server_with_no_version(
     assert json.dumps(episode.timings)  # stored whole
 
 
+LOAD, OTHER = "#0000000a", "#0000000b"  # two loads' nonces (core.versions.Label)
+
+
 @pytest.mark.parametrize(("label", "now", "expected"), [
     ("4", "5", 4),
-    ("5-unverified", "6-unverified", 5),  # 6 is pushed only after 5 was published
+    ("r3:4" + LOAD, "r3:5" + OTHER, 4),
     ("default", "default", None),  # a restarted server: no known weights
-    ("5-unverified", "5", 5),  # sampled while the probe ran, verified since: version 5's weights
-    ("5-unverified", "6", 5),
-    ("5-unverified", "5-unverified", None),  # not verified (yet)
-    ("5-unverified", "4", None),  # the probe failed: the server went back to 4
-    ("5-unverified", "default", None),
+    ("5-unverified" + LOAD, "5" + LOAD, 5),  # sampled while the probe ran, that load verified since
+    ("r3:5-unverified" + LOAD, "r3:5" + LOAD, 5),
+    ("5-unverified" + LOAD, "5-unverified" + LOAD, None),  # not verified (yet)
+    ("5-unverified" + LOAD, "4", None),  # the probe failed: the server went back to 4
+    ("5-unverified" + LOAD, "default", None),
+    ("5-unverified" + LOAD, "5" + OTHER, None),  # a probe failed, then 5 was pushed again: another load
+    ("5-unverified" + LOAD, "6" + OTHER, None),  # moved on before the worker saw the load committed
+    ("5-unverified", "5", None),  # a provisional label that names no load: nothing can settle it
     (None, "3", None),
 ])
 def test_weight_version_labels(label: str | None, now: str | None, expected: int | None) -> None:
-    assert parse_label(label, now=now) == expected
+    assert parse_label(label, now=now, run=3) == expected
 
 
 @pytest.mark.parametrize(("label", "now", "state"), [
-    ("5-unverified", "5-unverified", LabelState.PENDING), ("5-unverified", "4", LabelState.FAILED),
-    ("5-unverified", "5", LabelState.VERIFIED), ("5-unverified", "default", LabelState.UNKNOWN),
-    ("x-unverified", "5", LabelState.UNKNOWN), ("٥", "5", LabelState.UNKNOWN),  # a non-ASCII digit is no version
+    ("5-unverified" + LOAD, "5-unverified" + LOAD, LabelState.PENDING), ("5-unverified" + LOAD, "4", LabelState.FAILED),
+    ("5-unverified" + LOAD, "5" + LOAD, LabelState.VERIFIED), ("5-unverified" + LOAD, "default", LabelState.FAILED),
+    ("5-unverified" + LOAD, None, LabelState.PENDING),  # the server reported nothing yet: ask again
+    ("x-unverified" + LOAD, "5", LabelState.UNKNOWN), ("٥", "5", LabelState.UNKNOWN),  # a non-ASCII digit is no version
+    ("r4:5" + LOAD, "r4:5" + LOAD, LabelState.FOREIGN), ("r4:5-unverified" + LOAD, "r3:5", LabelState.FOREIGN),
+    ("r03:5", "r03:5", LabelState.UNKNOWN),  # one spelling per label: no leading zero
 ])
-def test_a_provisional_label_is_pending_until_the_server_says_how_its_probe_went(
-        label: str, now: str, state: LabelState) -> None:
-    assert settle(label, now=now).state is state
+def test_a_provisional_label_settles_for_its_own_load_only(label: str, now: str | None, state: LabelState) -> None:
+    """(Issue 47, item 3) A provisional label settled as verified once the server said its version
+    again, also after that load's probe failed and the version was pushed again: tokens of rejected
+    weights were stored. Now a label settles for the exact load that was committed."""
+    assert settle(label, now=now, run=3).state is state
+
+
+def test_a_label_spells_one_load_of_one_runs_version() -> None:
+    label = Label.fresh(7, run=12)
+    assert label.provisional and label.load is not None and len(label.load) == 8
+    assert Label.parse(str(label)) == label and Label.parse(str(label.committed)) == label.committed
+    assert str(label.committed) == f"r12:7#{label.load}" and str(label) == f"r12:7-unverified#{label.load}"
+    assert Label.fresh(7, run=12).load != label.load  # every load its own nonce
+    for garbage in ["r12:", "r12:7#xyz", "r-1:7", "7 ", "r12:7-unverified#0000000a#0000000b", "\u0667"]:
+        assert Label.parse(garbage) is None, garbage
 
 
 def _flips(policy: ScriptedPolicy, *, provisional: str, then: str, text: str) -> Any:
@@ -191,7 +244,7 @@ def test_a_turn_sampled_while_the_probe_runs_is_kept_once_the_probe_passes(
     fault), which hit long episodes hardest; now the worker asks again until the label is settled."""
     policy, _ = scripted
     policy.weight_version = "4"
-    policy.scripts["probing"] = [_flips(policy, provisional="5-unverified", then="5",
+    policy.scripts["probing"] = [_flips(policy, provisional="5-unverified" + LOAD, then="5" + LOAD,
                                         text=hermes_call("bash", command="cat number.txt")),
                                  hermes_call("submit", answer="42")]
     episode_id = _episode(db_session, image=code_repo_image, script="probing")
@@ -212,7 +265,8 @@ def test_nothing_sampled_by_weights_whose_probe_failed_is_stored(
     is thrown away and the turn sampled again on version 4; no stored token carries version 5."""
     policy, _ = scripted
     policy.weight_version = "4"
-    flipping = _flips(policy, provisional="5-unverified", then="4", text=hermes_call("bash", command="cat number.txt"))
+    flipping = _flips(policy, provisional="5-unverified" + LOAD, then="4",
+                      text=hermes_call("bash", command="cat number.txt"))
     policy.scripts["rolled-back"] = [flipping, hermes_call("submit", answer="42")]
     episode_id = _episode(db_session, image=code_repo_image, script="rolled-back")
     assert run_episode(episode_id, policy=policy_client, sandboxes=sandboxes, worker="test").stored
@@ -220,6 +274,48 @@ def test_nothing_sampled_by_weights_whose_probe_failed_is_stored(
     assert len(flipping.calls) == 2  # sampled twice: the first completion was discarded
     assert [(t.weight_version, t.weight_version_end) for t in turns] == [(4, 4), (4, 4)]
     assert all(t.version_runs == [4, len(t.token_ids) - t.prompt_length] for t in turns)
+
+
+def test_a_turn_sampled_by_a_load_whose_probe_failed_is_resampled_after_the_version_is_pushed_again(
+    db_session: Session, scripted: tuple[ScriptedPolicy, str], policy_client: PolicyClient,
+    sandboxes: DockerSandboxes, code_repo_image: str,
+) -> None:
+    """(Issue 47, item 3) Load 5 (nonce a), sample, its probe fails, the replica is quarantined, 5 is
+    pushed again (nonce b) and committed. The old worker read "5-unverified" then "5" and stored the
+    rejected load's tokens as version 5 in one sample; now that completion is sampled again."""
+    policy, _ = scripted
+    policy.weight_version = "4"
+    flipping = _flips(policy, provisional="5-unverified" + LOAD, then="5" + OTHER,
+                      text=hermes_call("bash", command="cat number.txt"))
+    policy.scripts["pushed-again"] = [flipping, hermes_call("submit", answer="42")]
+    episode_id = _episode(db_session, image=code_repo_image, script="pushed-again")
+    assert run_episode(episode_id, policy=policy_client, sandboxes=sandboxes, worker="test").stored
+    turns = _turns(db_session, episode_id)
+    assert len(flipping.calls) == 2  # the completion of the rejected load was thrown away
+    assert [(t.weight_version, t.weight_version_end) for t in turns] == [(5, 5), (5, 5)]
+
+
+def test_a_turn_labelled_with_another_runs_version_is_refused(
+    db_session: Session, scripted: tuple[ScriptedPolicy, str], policy_client: PolicyClient,
+    sandboxes: DockerSandboxes, code_repo_image: str,
+) -> None:
+    """(Issue 47, item 2) Two training runs on one pool: run A's worker stored tokens that run B's
+    weights sampled under B's label "12", and A's trainer (at 5) trained them at lag -7. A label names
+    its run now: another run's is an infrastructure fault, nothing stored; the run's own is kept."""
+    policy, _ = scripted
+    policy.scripts["foreign"] = [hermes_call("bash", command="cat number.txt"), hermes_call("submit", answer="42")]
+    episode_id = _episode(db_session, image=code_repo_image, script="foreign")
+    run_id = db_session.get(Episode, episode_id).run_id  # type: ignore[union-attr]
+    policy.weight_version = f"r{run_id + 1}:12{LOAD}"
+    with pytest.raises(PolicyFault, match=rf"run {run_id + 1}'s weights sampled a turn of run {run_id}; expected this run's own"):
+        run_episode(episode_id, policy=policy_client, sandboxes=sandboxes, worker="test")
+    assert _turns(db_session, episode_id) == []
+    policy.weight_version = f"r{run_id}:3{LOAD}"  # its own trainer's weights: kept
+    db_session.get(Episode, episode_id).status = "pending"  # type: ignore[union-attr]  # what a retry does
+    db_session.commit()
+    assert run_episode(episode_id, policy=policy_client, sandboxes=sandboxes, worker="test").stored
+    db_session.expire_all()
+    assert [(t.weight_version, t.weight_version_end) for t in _turns(db_session, episode_id)] == [(3, 3), (3, 3)]
 
 
 @pytest.mark.parametrize(("spans", "why"), [

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 from core.models import Episode, EpisodeGroup, Turn
 from environments.parsing import hermes_call
 from task_workers.episode.runner import run_episode
-from task_workers.policy.scripted import IM_END, Reply
+from task_workers.policy.scripted import IM_END
 from tests.task_workers.episode.conftest import FIX, make_episode
 
 
@@ -97,16 +97,18 @@ def test_max_turns(db_session, scripted, sandboxes, policy_client, code_repo_ima
 def test_a_tool_timeout_is_an_observation_and_the_episode_timeout_ends_it(
     db_session, scripted, sandboxes, policy_client, code_repo_image, calc_task_payload
 ) -> None:
+    """The agent's own time (its tool calls in the sandbox) is what `episode_timeout_s` counts: three
+    commands cut at their 1 s timeout spend the 2.5 s budget."""
     policy, _ = scripted
-    policy.scripts["slow"] = [hermes_call("bash", command="sleep 30", timeout=1),
-                              Reply(hermes_call("bash", command="ls"), delay_s=3.0)] + [hermes_call("bash", command="ls")] * 5
+    cut, ls = hermes_call("bash", command="sleep 30", timeout=1), hermes_call("bash", command="ls")
+    policy.scripts["slow"] = [cut, ls] * 4  # an ls between: the consecutive tool-error limit is not reached
     episode_id = make_episode(db_session, image=code_repo_image, payload=calc_task_payload, script="slow",
                               episode_timeout_s=2.5)
     run_episode(episode_id, policy=policy_client, sandboxes=sandboxes, worker="test")
     episode = _episode(db_session, episode_id)
     turns = _turns(db_session, episode_id)
     assert turns[0].tool_status == "timeout" and turns[0].exit_code != 0
-    assert episode.termination_reason == "episode_timeout"
+    assert episode.termination_reason == "episode_timeout" and len(turns) == 5
 
 
 def test_malformed_tool_calls_end_in_format_error(db_session, scripted, sandboxes, policy_client, code_repo_image,
