@@ -29,6 +29,7 @@ from controller.errors import InvalidRunState, NoEligibleTask
 from core.archive import ArchiveError
 from core.config_files import DataLimitError
 from core.errors import ConfigError, CrucibleError, NotFound, ServiceUnavailable
+from core.pools import PoolHeld
 from core.settings import get_settings
 
 logger = logging.getLogger("crucible.api")
@@ -38,6 +39,7 @@ _CRUCIBLE_STATUS: list[tuple[type[CrucibleError], int, str]] = [
     (DataLimitError, 422, "limit_exceeded"),
     (ConfigError, 422, "invalid"),
     (InvalidRunState, 409, "conflict"),
+    (PoolHeld, 409, "conflict"),
     (NoEligibleTask, 409, "no_eligible_task"),
     (ArchiveError, 409, "archived"),
     (ServiceUnavailable, 503, "service_unavailable"),

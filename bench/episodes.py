@@ -169,7 +169,11 @@ def _sample_scripts(delays: list[float], *, group_size: int, sigma: float, seed:
     """Per task, one script per sample (task_workers.policy.scripted.Samples): the first turn's policy
     latency is the task's times the sample's own lognormal(0, `sigma`) draw (at most `cap_s`); the
     faster half of the group submits the right number, the slower half a wrong one, so every group has
-    a reward contrast, and it lies between a fast sample and a slow one. Also every sample's latency."""
+    a reward contrast, and it lies between a fast sample and a slow one: no group is dropped for zero
+    variance (the budget of U·B groups stays equal work in both modes), and trained ÷ examined seconds
+    can only move when a group with its contrast is dropped (the simulation in
+    tests/trainer/test_async_staleness.py measures it with zero-variance drops). A retried first turn
+    takes the next script. Also every sample's latency."""
     import random
 
     rng = random.Random(seed)
@@ -421,7 +425,9 @@ def _tail_figures(*, run_id: int, trainer: StandInTrainer, clock: SlotClock, sta
     slowest = max((b - a for eid, a, b in clock.spans if eid in trained_ids), default=0.0)
     bound_s = max(ideal, slowest + step_s, updates * step_s)
     sampled = sum(trainer.token_lags.values())
-    seconds_of = {eid: b - a for eid, a, b in clock.spans}  # an episode's seconds in its slot, retries included
+    seconds_of: dict[int, float] = {}  # an episode's seconds in its slots, retries included
+    for eid, a, b in clock.spans:
+        seconds_of[eid] = seconds_of.get(eid, 0.0) + b - a
     trained_s = [seconds_of[eid] for eid in trainer.trained if eid in seconds_of]
     examined_s = [seconds_of[eid] for eid in trainer.examined if eid in seconds_of]
     return {

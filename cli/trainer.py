@@ -116,9 +116,8 @@ def build_trainer(
     checkpoint_dir: Path | None, poll: float,
 ) -> Trainer:
     """The Trainer for `run_id`, wired to every policy replica in `policy_urls` (None: the run's pool,
-    core.schemas.run.stored_pool) by `build_publisher`. InvalidRunState when a live trainer of another
-    run holds one of them (controller.pools)."""
-    from controller.pools import check_pool_free
+    core.schemas.run.stored_pool) by `build_publisher`. PoolHeld (trainer.loop.Trainer) when a live
+    trainer of another run holds one of them (core.pools)."""
     from core.db import session_scope
     from core.schemas.run import stored_pool
     from core.settings import get_settings
@@ -129,7 +128,6 @@ def build_trainer(
         run = get_run(session, run_id=run_id)
         model = run.model
         policy_urls = policy_urls or stored_pool(run.config, run_id=run_id)
-        check_pool_free(session, urls=policy_urls, run_id=run_id)
     publisher = build_publisher(model=model, policy_urls=policy_urls, policy_dirs=policy_dirs,
                                 fallback_dir=fallback_dir)
     root = checkpoint_dir or get_settings().data_dir / "checkpoints" / f"run-{run_id}"

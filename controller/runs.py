@@ -17,9 +17,9 @@ from controller.config import JOB_KEY
 from controller.errors import InvalidRunState
 from controller.logs import log_event
 from controller.picking import check_eligible
-from controller.pools import check_pool_free
 from core.errors import ConfigError, NotFound
 from core.models import Environment, Run, RunEnvironment
+from core.pools import allowed_pool, check_pool_free
 from core.schemas import EnvironmentShare, RunConfig
 from core.termination import RunPurpose, RunStatus
 from environments.service import get_environment
@@ -67,8 +67,8 @@ def create_run(
     once the checkpoint serves): a run may not claim weights nobody loaded.
 
     Raises NotFound for an unknown environment or version, NoEligibleTask when an environment has no
-    task the run could draw, ConfigError for a taken name, InvalidRunState for a training run on policy
-    servers another run's live trainer holds (controller.pools).
+    task the run could draw, ConfigError for a taken name, PoolHeld for a training run on policy servers
+    another run's live trainer holds (core.pools).
     """
     if config.checkpoint is not None and not checkpoint_loaded:
         raise ConfigError("checkpoint: expected none in a run config (`crucible eval launch --run R --step S` "
@@ -76,6 +76,8 @@ def create_run(
     existing = session.execute(select(Run.id).where(Run.name == config.name)).scalar_one_or_none()
     if existing is not None:
         raise ConfigError(f"name: a run named {config.name!r} exists (id {existing}); choose another name")
+    if config.policy_urls is not None:
+        allowed_pool(config.policy_urls)
     if config.purpose == RunPurpose.TRAIN:
         check_pool_free(session, urls=config.policy_pool)
     pinned = _pin_environments(session, config)

@@ -103,6 +103,9 @@ class Settings(BaseSettings):
     reward_servers: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Comma-separated servers an environment spec may name as its judge or reward model (workers post
     every episode there). The policy servers are always allowed; anything else only if listed here."""
+    policy_servers: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Comma-separated policy servers a run may name as its own pool (`policy_urls`), besides the
+    platform's (CRUCIBLE_POLICY_URLS): workers sample from them and its trainer pushes to them."""
     worker_name: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     """Identity of this worker; it labels every sandbox the worker owns."""
     worker_concurrency: Annotated[int, Field(ge=1, le=1024)] = 4
@@ -151,7 +154,7 @@ class Settings(BaseSettings):
             raise ValueError("expected an http:// or https:// URL")
         return value.rstrip("/")
 
-    @field_validator("policy_urls", "reward_servers", mode="before")
+    @field_validator("policy_urls", "reward_servers", "policy_servers", mode="before")
     @classmethod
     def _split_urls(cls, value: object) -> object:
         if isinstance(value, str):
@@ -190,7 +193,7 @@ class Settings(BaseSettings):
             return [name.strip() for name in value.split(",") if name.strip()]
         return value
 
-    @field_validator("reward_servers")
+    @field_validator("reward_servers", "policy_servers")
     @classmethod
     def _check_reward_servers(cls, value: list[str]) -> list[str]:
         return http_urls(value, unique=False)

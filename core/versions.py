@@ -12,10 +12,15 @@ no run (a server no Crucible trainer tagged, the tests' scripted server) is take
 trainer still refuses a token newer than its own version.
 
 Every load carries a nonce of its own, so a provisional label settles for that load alone (`settle`):
-verified once the server says the same load is committed, pending while it still says the provisional
-label, failed once it says anything else — a rollback, a restart, or a load after it, which the worker
-cannot tell apart from a re-push of the same version after a failed probe. Failed only costs a
-resampled turn: nothing sampled by rejected weights is ever stored.
+verified once that load is seen committed — the server says so now, or a later span of the same
+completion was sampled under its committed label (a long completion that straddles the commit and
+the next push) — pending while the server still says the provisional label, failed once it says
+anything else: a rollback, a restart, or a later load, which the worker cannot tell apart from a
+re-push of the same version after a failed probe. Failed only costs a resampled turn: nothing
+sampled by rejected weights is ever stored.
+
+A label at or above CHECKPOINT_TAG_BASE that names no run is a checkpoint evaluation's: a training
+run's worker refuses it as foreign.
 """
 
 from __future__ import annotations
@@ -94,18 +99,24 @@ class Settled:
     """The run a FOREIGN label names."""
 
 
-def settle(label: str | None, *, now: str | None, run: int | None = None) -> Settled:
-    """What `label` stands for, given the server's label `now` (read after the fact), for a worker of
-    training run `run` (None: any run's label is read for what it says, to be shown)."""
+def settle(label: str | None, *, now: str | None, run: int | None = None, seen: frozenset[str] = frozenset()
+           ) -> Settled:
+    """What `label` stands for, given the server's label `now` (read after the fact) and the labels
+    `seen` on the same completion, for a worker of training run `run` (None: any run's label is read
+    for what it says, to be shown)."""
     parsed = Label.parse(label)
     if parsed is None:
         return Settled(LabelState.UNKNOWN)
     if run is not None and parsed.run is not None and parsed.run != run:
         return Settled(LabelState.FOREIGN, run=parsed.run)
+    if run is not None and parsed.run is None and parsed.version >= CHECKPOINT_TAG_BASE:
+        return Settled(LabelState.FOREIGN)  # a checkpoint evaluation's weights
     if not parsed.provisional:
         return Settled(LabelState.VERIFIED, parsed.version)
     if parsed.load is None:  # a provisional label must name its load: nothing could settle it
         return Settled(LabelState.UNKNOWN)
+    if str(parsed.committed) in seen:  # the completion went on under that load, committed
+        return Settled(LabelState.VERIFIED, parsed.version)
     current = Label.parse(now)
     if current is None and now is None:  # nothing reported (yet): ask again
         return Settled(LabelState.PENDING)

@@ -44,6 +44,7 @@ from core.config_files import parse_model
 from core.db import get_engine, lost_connection, session_factory
 from core.errors import ConfigError, CrucibleError
 from core.models import Run, RunEnvironment, TrainingStep
+from core.pools import check_pool_free, held_by
 from core.schemas.run import Curriculum, RunConfig, Sampling, stored_sampling
 from core.settings import get_settings
 from core.termination import DropReason, RunStatus
@@ -132,6 +133,7 @@ class Trainer:
         self._lock = hold_trainer_lock(db or get_engine(), run_id=run_id)  # before any work: one trainer per run
         try:
             self._load_settings()
+            self._hold_pool()
         except BaseException:
             self._lock.release()
             raise
@@ -146,6 +148,21 @@ class Trainer:
         self.consumed = 0
         self._dropped_while_waiting = BatchPlan()  # reported with the next step's metrics
         self._skipped_steps = 0  # non-finite steps since the last recorded one, reported with it
+
+    def _hold_pool(self) -> None:
+        """PoolHeld when a live trainer of another run holds one of this trainer's servers (checked once
+        this trainer holds its own lock, so of two starting at once the later sees the earlier); then
+        every push and re-sync refuses a server whose label names such a run (core.pools)."""
+        if self.publisher is None:
+            return
+        with self._sessions() as session:
+            check_pool_free(session, urls=[replica.server.api_url for replica in self.publisher.replicas],
+                            run_id=self.run_id)
+
+        def live(runs: list[int]) -> list[int]:
+            with self._sessions() as session:
+                return held_by(session, runs, run_id=self.run_id)
+        self.publisher.held_by = live
 
     def _load_settings(self) -> None:
         with self._sessions() as session:

@@ -47,6 +47,7 @@ from typing import Any, TypeVar
 import torch
 
 from core.errors import ConfigError
+from core.pools import PoolHeld
 from core.settings import public_url
 from core.versions import Label
 from trainer.engine import PolicyEngine
@@ -131,6 +132,9 @@ class Publisher:
         self.replicas = list(replicas)
         self.run_id = run_id
         """The training run whose weights it pushes: every label names it (None: a checkpoint evaluation's)."""
+        self.held_by: Callable[[list[int]], list[int]] | None = None
+        """Which of these runs (named by replicas' labels) have a live trainer (core.pools.held_by; set by
+        trainer.loop.Trainer): a replica one of them holds is never pushed to."""
         self.probe_ids = probe_ids
         self.tolerance = tolerance
         self.retry_s = retry_s
@@ -178,8 +182,24 @@ class Publisher:
         return {replica.name: result for replica, result in zip(replicas, results, strict=True)}
 
     def push(self, *, engine: PolicyEngine, version: int) -> SyncReport:
-        """Every replica: load, probe, tag. WeightSyncError (all rolled back) when none passed."""
+        """Every replica: load, probe, tag. WeightSyncError (all rolled back) when none passed; PoolHeld
+        when a replica serves the weights of another run whose trainer is alive."""
+        self._refuse_held(self.served_versions())
         return self._sync(engine=engine, version=version, targets=self.replicas, serving_already=False)
+
+    def _refuse_held(self, tags: dict[str, str | WeightSyncError | None]) -> None:
+        """PoolHeld when a replica's label names another run with a live trainer: two trainers on one
+        server would push over each other (the server's own label: every spelling of its address)."""
+        runs = {name: label.run for name, tag in tags.items()
+                if isinstance(tag, str) and (label := Label.parse(tag)) is not None and label.run is not None
+                and label.run != self.run_id}
+        if not runs or self.held_by is None:
+            return
+        if live := self.held_by(sorted(set(runs.values()))):
+            names = [name for name, run in runs.items() if run in live]
+            raise PoolHeld(f"policy replicas {', '.join(names[:3])} serve the weights of run {live[0]}, whose trainer "
+                           "is alive: a second trainer there would push over it; give this run servers of its own "
+                           f"(policy_urls) or stop run {live[0]}'s trainer first")
 
     def _sync(self, *, engine: PolicyEngine, version: int, targets: Sequence[Replica],
               serving_already: bool) -> SyncReport:
@@ -261,6 +281,7 @@ class Publisher:
         """Sync the replicas not serving `version` (restarted, or quarantined and due for a retry);
         None when there were none. WeightSyncError when no replica serves `version` afterwards."""
         tags = self.served_versions()
+        self._refuse_held(tags)
         serving = [r for r in self.replicas if self._serves(tags[r.name], version)]
         behind = [r for r in self.replicas if r not in serving and not isinstance(tags[r.name], WeightSyncError)]
         due = [r for r in behind if self._due(r, tags[r.name])]

@@ -190,7 +190,7 @@ class RunConfig(BaseModel):
     policy_urls: list[str] | None = Field(default=None, min_length=1, max_length=MAX_POLICY_REPLICAS)
     """The run's own pool of policy servers (vLLM OpenAI API roots), its trainer's and its episodes';
     None: the platform's (CRUCIBLE_POLICY_URLS). A training run is refused on a pool whose servers a
-    live trainer of another run holds (controller.pools): it would sample with that run's weights."""
+    live trainer of another run holds (core.pools): it would sample with that run's weights."""
 
     @field_validator("policy_urls")
     @classmethod

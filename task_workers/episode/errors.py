@@ -30,6 +30,13 @@ class PolicyFault(InfrastructureFault):
     reason = TerminationReason.POLICY_ERROR
 
 
+class UnreachablePool(PolicyFault):
+    """The run samples from servers of its own that this caller has no way to reach: retrying here
+    cannot help."""
+
+    retry = False
+
+
 class JudgeFault(InfrastructureFault):
     """A learned layer's server (judge, reward model) did not answer after its client's retries. Pointwise,
     the runner keeps the episode, failed and unscored (judge_error); pairwise, the group's judging is

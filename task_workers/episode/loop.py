@@ -99,15 +99,17 @@ def _settled(ctx: LoopContext, completion: Completion) -> list[Settled]:
     one is pending, for at most `settle_timeout_s` (a training run's only)."""
     labels = [label for label, _, _ in completion.spans] + list(completion.versions)
     now = completion.version_after
+    seen = frozenset(label for label in labels if label is not None)
     if not ctx.require_version:  # nothing trains on it: the labels are only shown, as they are now
-        return [settle(label, now=now) for label in labels]
+        return [settle(label, now=now, seen=seen) for label in labels]
     deadline = time.monotonic() + ctx.settle_timeout_s
     while True:
-        states = [settle(label, now=now, run=ctx.run) for label in labels]
-        if foreign := [state.run for state in states if state.state is LabelState.FOREIGN]:
+        states = [settle(label, now=now, run=ctx.run, seen=seen) for label in labels]
+        if foreign := [state for state in states if state.state is LabelState.FOREIGN]:
+            whose = f"run {foreign[0].run}'s weights" if foreign[0].run is not None else "a checkpoint evaluation's weights"
             raise PolicyFault(f"the policy server reported weight versions {' → '.join(map(repr, completion.versions))}: "
-                              f"run {foreign[0]}'s weights sampled a turn of run {ctx.run}; expected this run's own "
-                              "(another training run's trainer pushes to this run's policy servers)")
+                              f"{whose} sampled a turn of run {ctx.run}; expected this run's own "
+                              "(another trainer or evaluation pushes to this run's policy servers)")
         if any(state.state is LabelState.FAILED for state in states):
             raise _RejectedWeights(" → ".join(repr(label) for label in completion.versions))
         if not any(state.state is LabelState.PENDING for state in states) or time.monotonic() >= deadline:

@@ -39,7 +39,7 @@ from environments.reward_model_layer import score_episode
 from environments.rewards import FlagPolicy, spec_weights, weighted_sum
 from environments.service import spec_of
 from environments.spec import EnvironmentSpec, JudgeConfig
-from task_workers.episode.errors import JudgeFault, PolicyFault, SandboxFault, TaskRefusedFault
+from task_workers.episode.errors import JudgeFault, SandboxFault, TaskRefusedFault, UnreachablePool
 from task_workers.episode.group_judge import group_of, judge_finished_group
 from task_workers.episode.loop import LoopContext, initial_prompt, run_agent_loop
 from task_workers.episode.persist import Unscored, claim_episode, store_episode
@@ -143,7 +143,7 @@ def run_episode(
         return EpisodeOutcome(episode_id, False, None, None)
     if loaded.policy_urls is not None:
         if pools is None:
-            raise PolicyFault(f"run {loaded.run_id} samples from servers of its own ({', '.join(loaded.policy_urls[:3])}); "
+            raise UnreachablePool(f"run {loaded.run_id} samples from servers of its own ({', '.join(loaded.policy_urls[:3])}); "
                               "expected a worker that reaches them (task_workers.context.WorkerContext.pool)")
         policy = pools(loaded.policy_urls)
     kind = get_kind(loaded.spec.kind)(loaded.spec)

@@ -1,12 +1,14 @@
 """(Issue 47, item 2) One live trainer per policy server: a second training run on servers another run's
 live trainer holds is refused at launch — through the API (409) and the CLI (one line) — and its
-trainer refuses to start; a run that names servers of its own (`policy_urls`) is not. Two trainers on
-one pool would push over each other, and each run would sample with the other's weights.
-(The real processes: tests/trainer/test_pool_sync.py::test_two_training_runs_on_one_pool.)"""
+trainer refuses to start; a run that names servers of its own (`policy_urls`, among those the operator
+lists) is not. Two trainers on one pool would push over each other, and each run would sample with the
+other's weights. (The real processes: tests/trainer/test_pool_sync.py::test_two_training_runs_on_one_pool.)"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -16,13 +18,31 @@ from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
 from cli.main import app
-from cli.trainer import build_trainer
-from controller.errors import InvalidRunState
+from core.pools import PoolHeld
 from core.settings import get_settings
 from tests import factories
+from trainer.loop import Trainer
 from trainer.store import hold_trainer_lock
+from trainer.sync import PolicyServer, Publisher, Replica
 
 OWN = ["http://127.0.0.1:9/v1", "http://127.0.0.1:10/v1"]  # nothing answers there: nothing is reached
+
+
+@pytest.fixture(autouse=True)
+def _own_servers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The operator lists OWN as servers runs may name (CRUCIBLE_POLICY_SERVERS)."""
+    monkeypatch.setenv("CRUCIBLE_POLICY_SERVERS", ",".join(OWN))
+    get_settings.cache_clear()
+    yield
+    monkeypatch.undo()
+    get_settings.cache_clear()
+
+
+def _publisher(url: str, tmp_path: Path) -> Publisher:
+    """A publisher for one server; the test never pushes (the trainer refuses before any weight moves)."""
+    server = PolicyServer(api_url=url, base_url=url.removesuffix("/v1"), model_name="m", model_dir=tmp_path)
+    return Publisher(replicas=[Replica(server=server, syncer=SimpleNamespace(close=lambda: None))],  # type: ignore[arg-type]
+                     probe_ids=[1, 2])
 
 
 def _config(name: str, **extra: object) -> dict[str, object]:
@@ -61,8 +81,9 @@ def test_a_second_training_run_on_a_held_pool_is_refused_with_the_holder(
         assert evaluation.status_code == 201  # an eval run pushes no weights
 
         # The run launched before the trainer started: its own trainer refuses to start there.
-        with pytest.raises(InvalidRunState, match=f"held by the live trainer of run {holder.id}"):
-            build_trainer(run_id=before.json()["id"], policy_urls=None, policy_dirs=[], checkpoint_dir=tmp_path, poll=1.0)
+        with pytest.raises(PoolHeld, match=f"held by the live trainer of run {holder.id}"):
+            Trainer(run_id=before.json()["id"], publisher=_publisher(get_settings().policy_pool[0], tmp_path),
+                    checkpoint_root=tmp_path)
     finally:
         lock.release()
     assert client.post("/v1/runs", json=_config("after")).status_code == 201  # the trainer ended
@@ -71,6 +92,7 @@ def test_a_second_training_run_on_a_held_pool_is_refused_with_the_holder(
 @pytest.mark.parametrize("urls", [
     [], ["ftp://a/v1"], ["not a url"], ["http://a:8000/v1", "http://A:8000/"],  # one server spelt twice
     ["http://a/v1"] * 300, ["http://" + "a" * 5000], [None], "http://a/v1",
+    ["http://169.254.169.254/v1"], [OWN[0], "http://10.0.0.1:8000/v1"],  # servers the operator does not list
 ])
 def test_policy_urls_that_are_no_pool_are_refused_at_the_edge(
     client: TestClient, db_session: Session, urls: object,

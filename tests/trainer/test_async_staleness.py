@@ -211,6 +211,8 @@ class _Sim:
     """The seconds of every sample in a trained group's baseline."""
     contrast_lost: int = 0
     """Groups whose trainable samples' rewards differ, dropped all the same."""
+    waiting: list[int] = field(default_factory=list)
+    """Groups neither consumed nor dropped (running or complete), counted at every dispatch decision."""
 
 
 def _simulate(*, seed: int, staleness: int, batch: int, updates: int, step_s: float, slots: int,
@@ -254,6 +256,7 @@ def _simulate(*, seed: int, staleness: int, batch: int, updates: int, step_s: fl
             state = progress()
             room = allowance(run=run, config=config, progress=state)  # type: ignore[arg-type]
             sim.checks.append((state.dispatched, state.replaced, (run.policy_version + staleness + 1) * batch))
+            sim.waiting.append(sum(g.status in (GroupStatus.RUNNING, GroupStatus.COMPLETE) for g in groups))
             if room.groups == 0:
                 return
             task = rng.randrange(len(tasks))
@@ -281,15 +284,15 @@ def _simulate(*, seed: int, staleness: int, batch: int, updates: int, step_s: fl
                 seconds_of[samples[-1].episode_id] = g.seconds[i]
             candidates.append(Group(id=g.index, group_index=g.index, environment="e", policy_version=g.dispatched_at,
                                     samples=samples))
+        trainable = {c.id: [s for s in c.samples if s.trainable] for c in candidates}  # before plan_batch keeps some
         plan = plan_batch(candidates, current_version=run.policy_version, rule=rule, batch_size=batch, loss=LossConfig())
         assert plan.max_weighted_lag is None or plan.max_weighted_lag <= rule.max_token_staleness  # (I2)
         if len(plan.groups) < batch and not plan.dropped:
             return
-        for candidate in candidates[:plan.examined]:
-            rewards = [sample.reward for sample in candidate.samples if sample.trainable]
-            if candidate.id in plan.dropped:
-                groups[candidate.id].status, groups[candidate.id].reason = GroupStatus.DROPPED, plan.dropped[candidate.id]
-                sim.contrast_lost += len(set(rewards)) > 1
+        for gid, reason in plan.dropped.items():  # a drop is final: examined now, whether a step follows or not
+            groups[gid].status, groups[gid].reason = GroupStatus.DROPPED, reason
+            sim.contrast_lost += len({sample.reward for sample in trainable[gid]}) > 1
+            sim.examined_s += [seconds_of[sample.episode_id] for sample in trainable[gid]]
         if len(plan.groups) < batch:
             return
         batch_ids = {g.id for g in plan.groups}
@@ -297,9 +300,8 @@ def _simulate(*, seed: int, staleness: int, batch: int, updates: int, step_s: fl
             g.status == GroupStatus.COMPLETE and g.index not in batch_ids)]
         if not may_step(version=run.policy_version, oldest_waiting=min(waiting, default=None), rule=rule):
             return  # the trainer's pacing: it waits for a group its step would leave past the hard cap
-        for candidate in candidates[:plan.examined]:
-            sim.examined_s += [seconds_of[sample.episode_id] for sample in candidate.samples if sample.trainable]
         for g in plan.groups:
+            sim.examined_s += [seconds_of[sample.episode_id] for sample in trainable[g.id]]
             groups[g.id].status = GroupStatus.CONSUMED
             sim.trained.append(g.id)
             sim.trained_s += [seconds_of[sample.episode_id] for sample in g.samples]
@@ -332,6 +334,7 @@ def test_admission_bound_holds_at_every_dispatch_and_nothing_drops_for_staleness
     named reason; no group is dropped for staleness inside the bound."""
     sim = _simulate(seed=seed, staleness=2, batch=4, updates=60, step_s=1.0, slots=16)
     assert sim.checks and all(started - rejected <= bound for started, rejected, bound in sim.checks)
+    assert max(sim.waiting) <= (2 + 1) * 4  # counted from the groups themselves: never more than (η + 1)·B
     assert any(g.reason == DropReason.ZERO_VARIANCE for g in sim.groups)  # replaced, within the bound
     for g in sim.groups:
         assert g.status in (GroupStatus.CONSUMED, GroupStatus.COMPLETE, GroupStatus.RUNNING) or (

@@ -276,7 +276,7 @@ def _label_of(server: VllmServer) -> Label | None:
     return Label.parse(httpx.get(f"{server.base_url}/weight_info", timeout=120).json()["weight_version"])
 
 
-def _start_trainer(run: Run, server: VllmServer, root: Path) -> Any:
+def _start_trainer(run: Run, server: VllmServer, root: Path, *extra: str) -> Any:
     """`python -m cli.trainer --run R` on the run's own pool (no --policy-url: the run names it)."""
     import os
     import subprocess
@@ -284,15 +284,17 @@ def _start_trainer(run: Run, server: VllmServer, root: Path) -> Any:
 
     log = (root / f"trainer-{run.id}.log").open("wb")
     command = [sys.executable, "-m", "cli.trainer", "--run", str(run.id), "--policy-dir", str(server.model_dir),
-               "--checkpoint-dir", str(root / f"ck-{run.id}"), "--poll", "0.2"]
+               "--checkpoint-dir", str(root / f"ck-{run.id}"), "--poll", "0.2", *extra]
     return subprocess.Popen(command, env={**os.environ, "CRUCIBLE_LOG_LEVEL": "INFO"}, stdout=log,
                             stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2])
 
 
-def _serving(server: VllmServer, run: Run, trainer: Any, root: Path) -> None:
-    """Wait until the run's trainer has pushed its version 0 to `server` (its label names the run)."""
+def _serving(server: VllmServer, run: Run, trainer: Any, root: Path, *, before: Label | None) -> None:
+    """Wait until the run's trainer has pushed its version 0 to `server`: a load of its own (not the label
+    `before` it started, which an earlier test's run of the same id may have left) by a live trainer."""
     deadline = time.monotonic() + 300
-    while (label := _label_of(server)) is None or (label.run, label.version, label.provisional) != (run.id, 0, False):
+    while (label := _label_of(server)) is None or label == before or (
+            label.run, label.version, label.provisional) != (run.id, 0, False):
         log = (root / f"trainer-{run.id}.log").read_text(errors="replace")[-3000:]
         assert trainer.poll() is None and time.monotonic() < deadline, log
         time.sleep(0.5)
@@ -301,11 +303,14 @@ def _serving(server: VllmServer, run: Run, trainer: Any, root: Path) -> None:
 @pytest.mark.slow  # two real vLLM servers and two trainer processes (shares the module's replicas)
 def test_two_training_runs_on_one_pool(
     db_session: Session, replicas: list[VllmServer], tiny_model_dir: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Run A's trainer (a real process) holds replica P1. A second training run on P1 is refused at
-    launch (the CLI prints one line); a run naming P2, its own, is launched and its trainer labels P2
-    with its run. Its episode samples from P2 only and stores its own version; an episode that reached
-    another run's weights (A's on P1) is refused, nothing stored."""
+    launch (the CLI prints one line); a run naming P2, its own, is launched. Its trainer pointed at P1
+    under another spelling of its address (`--policy-url http://localhost:…`) refuses to push over A's
+    weights; pointed at its own P2 it labels P2 with its run. Its episode samples from P2 only and
+    stores its own version; an episode that reached another run's weights (A's on P1) is refused,
+    nothing stored."""
     import json
     import os
     import signal
@@ -327,6 +332,10 @@ def test_two_training_runs_on_one_pool(
     from task_workers.policy.pool import PolicyPool
 
     p1, p2 = replicas
+    from core.settings import get_settings
+
+    monkeypatch.setenv("CRUCIBLE_POLICY_SERVERS", f"{p1.api_url},{p2.api_url}")  # servers runs may name
+    get_settings.cache_clear()
     spec = {"name": "pools-e2e", "kind": "read_number", "image": "code-repo",
             "sandbox": {"memory": "256m", "pids": 128, "workspace_size": "16m", "tmp_size": "16m"},
             "limits": {"max_turns": 2, "max_context_tokens": 900, "max_response_tokens": 24, "tool_timeout_s": 5},
@@ -339,9 +348,13 @@ def test_two_training_runs_on_one_pool(
     db_session.add(task)
     first = make_run(db_session, model=str(tiny_model_dir), group_size=1, batch_size=1, policy_urls=[p1.api_url])
     db_session.commit()
+    for server in replicas:  # as fresh servers: the module's earlier tests left labels of their own run ids
+        httpx.post(f"{server.base_url}/update_weight_version", json={"new_version": "default"}).raise_for_status()
+    before = _label_of(p1)
     trainers = [_start_trainer(first, p1, tmp_path)]
     try:
-        _serving(p1, first, trainers[0], tmp_path)
+        _serving(p1, first, trainers[0], tmp_path, before=before)
+        held = _label_of(p1)
 
         def launch(name: str, urls: list[str]) -> Any:
             path = tmp_path / f"{name}.yaml"
@@ -356,8 +369,14 @@ def test_two_training_runs_on_one_pool(
         assert own.exit_code == 0, own.output
         second = db_session.get(Run, int(json.loads(own.output[own.output.index("{"):])["id"]))
         assert second is not None
+        alias = _start_trainer(second, p1, tmp_path, "--policy-url", p1.api_url.replace("127.0.0.1", "localhost"))
+        assert alias.wait(timeout=300) != 0
+        refusal = (tmp_path / f"trainer-{second.id}.log").read_text(errors="replace")
+        assert f"serve the weights of run {first.id}, whose trainer is alive" in refusal, refusal[-3000:]
+        assert _label_of(p1) == held  # nothing was pushed over A's weights
+        before = _label_of(p2)
         trainers.append(_start_trainer(second, p2, tmp_path))
-        _serving(p2, second, trainers[1], tmp_path)
+        _serving(p2, second, trainers[1], tmp_path, before=before)
         assert (_label_of(p1).run, _label_of(p2).run) == (first.id, second.id)  # type: ignore[union-attr]
 
         def episode(run: Run) -> int:
@@ -409,3 +428,4 @@ def test_two_training_runs_on_one_pool(
             except Exception:
                 process.kill()
                 process.wait()
+        get_settings.cache_clear()

@@ -263,7 +263,7 @@ def test_a_resumed_trainer_draws_the_random_numbers_an_uninterrupted_one_draws(
     env, task = make_environment(db_session)
     add_group(db_session, run=run, env=env, task=task, rewards=[1.0, 0.0], vocab=len(tokenizer))
     db_session.commit()
-    first = Trainer(run_id=run.id, publisher=SimpleNamespace(), checkpoint_root=tmp_path / "ck")  # type: ignore[arg-type]
+    first = Trainer(run_id=run.id, publisher=SimpleNamespace(replicas=[]), checkpoint_root=tmp_path / "ck")  # type: ignore[arg-type]
     try:
         random.random(), numpy.random.random()  # the process's other generators move too (a shuffle, a sampler)
         plan = step_module.generate(db_session, run_id=run.id, version=0, rule=StalenessRule.for_bound(1),
@@ -273,7 +273,7 @@ def test_a_resumed_trainer_draws_the_random_numbers_an_uninterrupted_one_draws(
         uninterrupted = _draws()
     finally:
         first._lock.release()
-    resumed = Trainer(run_id=run.id, publisher=SimpleNamespace(), checkpoint_root=tmp_path / "ck")  # type: ignore[arg-type]
+    resumed = Trainer(run_id=run.id, publisher=SimpleNamespace(replicas=[]), checkpoint_root=tmp_path / "ck")  # type: ignore[arg-type]
     try:
         resumed._publish = lambda **_: None  # type: ignore[method-assign]
         resumed.resume()

@@ -202,12 +202,32 @@ def test_weight_version_labels(label: str | None, now: str | None, expected: int
     ("x-unverified" + LOAD, "5", LabelState.UNKNOWN), ("٥", "5", LabelState.UNKNOWN),  # a non-ASCII digit is no version
     ("r4:5" + LOAD, "r4:5" + LOAD, LabelState.FOREIGN), ("r4:5-unverified" + LOAD, "r3:5", LabelState.FOREIGN),
     ("r03:5", "r03:5", LabelState.UNKNOWN),  # one spelling per label: no leading zero
+    ("1000000005" + LOAD, "1000000005" + LOAD, LabelState.FOREIGN),  # a checkpoint evaluation's weights
 ])
 def test_a_provisional_label_settles_for_its_own_load_only(label: str, now: str | None, state: LabelState) -> None:
     """(Issue 47, item 3) A provisional label settled as verified once the server said its version
     again, also after that load's probe failed and the version was pushed again: tokens of rejected
     weights were stored. Now a label settles for the exact load that was committed."""
     assert settle(label, now=now, run=3).state is state
+
+
+def test_a_long_completion_that_straddles_the_commit_and_the_next_push_is_kept() -> None:
+    """(Review of issue 47) Sampled under load a's provisional label, then under a committed, and the
+    server is on the next load b when the completion ends: its own later span proves a was committed.
+    Judged against the server alone it failed, and a long generation was resampled until it gave up."""
+    from core.schemas.run import Sampling
+    from environments.spec import Limits
+    from task_workers.episode.loop import LoopContext, _versions
+    from task_workers.policy.client import Completion
+
+    provisional, committed, next_load = "r3:5-unverified" + LOAD, "r3:5" + LOAD, "r3:6-unverified" + OTHER
+    completion = Completion(token_ids=[1, 2, 3, 4, 5], logprobs=[-1.0] * 5, text="", finish_reason="stop",
+                            versions=(provisional, committed), version_after=next_load, seconds=0.1,
+                            spans=((provisional, 0, 2), (committed, 2, 5)))
+    ctx = LoopContext(kind=None, task=None, sandbox=None, policy=None, limits=Limits(),  # type: ignore[arg-type]
+                      sampling=Sampling(), require_version=True, run=3, settle_timeout_s=0)
+    assert _versions(ctx, completion).runs == [5, 5]
+    assert settle(provisional, now=next_load, run=3).state is LabelState.FAILED  # the server alone cannot tell
 
 
 def test_a_label_spells_one_load_of_one_runs_version() -> None:
