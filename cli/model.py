@@ -39,12 +39,14 @@ def init_tiny(
     vocab_size: int = typer.Option(2048, help="Tokenizer vocabulary (512-32768)."),
     max_position: int = typer.Option(4096, help="Longest sequence the model accepts."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Write into a directory that has files."),
+    tied: bool = typer.Option(False, "--tied", help="Tie the output layer to the embeddings (as most small "
+                              "pretrained chat models do)."),
 ) -> None:
     """Make a tiny Qwen2 model with a locally trained tokenizer and a tool-calling chat template."""
     from trainer.tiny_model import TinyModelSpec, make_tiny_model
 
     spec = TinyModelSpec(hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads,
-                         intermediate=intermediate, vocab_size=vocab_size, max_position=max_position)
+                         intermediate=intermediate, vocab_size=vocab_size, max_position=max_position, tied=tied)
     with readable_errors():
         info = make_tiny_model(out_dir=directory, seed=seed, spec=spec, overwrite=overwrite)
     console.print(

@@ -52,6 +52,9 @@ class TinyModelSpec:
     """Longest sequence (rotary positions); serve with `--max-model-len` at most this."""
     init_std: float = 0.02
     """Std of the normal weight init (Hugging Face's `initializer_range`)."""
+    tied: bool = False
+    """Tie the output layer to the token embeddings, as most small pretrained chat models do (Qwen2.5-0.5B,
+    SmolLM2): one matrix trained, pushed and probed as both."""
 
     def check(self) -> None:
         """Raise ConfigError naming the first option vLLM or Qwen2 cannot use."""
@@ -123,8 +126,7 @@ def build_model(*, spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast, seed
         num_key_value_heads=spec.kv_heads,
         max_position_embeddings=spec.max_position,
         initializer_range=spec.init_std,
-        # Untied: vLLM's CPU reload_weights reports success but keeps a tied output layer unchanged.
-        tie_word_embeddings=False,
+        tie_word_embeddings=spec.tied,  # a tied head reaches vLLM too: trainer.weight_sync.save_weights
         bos_token_id=endoftext,
         eos_token_id=im_end,
         pad_token_id=endoftext,

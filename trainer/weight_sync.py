@@ -37,6 +37,7 @@ from trainer.errors import WeightSyncError
 
 log = logging.getLogger(__name__)
 WEIGHTS_FILE = "model.safetensors"
+TIED_HEAD = "lm_head.weight"
 PREVIOUS_WEIGHTS = ".previous-weights"
 """The served weights kept aside during a load, for a rollback (not *.safetensors: never loaded)."""
 
@@ -183,15 +184,25 @@ def save_weights(*, model: torch.nn.Module, model_dir: Path) -> Path:
     Written to a temp file in the same directory and renamed over the old file, so the server never
     reads half a file. Other `*.safetensors` shards there (a sharded checkpoint) would be loaded
     alongside and are refused. Under DeepSpeed ZeRO-3, call it inside `GatheredParameters`.
+
+    A tied output layer (`tie_word_embeddings`) is written as a tensor of its own beside the embeddings.
+    vLLM's reload swaps every layer's parameters for fresh ones and rebuilds a layer's kernels only when
+    the file has weights for it; on CPU the head computes from a packed copy made when its weights load
+    (oneDNN). A file with the embeddings alone leaves that copy, and the old head, in place (the probe
+    sees it: tests/trainer/test_tied_head.py); with `lm_head.weight` in the file the head is rebuilt,
+    and a restarted server re-ties the two equal matrices.
     """
-    config = getattr(model, "config", None)
-    if getattr(config, "tie_word_embeddings", False):
-        # vLLM's CPU reload reports success yet keeps a tied output layer: refuse rather than drift.
-        raise WeightSyncError("expected a model with an untied lm_head (tie_word_embeddings=False), got a tied one")
     others = [p.name for p in model_dir.glob("*.safetensors") if p.name != WEIGHTS_FILE]
     if others or (model_dir / f"{WEIGHTS_FILE}.index.json").exists():
         raise WeightSyncError(f"expected one {WEIGHTS_FILE} in {model_dir}, got shards {sorted(others)}")
     state = {name: tensor.detach().to("cpu").contiguous() for name, tensor in model.state_dict().items()}
+    config = getattr(model, "config", None)
+    if getattr(config, "tie_word_embeddings", False):
+        embeddings = next((tensor for name, tensor in state.items() if name.endswith("embed_tokens.weight")), None)
+        head = state.get(TIED_HEAD, embeddings)
+        if head is None:
+            raise WeightSyncError(f"expected a tied model's embeddings (…embed_tokens.weight), got {sorted(state)[:8]}")
+        state[TIED_HEAD] = head.clone()  # its own storage: safetensors refuses shared tensors
     fd, tmp = tempfile.mkstemp(dir=model_dir, prefix=".weights-", suffix=".tmp")  # not *.safetensors
     os.close(fd)
     try:
