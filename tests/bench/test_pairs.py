@@ -74,7 +74,7 @@ def test_the_stand_in_trainer_waits_for_the_next_group_in_dispatch_order(db_sess
 
 def test_the_stand_in_trains_with_the_real_rules_and_tags_the_server_with_each_version(db_session: Session) -> None:
     """The stand-in's own loop, on the database: complete groups claimed oldest dispatched first, the
-    token lags counted from the stored versions, nothing dropped within the cap, and the policy server
+    real plan_batch on the stored versions (token lags counted, nothing dropped within the cap), and the policy server
     tagged with each new version (as a weight sync does), so later tokens carry it."""
     from bench.episodes import StandInTrainer
     from task_workers.policy.scripted import ScriptedPolicy, serve
@@ -93,5 +93,6 @@ def test_the_stand_in_trains_with_the_real_rules_and_tags_the_server_with_each_v
     rows = db_session.query(EpisodeGroup).filter(EpisodeGroup.run_id == run.id).order_by(EpisodeGroup.group_index)
     assert [(g.status, g.consumed_step) for g in rows] == [
         ("consumed", 1), ("consumed", 1), ("consumed", 2), ("consumed", 2)]
-    assert trainer.dropped == 0 and trainer.masked == 0 and policy.weight_version == "2"
+    assert not trainer.drops and trainer.contrast_lost == 0 and trainer.masked == 0 and policy.weight_version == "2"
+    assert sorted(trainer.trained) == sorted(trainer.examined)  # every sample of every group examined trained
     assert dict(trainer.token_lags) == {0: 96}  # 4 groups × 2 episodes × 12 sampled tokens, each trained on time
