@@ -54,9 +54,7 @@ def allowed_pool(urls: Sequence[str]) -> None:
     """ConfigError unless every server of `urls` is the platform's (CRUCIBLE_POLICY_URLS) or one the
     operator lists for runs of their own (CRUCIBLE_POLICY_SERVERS): a run config must not point workers
     and a trainer at any address a user types."""
-    settings = get_settings()
-    allowed = [*settings.policy_pool, *settings.policy_servers]
-    unknown = [url for url in urls if not same_servers(allowed, [url])]
+    unknown = [url for url in urls if not get_settings().allows_policy_server(url)]
     if unknown:
         raise ConfigError(f"policy_urls: expected servers of CRUCIBLE_POLICY_URLS or CRUCIBLE_POLICY_SERVERS, got "
                           f"{', '.join(unknown[:3])}")

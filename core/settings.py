@@ -198,6 +198,12 @@ class Settings(BaseSettings):
     def _check_reward_servers(cls, value: list[str]) -> list[str]:
         return http_urls(value, unique=False)
 
+    def allows_policy_server(self, url: str) -> bool:
+        """Whether a run may name `url` as one of its own policy servers: the platform's or a listed one
+        (the same server however spelt)."""
+        return _is_http_url(url) and _server_key(url) in {_server_key(u) for u in [*self.policy_pool,
+                                                                                     *self.policy_servers]}
+
     def allows_reward_server(self, url: str) -> bool:
         """Whether a spec may name `url` as its judge or reward model: a policy server or a listed one
         (the same server however spelt: case of the host, default port, a trailing /v1)."""

@@ -153,7 +153,7 @@ class Trainer:
         """PoolHeld when a live trainer of another run holds one of this trainer's servers (checked once
         this trainer holds its own lock, so of two starting at once the later sees the earlier); then
         every push and re-sync refuses a server whose label names such a run (core.pools)."""
-        if self.publisher is None:
+        if self.publisher is None:  # (tests of the loop that publish nothing)
             return
         with self._sessions() as session:
             check_pool_free(session, urls=[replica.server.api_url for replica in self.publisher.replicas],

@@ -113,8 +113,7 @@ class ExportedWeights(torch.nn.Module):
 class Publisher:
     def __init__(self, *, server: PolicyServer | None = None, syncer: WeightSyncer | None = None,
                  replicas: Sequence[Replica] | None = None, probe_ids: list[int],
-                 tolerance: float = DEFAULT_TOLERANCE, retry_s: float = 30.0, silence_grace_s: float = 120.0,
-                 run_id: int | None = None) -> None:
+                 tolerance: float = DEFAULT_TOLERANCE, retry_s: float = 30.0, silence_grace_s: float = 120.0) -> None:
         """`silence_grace_s`: how long every replica may fail to answer a re-sync's version check before the
         publisher gives up (a CPU server busy with a long batch missed one 10 s check, and a trainer exited)."""
         if replicas is None:
@@ -130,7 +129,7 @@ class Publisher:
         if len(set(names)) != len(names):
             raise ConfigError(f"expected each policy replica once, got {names}")
         self.replicas = list(replicas)
-        self.run_id = run_id
+        self.run_id: int | None = None
         """The training run whose weights it pushes: every label names it (None: a checkpoint evaluation's)."""
         self.held_by: Callable[[list[int]], list[int]] | None = None
         """Which of these runs (named by replicas' labels) have a live trainer (core.pools.held_by; set by

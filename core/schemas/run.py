@@ -235,10 +235,15 @@ def stored_seed(config: Any, *, run_id: int) -> int:
 
 
 def stored_pool(config: Any, *, run_id: int) -> list[str]:
-    """A stored run's policy servers (`runs.config["policy_urls"]`, else the platform's), checked again."""
+    """A stored run's policy servers: its own (`stored_policy_urls`), else the platform's."""
+    return stored_policy_urls(config, run_id=run_id) or get_settings().policy_pool
+
+
+def stored_policy_urls(config: Any, *, run_id: int) -> list[str] | None:
+    """A stored run's own policy servers (`runs.config["policy_urls"]`), checked again; None: it names none."""
     raw = config.get("policy_urls") if isinstance(config, dict) else None
     if raw is None:
-        return get_settings().policy_pool
+        return None
     if not isinstance(raw, list) or not raw or not all(isinstance(url, str) for url in raw):
         raise ConfigError(f"run {run_id} config.policy_urls: expected a list of one or more URLs, got {raw!r:.80}")
     try:

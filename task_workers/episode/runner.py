@@ -27,7 +27,7 @@ from core.episode_text import render_turns
 from core.errors import ConfigError, CrucibleError
 from core.flags import EpisodeFlag
 from core.models import Environment, Episode, Task
-from core.schemas.run import Sampling, stored_checkpoint, stored_pool, stored_sampling, stored_seed
+from core.schemas.run import Sampling, stored_checkpoint, stored_policy_urls, stored_sampling, stored_seed
 from core.seeds import episode_seed
 from core.termination import RunPurpose, TerminationReason
 from environments.base import Artifact, GraderFault, LayerResult, Sandbox, TaskRefused, ToolCall, Verdict
@@ -119,8 +119,7 @@ def _run_sampling(session: Any, episode: Episode) -> tuple[Sampling, bool, int |
     seed = episode_seed(run_seed=stored_seed(config, run_id=episode.run_id), group_index=group_index,
                         sample_index=episode.sample_index)
     checkpoint = stored_checkpoint(config, run_id=episode.run_id)
-    own = None if not isinstance(config, dict) or config.get("policy_urls") is None else stored_pool(
-        config, run_id=episode.run_id)
+    own = stored_policy_urls(config, run_id=episode.run_id)
     return (stored_sampling(config, run_id=episode.run_id), purpose == RunPurpose.TRAIN,
             None if checkpoint is None else checkpoint.tag, seed, own)
 

@@ -121,13 +121,14 @@ class ScriptedPolicy:
 
     def _reply(self, prompt: str) -> Reply:
         match = _SCRIPT_RE.search(prompt)
-        entry = self.scripts.get(match.group(1), []) if match else []
+        name = match.group(1) if match else ""
+        entry = self.scripts.get(name, [])
         turn = prompt.count("<|im_start|>assistant") - 1
         if isinstance(entry, Samples):
             if turn == 0:
                 with self._lock:
-                    index = self._started.get(match.group(1), 0)  # type: ignore[union-attr]  # entry found by it
-                    self._started[match.group(1)] = index + 1  # type: ignore[union-attr]
+                    index = self._started.get(name, 0)
+                    self._started[name] = index + 1
                 script = entry.scripts[index % len(entry.scripts)]
             else:
                 script = entry.scripts[entry.marker(prompt)]

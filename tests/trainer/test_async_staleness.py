@@ -190,6 +190,8 @@ class _SimGroup:
     rewards: list[float]
     """1.0 for a sample faster than its task's typical (the agent that submits early), else 0.0."""
     dispatched_at: int  # the published version when dispatched
+    started: float = 0.0
+    """When it was dispatched (simulated seconds)."""
     status: str = GroupStatus.RUNNING
     reason: str | None = None
     versions: list[list[int]] = field(default_factory=list)
@@ -260,10 +262,10 @@ def _simulate(*, seed: int, staleness: int, batch: int, updates: int, step_s: fl
             task = rng.randrange(len(tasks))
             draws = [rng.lognormvariate(0.0, sigma) for _ in range(group_size)]
             group = _SimGroup(index=len(groups), task=task, seconds=[tasks[task] * d for d in draws],
-                              rewards=[1.0 if d < 1.0 else 0.0 for d in draws], dispatched_at=run.policy_version)
+                              rewards=[1.0 if d < 1.0 else 0.0 for d in draws], dispatched_at=run.policy_version,
+                              started=now)
             groups.append(group)
             group.versions = [[version_at[-1][1]] for _ in draws]  # filled in when it ends
-            group.started = now  # type: ignore[attr-defined]
             heapq.heappush(events, (now + max(group.seconds), 0, group.index))
 
     def try_step() -> None:
@@ -311,10 +313,9 @@ def _simulate(*, seed: int, staleness: int, batch: int, updates: int, step_s: fl
         now, kind, index = heapq.heappop(events)
         if kind == 0:
             g = groups[index]
-            start = g.started  # type: ignore[attr-defined]
             for i, seconds in enumerate(g.seconds):
                 tokens = max(1, int(seconds * 10))
-                g.versions[i] = [version_then(start + (t + 0.5) * seconds / tokens) for t in range(tokens)]
+                g.versions[i] = [version_then(g.started + (t + 0.5) * seconds / tokens) for t in range(tokens)]
             g.status = GroupStatus.COMPLETE
         else:
             training = False
