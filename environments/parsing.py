@@ -1,8 +1,12 @@
-"""Tool calls out of completion text. Hermes style (Qwen2.5, our tiny models):
+"""Tool calls out of completion text, one parser per chat-template family (core/renderers.py):
 
-    <tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>
+    hermes   <tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>   (ChatML: Qwen2.5, our tiny models)
+    llama3   {"name": "bash", "parameters": {"command": "ls"}}   (Llama 3.1/3.2; `<|python_tag|>` first is allowed)
+    mistral  [TOOL_CALLS][{"name": "bash", "arguments": {"command": "ls"}}]   (Mistral's Tekken models)
 
-One parser per style in PARSERS; environments pick one by name.
+One parser per style in PARSERS; environments pick one by name (`tool_parser`; `auto`, the default, is
+the served model's family's). Each returns the first call, None when the text holds none, and raises
+MalformedToolCall (its message is the policy's feedback) when a call is begun but cannot be read.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from typing import Any
 
 from environments.base import ToolCall
 
@@ -38,17 +43,7 @@ def parse_hermes(text: str) -> ToolCall | None:
         data = json.loads(match.group(1))
     except json.JSONDecodeError as error:
         raise MalformedToolCall(f"tool call: expected JSON inside <tool_call>, got a parse error: {error}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
-        raise MalformedToolCall('tool call: expected {"name": "...", "arguments": {...}}')
-    arguments = data.get("arguments", {})
-    if isinstance(arguments, str):  # some models double-encode
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            raise MalformedToolCall("tool call: expected arguments to be a JSON object") from None
-    if not isinstance(arguments, dict):
-        raise MalformedToolCall(f"tool call: expected arguments to be an object, got {type(arguments).__name__}")
-    return ToolCall(name=data["name"], arguments=arguments)
+    return _call(data, shape='{"name": "...", "arguments": {...}}', arguments_keys=("arguments",))
 
 
 def _parse_browsergym(text: str) -> ToolCall | None:
@@ -57,5 +52,69 @@ def _parse_browsergym(text: str) -> ToolCall | None:
     return parse_browsergym(text)
 
 
-PARSERS: dict[str, Callable[[str], ToolCall | None]] = {"hermes": parse_hermes, "browsergym": _parse_browsergym}
+_LLAMA3_ENDS = ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>")
+_LLAMA3_SHAPE = '{"name": "...", "parameters": {...}}'
+
+
+def parse_llama3(text: str) -> ToolCall | None:
+    """Llama 3's JSON call: the whole reply is one object (after an optional `<|python_tag|>`); several
+    calls separated by `;` are read as their first. A reply that does not start with `{` holds none."""
+    body = text.strip()
+    for end in _LLAMA3_ENDS:
+        body = body.removesuffix(end).rstrip()
+    tagged = body.startswith("<|python_tag|>")
+    body = body.removeprefix("<|python_tag|>").lstrip()
+    if not body.startswith("{"):
+        if tagged:
+            raise MalformedToolCall(f"tool call: expected {_LLAMA3_SHAPE} after <|python_tag|>, got {body[:80]!r}")
+        return None
+    try:
+        data, _ = json.JSONDecoder().raw_decode(body)
+    except json.JSONDecodeError as error:
+        raise MalformedToolCall(f"tool call: expected a JSON object {_LLAMA3_SHAPE}, got a parse error: {error}") from None
+    return _call(data, shape=_LLAMA3_SHAPE, arguments_keys=("parameters", "arguments"))
+
+
+_MISTRAL_SHAPE = '[TOOL_CALLS][{"name": "...", "arguments": {...}}]'
+
+
+def parse_mistral(text: str) -> ToolCall | None:
+    """Mistral's calls: `[TOOL_CALLS]` then a JSON list of calls (or one call), read as the first."""
+    at = text.find("[TOOL_CALLS]")
+    if at < 0:
+        return None
+    body = text[at + len("[TOOL_CALLS]"):].strip()
+    try:
+        data, _ = json.JSONDecoder().raw_decode(body)
+    except json.JSONDecodeError as error:
+        raise MalformedToolCall(f"tool call: expected {_MISTRAL_SHAPE}, got a parse error: {error}") from None
+    if isinstance(data, list):
+        if not data:
+            raise MalformedToolCall(f"tool call: expected {_MISTRAL_SHAPE}, got an empty list")
+        data = data[0]
+    return _call(data, shape=_MISTRAL_SHAPE, arguments_keys=("arguments",))
+
+
+def _call(data: object, *, shape: str, arguments_keys: tuple[str, ...]) -> ToolCall:
+    """A decoded JSON call as a ToolCall; arguments may be double-encoded (a JSON string)."""
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        raise MalformedToolCall(f"tool call: expected {shape}, got {json.dumps(data)[:120]}")
+    arguments: Any = next((data[key] for key in arguments_keys if key in data), {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            raise MalformedToolCall(f"tool call: expected {' or '.join(arguments_keys)} to be a JSON object, "
+                                    f"got the string {arguments[:80]!r}") from None
+    if not isinstance(arguments, dict):
+        raise MalformedToolCall(f"tool call: expected {' or '.join(arguments_keys)} to be an object, "
+                                f"got {type(arguments).__name__}")
+    call_id = data.get("id")
+    return ToolCall(name=data["name"], arguments=arguments, id=call_id if isinstance(call_id, str) else "")
+
+
+PARSERS: dict[str, Callable[[str], ToolCall | None]] = {
+    "hermes": parse_hermes, "llama3": parse_llama3, "mistral": parse_mistral, "browsergym": _parse_browsergym}
 """`browsergym`: BrowserGym's text actions (`click("12")`) or Hermes calls (environments/browser/actions.py)."""
+AUTO = "auto"
+"""A spec's `tool_parser` default: the parser of the served model's chat-template family."""

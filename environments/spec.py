@@ -267,9 +267,10 @@ class EnvironmentSpec(BaseModel):
     """Browser environments only (kind `browser`): viewport and screenshots."""
     openenv: OpenEnvSettings | None = None
     """OpenEnv environments only (kind `openenv`): the server its image runs."""
-    tool_parser: str = Field(default="hermes", max_length=64)
-    """How tool calls are read out of completion text (environments.parsing.PARSERS). The token-in
-    completions API that keeps prompts token-exact bypasses vLLM's own tool parsers, so the worker parses."""
+    tool_parser: str = Field(default="auto", max_length=64)
+    """How tool calls are read out of completion text: `auto` (the served model's chat-template family's
+    parser, core/renderers.py) or a name in environments.parsing.PARSERS. The token-in completions API
+    that keeps prompts token-exact bypasses vLLM's own tool parsers, so the worker parses."""
     task_images: list[Annotated[str, Field(min_length=1, max_length=256, pattern=_IMAGE_GLOB)]] = Field(
         default_factory=list, max_length=64)
     """Globs of the image tags this environment's tasks may name for themselves (a code_repo task's
@@ -291,10 +292,11 @@ class EnvironmentSpec(BaseModel):
 
     @model_validator(mode="after")
     def _parser_is_known(self) -> EnvironmentSpec:
-        from environments.parsing import PARSERS
+        from environments.parsing import AUTO, PARSERS
 
-        if self.tool_parser not in PARSERS:
-            raise ValueError(f"tool_parser: expected one of {', '.join(sorted(PARSERS))}, got {self.tool_parser!r}")
+        if self.tool_parser != AUTO and self.tool_parser not in PARSERS:
+            raise ValueError(f"tool_parser: expected {AUTO} or one of {', '.join(sorted(PARSERS))}, "
+                             f"got {self.tool_parser!r}")
         return self
 
     @model_validator(mode="after")

@@ -35,13 +35,17 @@ from rich.console import Console
 
 from environments.rewards import SOLVED_AT
 from recipes.common import (
+    MODEL_HELP,
     RecipeSettings,
     learn,
+    model_option,
+    policy_dir,
     prepare,
     render_episode,
     says_what_stays_running,
     settled,
     sft_in_two_stages,
+    with_model,
 )
 
 ENV_NAME = "miniwob-rl"
@@ -270,7 +274,7 @@ def warm_up(settings: BrowserRLSettings, played: list[Played], *, workdir: Path,
     steps on the sloppy player's mix (it learns to click the wrong element too): RL has to find out
     that the right element pays."""
     def demos(sloppy: bool) -> list[tuple[list[int], list[int]]]:
-        return demonstrations(played, settings=settings, tokenizer_dir=workdir / "tiny", sloppy=sloppy,
+        return demonstrations(played, settings=settings, tokenizer_dir=policy_dir(settings, workdir), sloppy=sloppy,
                               count=2 * settings.train_tasks, seed=settings.seed + (1 if sloppy else 0))
 
     return sft_in_two_stages(
@@ -396,7 +400,7 @@ def run_browser_rl(settings: BrowserRLSettings, *, console: Console) -> dict[str
     learned = learn(settings, path=path, warm=warm, environment=ENV_NAME, prefix="browser-rl", console=console,
                     queues="celery,browser", max_model_len=settings.max_context_tokens)
     before, after, run_id, curve = learned.before, learned.after, learned.run_id, learned.curve
-    rendering = rendering_check([before.run_id, run_id, after.run_id], tokenizer_dir=path / "tiny")
+    rendering = rendering_check([before.run_id, run_id, after.run_id], tokenizer_dir=policy_dir(settings, path))
     pages_before, pages_after = by_page(before.run_id), by_page(after.run_id)
     sloppy_solved = sum(p.reward >= SOLVED_AT for p in played if p.wrong)
     result: dict[str, Any] = {
@@ -444,6 +448,7 @@ def main(
                                        help="Comma-separated pages only the held-out split has ('' for none)."),
     seed: int = typer.Option(0, help="Seed of the model, the demonstrations and the run."),
     workdir: Path | None = typer.Option(None, help="Default: <data dir>/browser-rl/<timestamp>."),
+    model: Path | None = typer.Option(None, callback=model_option, help=MODEL_HELP),
 ) -> None:
     """A short real RL run on MiniWoB++ pages with the tiny model (about 20 minutes on 2 cores)."""
     from cli.console import console
@@ -455,7 +460,7 @@ def main(
                                                           if page.strip()))
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
-    run_browser_rl(settings, console=console)
+    run_browser_rl(with_model(settings, model), console=console)
 
 
 if __name__ == "__main__":

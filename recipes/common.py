@@ -24,7 +24,19 @@ from rich.console import Console
 from sqlalchemy import select
 
 from cli.console import sigterm_interrupts
+from core.errors import ConfigError
+from recipes.model import (
+    PRETRAINED_LR,
+    PRETRAINED_SFT_LR,
+    PRETRAINED_SLOPPY_LR,
+    ModelSizing,
+    checked_model_dir,
+    model_sizing,
+    parameter_count,
+)
 
+SFT_MICRO_BATCH_TOKENS = 4096
+"""The warm-up's micro-batch at most (the tiny model's; a larger model's is its trainer's, `sized`)."""
 QUIET = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "DS_ACCELERATOR": "cpu",
          "TOKENIZERS_PARALLELISM": "false"}
 
@@ -57,6 +69,9 @@ class RecipeSettings:
     train_temperature: float = 1.0
     """The train run's sampling temperature (held-out evaluations sample at 1.0): above 1, groups differ
     more where the policy has settled on one choice."""
+    model: Path | None = None
+    """A model directory to warm up and train instead of the tiny model (recipes.model: checked, and the
+    trainer's and vLLM's resources sized from it); None: the tiny model the recipe makes."""
 
 
 S = TypeVar("S", bound=RecipeSettings)
@@ -75,9 +90,46 @@ def settled(settings: S, *, name: str) -> S:
     from core.settings import get_settings
 
     quiet()
+    if settings.model is not None:
+        settings = dataclasses.replace(settings, model=checked_model_dir(settings.model))
     if settings.workdir is not None:
         return settings
     return dataclasses.replace(settings, workdir=get_settings().data_dir / name / time.strftime("%Y%m%d-%H%M%S"))
+
+
+def with_model(settings: S, model: Path | None) -> S:
+    """`settings` training `model` (None: the tiny model, `settings` unchanged) at a pretrained model's
+    learning rates (recipes.model.PRETRAINED_*)."""
+    import dataclasses
+
+    if model is None:
+        return settings
+    return dataclasses.replace(settings, model=checked_model_dir(model), sft_lr=PRETRAINED_SFT_LR,
+                               sloppy_lr=PRETRAINED_SLOPPY_LR, lr=PRETRAINED_LR)
+
+
+MODEL_HELP = ("A model directory (safetensors, tokenizer, chat template: `crucible model import`) to warm up and "
+              "train instead of the tiny model; resources are sized from it.")
+
+
+def model_option(value: Path | None) -> Path | None:
+    """Typer callback of `--model`: the directory checked, or a usage error naming what was expected."""
+    import typer
+
+    try:
+        return None if value is None else checked_model_dir(value)
+    except ConfigError as error:
+        raise typer.BadParameter(str(error)) from None
+
+
+def policy_dir(settings: RecipeSettings, workdir: Path) -> Path:
+    """The model the recipe warms up and trains: `settings.model`, or the tiny one in `workdir/tiny`."""
+    return settings.model if settings.model is not None else workdir / "tiny"
+
+
+def sized(settings: RecipeSettings, workdir: Path, *, max_model_len: int) -> ModelSizing:
+    """Trainer and vLLM resources for the recipe's model (recipes.model.model_sizing)."""
+    return model_sizing(policy_dir(settings, workdir), max_model_len=max_model_len)
 
 
 def stage(console: Console, text: str) -> float:
@@ -86,7 +138,8 @@ def stage(console: Console, text: str) -> float:
 
 
 def prepare(settings: RecipeSettings, *, console: Console, images: tuple[str, ...] = ("code-repo",)) -> Path:
-    """Migrate the (embedded) database, build the sandbox images, make the tiny model."""
+    """Migrate the (embedded) database, build the sandbox images, make the tiny model (unless the
+    settings name a model of their own)."""
     from core.db import check_database, get_engine, resolve_database_url
     from core.settings import get_settings
     from migrations import migrate
@@ -100,6 +153,9 @@ def prepare(settings: RecipeSettings, *, console: Console, images: tuple[str, ..
     stage(console, f"sandbox images: crucible images build {' '.join(images)} (database ready in "
                     f"{time.monotonic() - started:.0f} s)")
     subprocess.run([sys.executable, "-m", "cli.main", "images", "build", *images], check=True)
+    if settings.model is not None:
+        stage(console, f"model: {settings.model} ({parameter_count(settings.model) / 1e6:.0f} M parameters)")
+        return workdir
     stage(console, "tiny model: crucible model init-tiny")
     make_tiny(workdir, seed=settings.seed)
     return workdir
@@ -118,8 +174,8 @@ def sft_in_two_stages(
 ) -> Path:
     """The warm-up every demo run shares: `settings.sft_steps` SFT steps on an expert's demonstrations,
     then `settings.sloppy_steps` (none: no second stage) on a sloppy one's (`demonstrations(sloppy)` makes
-    each set), from the tiny model in `workdir`; saves model and tokenizer to `workdir/warm`. `what`
-    names both sets."""
+    each set), from the recipe's model (`policy_dir`); saves model and tokenizer to `workdir/warm`. `what`
+    names both sets. Micro-batches and activation checkpointing as the trainer's (`sized`)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -127,18 +183,23 @@ def sft_in_two_stages(
 
     started = stage(console, f"warm-up: {what}")
     torch.manual_seed(settings.seed)
-    tiny = workdir / "tiny"
-    model = AutoModelForCausalLM.from_pretrained(tiny)
+    base = policy_dir(settings, workdir)
+    sizing = sized(settings, workdir, max_model_len=1)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    if sizing.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    micro_batch_tokens = min(SFT_MICRO_BATCH_TOKENS, sizing.micro_batch_tokens)
     expert = sft_warmup(model=model, steps=settings.sft_steps, lr=settings.sft_lr, batch_size=batch_size,
-                        seed=settings.seed, demonstrations=demonstrations(False))
+                        seed=settings.seed, demonstrations=demonstrations(False), micro_batch_tokens=micro_batch_tokens)
     then = ""
     if settings.sloppy_steps:
         sloppy = sft_warmup(model=model, steps=settings.sloppy_steps, lr=settings.sloppy_lr, batch_size=batch_size,
-                            seed=settings.seed + 1, demonstrations=demonstrations(True))
+                            seed=settings.seed + 1, demonstrations=demonstrations(True),
+                            micro_batch_tokens=micro_batch_tokens)
         then = f", then {sloppy.last_loss:.3f} (sloppy)"
     out = workdir / "warm"
     model.save_pretrained(out)
-    tokenizers(tiny)[0].save_pretrained(out)
+    tokenizers(base)[0].save_pretrained(out)
     console.print(f"  loss {expert.first_loss:.2f} → {expert.last_loss:.4f}{then} in {time.monotonic() - started:.0f} s")
     return out
 
@@ -177,13 +238,14 @@ def render_episode(
 ) -> tuple[list[int], list[int]]:
     """(token ids, loss mask) of an episode exactly as the agent loop stores it: the chat template's
     prompt (system + tools + the opening user message; `short`: the opening alone), each tool call
-    closed by <|im_end|> (mask 1), each observation in the loop's frame (mask 0; None: the call ended
-    the episode). `sampled`: the tokens a policy sampled for each action, in place of the call's
-    canonical rendering."""
+    closed by the template's end of turn (mask 1), each observation in the loop's frame (mask 0; None:
+    the call ended the episode). `sampled`: the tokens a policy sampled for each action, in place of
+    the call's canonical (Hermes) rendering."""
+    from core.renderers import renderer_for
     from environments.read_number.demos import tool_call_text
-    from task_workers.policy.chat import observation_frame
 
     tokenizer, (chat, plain) = tokenizers(tokenizer_dir)
+    renderer = renderer_for(tokenizer.chat_template)
     messages = [{"role": "user", "content": opening}]
     if not short:
         messages.insert(0, {"role": "system", "content": system_prompt})
@@ -192,12 +254,12 @@ def render_episode(
     mask = [0] * len(ids)
     for index, (call, observation) in enumerate(turns):
         action = sampled[index] if sampled is not None else \
-            chat(tool_call_text(call["name"], call["arguments"]) + "<|im_end|>")
+            chat(tool_call_text(call["name"], call["arguments"]) + renderer.end_of_turn[0])
         ids += action
         mask += [1] * len(action)
         if observation is not None:
-            before, after = observation_frame(completion_closed=True)
-            seen = chat(before) + plain(f"tool\n{observation}") + chat(after)
+            frame = renderer.frame(observation, completion_closed=True, turn=index)
+            seen = chat(frame.before) + plain(frame.text) + chat(frame.after)
             ids += seen
             mask += [0] * len(seen)
     return ids, mask
@@ -225,6 +287,9 @@ class Processes:
     max_model_len: int = 1024
     queues: str = "celery,read_number"
     """The worker's Celery queues: an environment's episodes go to the queue named after its kind."""
+    sizing: ModelSizing | None = None
+    """vLLM's dtype, KV cache and cores, and the trainer's config (recipes.model); None: the defaults
+    (float32, 1 GiB, vLLM's own cores)."""
     _sigterm: Any = None
 
     def __enter__(self) -> Processes:
@@ -241,10 +306,15 @@ class Processes:
     def _start(self) -> Processes:
         from trainer.serving import VllmServer
 
-        started = stage(self.console, "vLLM on CPU serving the warmed-up model")
+        sizing = self.sizing
+        started = stage(self.console, "vLLM on CPU serving the warmed-up model" +
+                        (f" ({sizing.served_dtype}, {sizing.kv_cache_gib} GiB KV cache)" if sizing else ""))
         self.server = VllmServer(model_dir=self.served_dir, served_model_name="policy",
                                  max_model_len=self.max_model_len, log_path=self.workdir / "logs" / "vllm.log",
-                                 startup_timeout_s=self.startup_timeout_s)
+                                 startup_timeout_s=self.startup_timeout_s,
+                                 dtype=sizing.served_dtype if sizing else "float32",
+                                 kv_cache_gib=sizing.kv_cache_gib if sizing else 1,
+                                 cpus=sizing.serving_cores if sizing else None)
         self.server.start()
         self.console.print(f"  {self.server.api_url} healthy after {time.monotonic() - started:.0f} s")
         env = {"CRUCIBLE_POLICY_URL": self.server.api_url, "CRUCIBLE_POLICY_TOKENIZER": str(self.served_dir),
@@ -394,7 +464,8 @@ def learn(settings: RecipeSettings, *, path: Path, warm: Path, environment: str,
     shutil.copytree(warm, served, dirs_exist_ok=True)
     (path / "logs").mkdir(exist_ok=True)
     with Processes(workdir=path, served_dir=served, console=console, startup_timeout_s=settings.vllm_startup_s,
-                   max_model_len=max_model_len, queues=queues) as procs:
+                   max_model_len=max_model_len, queues=queues,
+                   sizing=sized(settings, path, max_model_len=max_model_len)) as procs:
         def held_out(label: str) -> Held:
             return evaluate(procs, settings=settings, model=str(served), label=label, console=console,
                             environment=environment, prefix=prefix)
@@ -409,7 +480,8 @@ def learn(settings: RecipeSettings, *, path: Path, warm: Path, environment: str,
 
 def launch_training(procs: Processes, *, settings: RecipeSettings, model: str, environment: str | list[str],
                     prefix: str) -> int:
-    """The train run (async GRPO) over one environment or several, and its trainer process."""
+    """The train run (async GRPO) over one environment or several, and its trainer process (its
+    micro-batch, activation checkpointing and served dtype those of `procs.sizing`)."""
     from controller.runs import create_run
     from core.db import session_scope
     from core.schemas import RunConfig
@@ -418,7 +490,8 @@ def launch_training(procs: Processes, *, settings: RecipeSettings, model: str, e
         "name": f"{prefix}-train-{time.strftime('%Y%m%d-%H%M%S')}", "model": model,
         "environments": [{"name": name} for name in ([environment] if isinstance(environment, str) else environment)],
         "split": "train", "group_size": settings.group_size, "batch_size": settings.batch_size, "mode": "async",
-        "max_staleness": 1, "seed": settings.seed, "trainer": {"optimizer": {"lr": settings.lr}},
+        "max_staleness": 1, "seed": settings.seed,
+        "trainer": {"optimizer": {"lr": settings.lr}} if procs.sizing is None else procs.sizing.trainer_config(lr=settings.lr),
         "sampling": {"temperature": settings.train_temperature}})
     with session_scope() as session:
         run_id = create_run(session, config=config).id

@@ -2,6 +2,7 @@
 
     make demo                                        # = scripts/setup.sh, then .venv/bin/python -m recipes.demo
     .venv/bin/python -m recipes.demo --rl-minutes 5 --seed 0
+    .venv/bin/python -m recipes.demo --model ~/models/SmolLM2-135M-Instruct   # a model of your own
 
 On the embedded default (no CRUCIBLE_DATABASE_URL: embedded Postgres, Celery on its SQLAlchemy
 transport): builds the sandbox images, makes a tiny model (`crucible model init-tiny`), warms it up
@@ -23,15 +24,19 @@ from rich.console import Console
 
 from cli.console import console as default_console
 from recipes.common import (
+    MODEL_HELP,
     RecipeSettings,
     drop_reasons,
     learn,
+    model_option,
+    policy_dir,
     prepare,
     register,
     says_what_stays_running,
     settled,
     sft_in_two_stages,
     tokenizers,
+    with_model,
 )
 
 ENV_NAME = "read-number"
@@ -71,7 +76,7 @@ def warm_up(settings: RecipeSettings, *, workdir: Path, console: Console) -> Pat
     """Two SFT stages: an expert who always reads the file (the model learns the tool format and to copy
     the number), then a few steps of a sloppy expert who half the time guesses instead (the model
     learns to guess too). RL then has to find out that reading pays."""
-    tokenizer = tokenizers(workdir / "tiny")[0]
+    tokenizer = tokenizers(policy_dir(settings, workdir))[0]
 
     def demos(sloppy: bool) -> list[tuple[list[int], list[int]]]:
         if sloppy:
@@ -98,9 +103,11 @@ def demo(
     sft_steps: int = typer.Option(1000, help="Warm-up optimizer steps."),
     seed: int = typer.Option(0, help="Seed of the model, the tasks and the run."),
     workdir: Path | None = typer.Option(None, help="Default: <data dir>/demo/<timestamp>."),
+    model: Path | None = typer.Option(None, callback=model_option, help=MODEL_HELP),
 ) -> None:
     """Watch a tiny model learn a multi-turn tool task with real RL (about 15 minutes on 2 cores)."""
-    settings = RecipeSettings(rl_minutes=rl_minutes, sft_steps=sft_steps, seed=seed, workdir=workdir)
+    settings = with_model(RecipeSettings(rl_minutes=rl_minutes, sft_steps=sft_steps, seed=seed, workdir=workdir),
+                          model)
     run_demo(settings, console=default_console)
 
 

@@ -35,15 +35,19 @@ from rich.console import Console
 
 from cli.console import console as default_console
 from recipes.common import (
+    MODEL_HELP,
     RecipeSettings,
     drop_reasons,
     learn,
+    model_option,
+    policy_dir,
     prepare,
     register,
     render_episode,
     says_what_stays_running,
     settled,
     sft_in_two_stages,
+    with_model,
 )
 
 ENV_NAME = "find-number"
@@ -199,7 +203,7 @@ def warm_up(settings: DiscoverSettings, *, workdir: Path, console: Console) -> P
 
     def rendered(sloppy: bool) -> list[tuple[list[int], list[int]]]:
         assert not sloppy, "this recipe has no sloppy stage"
-        return [render_episode(tokenizer_dir=workdir / "tiny", system_prompt=SYSTEM_PROMPT,
+        return [render_episode(tokenizer_dir=policy_dir(settings, workdir), system_prompt=SYSTEM_PROMPT,
                                tools=list(TOOL_SCHEMAS.values()), opening=demo.instruction, turns=demo.turns,
                                short=rng.random() < settings.short_fraction)
                 for demo in demonstrations(settings, count=5 * settings.train_tasks)]
@@ -285,10 +289,11 @@ def main(
     sft_steps: int = typer.Option(SETTINGS.sft_steps, help="Warm-up optimizer steps."),
     seed: int = typer.Option(0, help="Seed of the model, the tasks and the run."),
     workdir: Path | None = typer.Option(None, help="Default: <data dir>/discover/<timestamp>."),
+    model: Path | None = typer.Option(None, callback=model_option, help=MODEL_HELP),
 ) -> None:
     """RL discovers a strategy no demonstration showed: list the workspace, read the file it shows."""
     settings = dataclasses.replace(SETTINGS, rl_minutes=rl_minutes, sft_steps=sft_steps, seed=seed, workdir=workdir)
-    run_discover(settings, console=default_console)
+    run_discover(with_model(settings, model), console=default_console)
 
 
 if __name__ == "__main__":

@@ -40,15 +40,21 @@ from rich.console import Console
 
 from core.net import free_port
 from recipes.common import (
+    MODEL_HELP,
     Processes,
     RecipeSettings,
     launch_training,
+    make_tiny,
+    model_option,
+    policy_dir,
     prepare,
     render_episode,
     says_what_stays_running,
     settled,
     sft_in_two_stages,
+    sized,
     watch_training,
+    with_model,
 )
 
 CODE_ENV, CHAT_ENV = "mixed-code", "mixed-chat"
@@ -213,7 +219,7 @@ def warm_up(settings: MixedRLSettings, *, workdir: Path, console: Console) -> Pa
     """SFT on an expert's demonstrations of both environments (the tool formats, copying, saying the
     number), then a few steps on a sloppy expert's: RL's groups then hold right and wrong answers."""
     def demos(sloppy: bool) -> list[tuple[list[int], list[int]]]:
-        return demonstrations(settings, tokenizer_dir=workdir / "tiny", sloppy=sloppy,
+        return demonstrations(settings, tokenizer_dir=policy_dir(settings, workdir), sloppy=sloppy,
                               count=8 * settings.train_tasks, seed=settings.seed + (1 if sloppy else 0))
 
     return sft_in_two_stages(
@@ -224,7 +230,8 @@ def warm_up(settings: MixedRLSettings, *, workdir: Path, console: Console) -> Pa
 
 def train_reward_model(settings: MixedRLSettings, *, workdir: Path, console: Console) -> Path:
     """A Bradley–Terry reward model on the synthetic preference set (the preferred reply gives the number
-    asked for), on the tiny model's trunk; prints its held-out pairwise accuracy."""
+    asked for), on the tiny model's trunk (made here when the policy is a model of its own); prints its
+    held-out pairwise accuracy."""
     import shutil
 
     from trainer.reward_model import train_reward_model as fit
@@ -235,6 +242,8 @@ def train_reward_model(settings: MixedRLSettings, *, workdir: Path, console: Con
                   f"{settings.rm_epochs} epochs")
     out = workdir / "rm"
     shutil.rmtree(out, ignore_errors=True)
+    if not (workdir / "tiny").is_dir():
+        make_tiny(workdir, seed=settings.seed)
     report = fit(pairs=make_pairs(settings.rm_pairs, seed=settings.seed), model_dir=workdir / "tiny", out_dir=out,
                  epochs=settings.rm_epochs, lr=1e-3, seed=settings.seed)
     console.print(f"  held-out pairwise accuracy {report.held_out_accuracy:.2f} ({report.held_out_pairs} pairs) "
@@ -299,7 +308,8 @@ def run_mixed_rl(settings: MixedRLSettings, *, console: Console) -> dict[str, An
     (path / "logs").mkdir(exist_ok=True)
     _worker_token()
     with Processes(workdir=path, served_dir=served, console=console, startup_timeout_s=settings.vllm_startup_s,
-                   max_model_len=LIMITS["max_context_tokens"], queues="celery,code_repo,chat") as procs:
+                   max_model_len=LIMITS["max_context_tokens"], queues="celery,code_repo,chat",
+                   sizing=sized(settings, path, max_model_len=LIMITS["max_context_tokens"])) as procs:
         procs.spawn("reward-model", [sys.executable, "-m", "cli.main", "rm", "serve", str(rm_dir), "--port", str(port)])
         child = procs.children["reward-model"]
         wait_healthy(f"http://127.0.0.1:{port}/health", alive=lambda: child.poll() is None, timeout_s=120,
@@ -337,13 +347,14 @@ def main(
     chat_scale: float = typer.Option(100.0, help="The chat environment's reward scale (code's is 1)."),
     seed: int = typer.Option(0, help="Seed of the model, the tasks and the run."),
     workdir: Path | None = typer.Option(None, help="Default: <data dir>/mixed-rl/<timestamp>."),
+    model: Path | None = typer.Option(None, callback=model_option, help=MODEL_HELP),
 ) -> None:
     """A short real RL run mixing a code_repo and a chat environment (about 15 minutes on 2 cores)."""
     from cli.console import console
 
     settings = MixedRLSettings(rl_minutes=rl_minutes, rl_steps=rl_steps, sft_steps=sft_steps, chat_scale=chat_scale,
                                seed=seed, workdir=workdir)
-    run_mixed_rl(settings, console=console)
+    run_mixed_rl(with_model(settings, model), console=console)
 
 
 if __name__ == "__main__":

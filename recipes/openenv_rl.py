@@ -34,14 +34,19 @@ import typer
 from rich.console import Console
 
 from recipes.common import (
+    MODEL_HELP,
     Processes,
     RecipeSettings,
     launch_training,
+    model_option,
+    policy_dir,
     prepare,
     render_episode,
     settled,
     sft_in_two_stages,
+    sized,
     watch_training,
+    with_model,
 )
 
 ECHO_ENV, DIPG_ENV = "openenv-echo", "openenv-dipg"
@@ -239,14 +244,15 @@ def run_openenv_rl(settings: OpenEnvRLSettings, *, console: Console) -> dict[str
     seen = {spec["name"]: look(spec, resets=settings.train_tasks) for spec in specs(images)}
     warm = sft_in_two_stages(
         settings, workdir=path, console=console, batch_size=settings.sft_batch,
-        demonstrations=lambda sloppy: demonstrations(settings, seen, tokenizer_dir=path / "tiny",
+        demonstrations=lambda sloppy: demonstrations(settings, seen, tokenizer_dir=policy_dir(settings, path),
                                                      count=16 * settings.train_tasks, seed=settings.seed),
         what=f"{settings.sft_steps} SFT steps on the two tools' call format (random messages and answers)")
     served = path / "served"
     shutil.copytree(warm, served, dirs_exist_ok=True)
     (path / "logs").mkdir(exist_ok=True)
     with Processes(workdir=path, served_dir=served, console=console, startup_timeout_s=settings.vllm_startup_s,
-                   max_model_len=LIMITS["max_context_tokens"], queues="celery,openenv") as procs:
+                   max_model_len=LIMITS["max_context_tokens"], queues="celery,openenv",
+                   sizing=sized(settings, path, max_model_len=LIMITS["max_context_tokens"])) as procs:
         run_id = launch_training(procs, settings=settings, model=str(warm), environment=[ECHO_ENV, DIPG_ENV],
                                  prefix="openenv-rl")
         curve = watch_training(procs, run_id=run_id, minutes=settings.rl_minutes, console=console,
@@ -267,12 +273,13 @@ def main(
     sft_steps: int = typer.Option(200, help="Warm-up optimizer steps on the call-format demonstrations."),
     seed: int = typer.Option(0, help="Seed of the model, the tasks and the run."),
     workdir: Path | None = typer.Option(None, help="Default: <data dir>/openenv-rl/<timestamp>."),
+    model: Path | None = typer.Option(None, callback=model_option, help=MODEL_HELP),
 ) -> None:
     """A short real RL run over two OpenEnv environments from PyPI (about 15 minutes on 2 cores)."""
     from cli.console import console
 
-    run_openenv_rl(OpenEnvRLSettings(rl_minutes=rl_minutes, rl_steps=rl_steps, sft_steps=sft_steps, seed=seed,
-                                     workdir=workdir), console=console)
+    run_openenv_rl(with_model(OpenEnvRLSettings(rl_minutes=rl_minutes, rl_steps=rl_steps, sft_steps=sft_steps,
+                                                seed=seed, workdir=workdir), model), console=console)
 
 
 if __name__ == "__main__":

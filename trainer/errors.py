@@ -2,6 +2,7 @@
 
     CrucibleError                      (core.errors)
     ├── ConfigError                    a tiny-model or server option out of range
+    │   └── ImportRefused              `crucible model import`: a source it cannot read, or a failed check
     ├── ServiceUnavailable
     │   └── ServerStartError           vLLM did not become healthy; carries the log tail
     ├── WeightSyncError                a push failed, or the probe shows vLLM disagrees with the trainer
@@ -10,11 +11,15 @@
     └── PreferenceDataError            a preference pair (JSONL line, mined group) that cannot be trained on
 """
 
-from core.errors import CrucibleError, ServiceUnavailable
+from core.errors import ConfigError, CrucibleError, ServiceUnavailable
 
 
 class ServerStartError(ServiceUnavailable):
     """The vLLM server exited or timed out before `/health` answered 200."""
+
+
+class ImportRefused(ConfigError):
+    """The source is not a model `crucible model import` can read, or a check on what it read failed."""
 
 
 class WeightSyncError(CrucibleError):

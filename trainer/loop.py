@@ -111,7 +111,10 @@ def sampling_temperature(run: Run) -> float:
 def load_policy(model_dir: str, *, config: TrainerConfig) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
-    model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    pretrained = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if config.optimizer.activation_checkpointing:  # non-reentrant: works with frozen inputs (LoRA) and ZeRO
+        pretrained.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model: torch.nn.Module = pretrained
     if config.lora is not None:
         from trainer.lora import apply_lora
 

@@ -65,6 +65,13 @@ TOKEN_LAG_MAX_WEIGHTED = "policy/token_lag/max_weighted"
 """The largest lag of a token that carried loss weight: never above the run's max_token_staleness."""
 TOKEN_LAG_MEAN = "policy/token_lag/mean"
 TURNS_MEAN = "rollout/turns/mean"
+PREFIX_BREAKS_MEAN = "rollout/prefix_breaks/mean"
+"""Per scored episode, turns whose prompt was not the previous turn's extended (task_workers/episode/loop.py):
+above 0, what is trained on is not what was sampled."""
+UNPARSED_TOOL_CALLS_MEAN = "rollout/unparsed_tool_calls/mean"
+"""Per scored episode, turns whose tool call did not parse."""
+NO_TOOL_CALL_MEAN = "rollout/turns_without_tool_call/mean"
+"""Per scored episode, turns without a tool call."""
 FLAGGED = "rollout/flagged_frac"
 """Fraction of the step's scored episodes the hack monitors flagged (rollout/flagged/{flag}: by flag)."""
 TRUNCATED = "rollout/truncated_frac"
@@ -284,6 +291,9 @@ def step_metrics(
         metrics.update(trained_metrics(plan.samples))  # scored and advantaged before the update
     if plan.scored:
         metrics[TURNS_MEAN] = statistics.fmean(s.turns for s in plan.scored)
+        metrics[PREFIX_BREAKS_MEAN] = statistics.fmean(s.prefix_breaks for s in plan.scored)
+        metrics[UNPARSED_TOOL_CALLS_MEAN] = statistics.fmean(s.unparsed_tool_calls for s in plan.scored)
+        metrics[NO_TOOL_CALL_MEAN] = statistics.fmean(s.turns_without_tool_call for s in plan.scored)
     for stage, seconds in timings.items():
         metrics[timing_key(stage)] = seconds
     return {key: _clean(float(value)) for key, value in sorted(metrics.items())}

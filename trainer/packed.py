@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.logprobs import decoder_and_head
+from trainer.logprobs import chunked_logprobs, decoder_and_head, float32_head, vocabulary_size
 from trainer.rollouts import Sample
 
 
@@ -97,24 +97,18 @@ def packed_token_logprobs(
     model: torch.nn.Module, batch: PackedBatch, *, temperature: float = 1.0, with_entropy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logp, entropy), each (1, L−1), as `trainer.logprobs.token_logprobs` for a micro-batch: the
-    output layer only at the sampled positions."""
+    output layer only at the sampled positions, in float32 and in chunks."""
     decoder, head = decoder_and_head(model)
     # No cache: with one, Hugging Face's mask builder skips the packed-sequence detection (and would
     # let tokens attend across samples).
     hidden = decoder(input_ids=batch.input_ids, position_ids=batch.position_ids,
                      use_cache=False).last_hidden_state  # (1, L, H)
     active = batch.mask.bool()
-    logits = head(hidden[:, :-1][active]).float()  # (N, V)
-    if temperature != 1.0:
-        logits = logits / temperature
-    log_norm = torch.logsumexp(logits, dim=-1)
-    picked = logits.gather(-1, batch.targets[active][:, None])[:, 0] - log_norm
+    picked, flat = chunked_logprobs(hidden[:, :-1][active], batch.targets[active],
+                                    project=lambda rows: float32_head(head, rows), vocabulary=vocabulary_size(head),
+                                    temperature=temperature, with_entropy=with_entropy)  # (N,), (N,)
     logp = torch.zeros(batch.mask.shape, dtype=picked.dtype).masked_scatter(active, picked)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            probs = torch.softmax(logits, dim=-1)
-            entropy = torch.zeros_like(batch.mask).masked_scatter(active, log_norm - (probs * logits).sum(-1))
+    entropy = None if flat is None else torch.zeros_like(batch.mask).masked_scatter(active, flat)
     return logp, entropy
 
 

@@ -71,6 +71,10 @@ class Sample:
     stays in the context with no loss weight. None: the loss mask itself."""
     lags: list[int] = field(default_factory=list)
     """Each sampled token's version lag behind the trained version (set with `loss_weights`)."""
+    prefix_breaks: int = 0
+    """Turns whose prompt was not the previous turn's prompt and completion extended (episodes.prefix_breaks)."""
+    unparsed_tool_calls: int = 0
+    turns_without_tool_call: int = 0
 
     def __post_init__(self) -> None:
         lengths = {"token_ids": len(self.token_ids), "loss_mask": len(self.loss_mask),
@@ -190,6 +194,8 @@ def _sample(episode: Episode, turns: list[Any], *, environment: str, group_versi
         policy_version=version, token_ids=token_ids, loss_mask=mask, behaviour_logprobs=logprobs,
         token_versions=versions, turns=len(turns), truncated=bool(turns) and turns[-1].finish_reason == "length",
         task_id=episode.task_id, flags=tuple(episode.flags or ()), seconds=_seconds(episode.timings),
+        prefix_breaks=episode.prefix_breaks or 0, unparsed_tool_calls=episode.unparsed_tool_calls or 0,
+        turns_without_tool_call=episode.turns_without_tool_call or 0,
     )
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from trainer.logprobs import token_logprobs
 from trainer.packing import MicroBatch, micro_batches
 from trainer.rollouts import Sample
 
@@ -38,10 +39,11 @@ def _micro_batches(demos: list[Demonstration], *, max_tokens: int) -> list[Micro
 
 
 def sft_loss(model: torch.nn.Module, batch: MicroBatch, *, total_tokens: float) -> torch.Tensor:
-    """Summed negative log-likelihood of the masked (assistant) tokens ÷ the whole batch's count."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
-    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch.targets, reduction="none")  # (B, T-1)
-    return (nll * batch.mask).sum() / max(total_tokens, 1.0)
+    """Summed negative log-likelihood of the masked (assistant) tokens ÷ the whole batch's count. The
+    output layer runs only on those tokens, in chunks (trainer.logprobs): a 49k vocabulary's logits
+    over a whole micro-batch would be gigabytes."""
+    logp, _ = token_logprobs(model, batch)  # (B, T-1), 0 where the mask is
+    return -(logp * batch.mask).sum() / max(total_tokens, 1.0)
 
 
 def sft_warmup(

@@ -27,6 +27,7 @@ from trainer.packing import MicroBatch, micro_batches, split_minibatches
 from trainer.ranks import Ranks, share
 from trainer.rollouts import Sample, load_groups
 from trainer.selection import BatchPlan, StalenessRule, plan_batch
+from trainer.sizing import micro_batch_tokens_for, parameter_count
 from trainer.store import claim_complete_groups
 
 CLAIM_FACTOR = 4  # claim up to this many batches' worth of complete groups: room to refill after drops
@@ -101,8 +102,9 @@ def update(
     started = time.perf_counter()
     opt = config.optimizer
     engine.module.train()
-    chunks = [micro_batches(part, max_tokens=opt.micro_batch_tokens)
-              for part in split_minibatches(samples, count=opt.minibatches)]
+    max_tokens = opt.micro_batch_tokens or micro_batch_tokens_for(
+        parameter_count(engine.module), activation_checkpointing=opt.activation_checkpointing)
+    chunks = [micro_batches(part, max_tokens=max_tokens) for part in split_minibatches(samples, count=opt.minibatches)]
     every = [batch for chunk in chunks for batch in chunk]
     # One pass over the batch: π_prox is π_θ at the step's start, i.e. the forward's own detached
     # logprobs; more passes need them recomputed once, before the first optimizer step. So does a model

@@ -10,6 +10,11 @@ broadcast → `finish_weight_update` (all inside `send_weights`) → `/reset_pre
 `/update_weight_version` (provisional tag) → `/resume`; `commit` tags the version. The server keeps no
 copy of the previous weights, so `rollback` pauses it under the previous tag instead. The NCCL group is formed on the first push (rendezvous with
 the server at `master_address:master_port`) and reused after.
+
+A tied output layer travels once: `ModuleSource` sends the model's parameters, and a tied model's head is
+its embeddings' Parameter, so only `embed_tokens` is sent; vLLM's GPU models tie `lm_head` to that same
+tensor, so the head follows (the CPU reload path writes the head apart: trainer/weight_sync.py). The
+probe after every load checks the served logits, head included.
 """
 
 from __future__ import annotations

@@ -26,6 +26,12 @@ class EpisodeSummary(BaseModel):
     policy_version_last: int | None
     num_turns: int
     num_tokens: int
+    prefix_breaks: int = 0
+    """Turns whose prompt was not the previous turn's prompt and completion extended (never expected)."""
+    unparsed_tool_calls: int = 0
+    """Turns whose tool call could not be read."""
+    turns_without_tool_call: int = 0
+    """Turns whose completion held no tool call."""
     attempts: int
     timings: dict[str, Any]
     sandbox_id: str | None

@@ -69,6 +69,8 @@ class RunDetail(RunPublic):
     summary: RunSummary
     waiting_for_trainer: str | None = None
     """Set while a train run's complete groups wait and no trainer is attached (api/services/run_health)."""
+    tool_call_failures: str | None = None
+    """Set while the tool calls of the run's latest episodes mostly fail to parse (api/services/run_health)."""
 
 
 class TrainingStepPublic(BaseModel):

@@ -22,7 +22,8 @@ from environments.pairwise import pairwise_environments
 SUMMARY_COLUMNS = (
     Episode.id, Episode.run_id, Episode.group_id, Episode.sample_index, Episode.task_id, Episode.environment_id,
     Episode.status, Episode.termination_reason, Episode.reward, Episode.reward_components, Episode.policy_version,
-    Episode.policy_version_last, Episode.num_turns, Episode.num_tokens, Episode.attempts, Episode.timings,
+    Episode.policy_version_last, Episode.num_turns, Episode.num_tokens, Episode.prefix_breaks,
+    Episode.unparsed_tool_calls, Episode.turns_without_tool_call, Episode.attempts, Episode.timings,
     Episode.sandbox_id, Episode.flags, Episode.created_at, Episode.finished_at,
 )
 TURN_COLUMNS = (

@@ -109,7 +109,8 @@ def show(session: Session, *, run_id: int) -> RunDetail:
     columns = {column.key: getattr(run, column.key) for column in Run.__table__.columns}
     return RunDetail.model_validate({**columns, "environments": run_environments(session, run_id=run_id),
                                      "summary": summary(session, run_id=run_id),
-                                     "waiting_for_trainer": run_health.waiting_for_trainer(session, run=run)})
+                                     "waiting_for_trainer": run_health.waiting_for_trainer(session, run=run),
+                                     "tool_call_failures": run_health.tool_call_failures(session, run_id=run_id)})
 
 
 def episode_counts(session: Session, *, run_ids: list[int]) -> dict[int, dict[str, int]]:

@@ -100,6 +100,13 @@ class Episode(Base):
     num_tokens: Mapped[int] = mapped_column(Integer, default=0)
     timings: Mapped[dict[str, Any]] = mapped_column(default=dict)
     """Seconds by stage: generation, sandbox, verify, total."""
+    prefix_breaks: Mapped[int] = mapped_column(Integer, server_default="0")
+    """Turns whose prompt, as the policy server sampled from it, was not the previous turn's prompt and
+    completion extended (task_workers/episode/loop.py): what was trained on is not what was sampled."""
+    unparsed_tool_calls: Mapped[int] = mapped_column(Integer, server_default="0")
+    """Turns whose tool call was begun but could not be read by the episode's parser."""
+    turns_without_tool_call: Mapped[int] = mapped_column(Integer, server_default="0")
+    """Turns whose completion held no tool call (many: a parser of the wrong chat-template family)."""
     verifier_layers: Mapped[list[Any]] = mapped_column(default=list, server_default="[]")
     """Each verifier layer's name, score, pass flag, detail and duration, in order."""
     final_diff: Mapped[str | None] = mapped_column(Text, deferred=True)

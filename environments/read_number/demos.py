@@ -11,10 +11,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from core.renderers import CHATML
 from environments.read_number.kind import SYSTEM_PROMPT, TOOL_SCHEMAS
 from environments.read_number.task import NewTask
-
-IM_END = "<|im_end|>"
 
 
 def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
@@ -38,7 +37,7 @@ def demonstration(
     tools = None if short else list(TOOL_SCHEMAS.values())
     prompt = list(tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
                                                 return_dict=False))
-    im_end = tokenizer.convert_tokens_to_ids(IM_END)
+    im_end = tokenizer.convert_tokens_to_ids(CHATML.end_of_turn[0])  # Hermes calls: a ChatML stream
 
     def encode(text: str) -> list[int]:
         return list(tokenizer.encode(text, add_special_tokens=False))

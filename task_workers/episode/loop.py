@@ -1,7 +1,22 @@
 """The multi-turn agent loop: act → run the tool → observe, until a termination reason.
 
 The token stream is extended exactly: turn k's tokens are the environment text added since turn
-k-1 (mask 0) followed by what the policy sampled (mask 1). Nothing is ever re-rendered.
+k-1 (mask 0) followed by what the policy sampled (mask 1). Nothing is ever re-rendered. The frame
+around each observation, the end-of-turn tokens, the tool-call parser and the feedback for a reply
+without a call are those of the served model's chat-template family (core/renderers.py), asked of the
+policy client once per episode.
+
+Each episode counts what went wrong with the turn frame (Trajectory, stored with the episode):
+`unparsed_tool_calls` (a call begun that did not parse), `turns_without_tool_call`, and
+`prefix_breaks`: turns whose prompt, as the server reports it sampled from (vLLM's echoed
+`prompt_token_ids`; what was sent when it does not echo), is not the previous turn's prompt and
+completion extended. That is the property the trainer depends on — it trains on exactly what was
+sampled — so it is checked every turn. Whether the model's template, re-rendering the conversation,
+would give the same stream is not counted: sampled tokens need not be the canonical tokenization of
+their text, and real templates are not prefix-stable by design (Mistral's writes the system prompt
+and tools into the last user turn, Llama 3 stamps today's date), so such a count would flag healthy
+episodes. That the family's frame is what its template renders is proven once, by the renderer tests
+(tests/core/test_renderers.py), not per turn.
 
 The agent's time budget (`episode_timeout_s`) is the agent's own time: what its tool calls spent in
 the sandbox, counted from its first observation. The platform's time is not charged: leasing a
@@ -24,26 +39,26 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from core.errors import CrucibleError
+from core.renderers import RENDERERS, Frame, Renderer
 from core.schemas.run import Sampling
 from core.seeds import turn_seed
 from core.termination import TerminationReason
 from core.token_versions import from_spans
 from core.versions import LabelState, Settled, settle
-from environments.base import EnvironmentKind, Sandbox, ToolResult
-from environments.parsing import PARSERS, MalformedToolCall
+from environments.base import EnvironmentKind, Sandbox, ToolCall, ToolResult
+from environments.parsing import AUTO, PARSERS, MalformedToolCall
 from environments.spec import Limits
 from task_workers.episode.errors import PolicyFault, SandboxFault
 from task_workers.episode.trajectory import ArtifactRecord, Trajectory, TurnRecord
-from task_workers.policy.chat import observation_frame
 from task_workers.policy.client import Completion, ContextOverflow, PolicyClient, PolicyError
 from task_workers.policy.pool import EpisodePolicy
 
 logger = logging.getLogger(__name__)
-NO_TOOL_CALL = "No tool call found. Call exactly one tool as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>."
 
 
 @dataclass
@@ -54,7 +69,8 @@ class LoopContext:
     policy: PolicyClient | EpisodePolicy
     limits: Limits
     sampling: Sampling
-    tool_parser: str = "hermes"
+    tool_parser: str = AUTO
+    """A name in environments.parsing.PARSERS, or `auto`: the served model's family's parser."""
     seed: int | None = None
     """The episode's sampling seed (core.seeds.episode_seed); each turn sends its own (turn_seed).
     None: vLLM draws its own."""
@@ -88,6 +104,27 @@ class _Versions:
     end: int | None
     runs: list[int] | None
     """Per sampled token, run-length encoded (core/token_versions.py); None when not known."""
+
+
+@dataclass(frozen=True)
+class _Chat:
+    """The served model's turn frame for one episode (core/renderers.py)."""
+
+    renderer: Renderer
+    parse: Callable[[str], ToolCall | None]
+    no_tool_call: str
+    end_of_turn: frozenset[int]
+
+
+def _chat(ctx: LoopContext) -> _Chat:
+    try:
+        renderer, end_of_turn = ctx.policy.renderer(), ctx.policy.end_of_turn_ids()
+    except PolicyError as error:
+        raise PolicyFault(str(error)) from error
+    name = renderer.tool_parser if ctx.tool_parser == AUTO else ctx.tool_parser
+    # feedback in the format the parser reads: an explicit parser's own family, else the model's
+    feedback = next((r.no_tool_call for r in RENDERERS.values() if r.tool_parser == name), renderer.no_tool_call)
+    return _Chat(renderer, PARSERS[name], feedback, frozenset(end_of_turn))
 
 
 class _RejectedWeights(Exception):
@@ -181,27 +218,37 @@ def _generate(ctx: LoopContext, tokens: list[int], *, seed: int | None) -> Compl
         raise PolicyFault(str(error)) from error
 
 
-def _act(ctx: LoopContext, completion: Completion) -> tuple[ToolResult, dict[str, Any] | None, bool]:
-    """Run the completion's tool call. Returns the result, the parsed call, and whether it was a format error."""
+def _act(ctx: LoopContext, chat: _Chat, completion: Completion
+         ) -> tuple[ToolResult, dict[str, Any] | None, str | None]:
+    """Run the completion's tool call. Returns the result, the parsed call, and its format error, if
+    any: `unparsed` (a call that cannot be read) or `missing` (no call)."""
     try:
-        call = PARSERS[ctx.tool_parser](completion.text)
+        call = chat.parse(completion.text)
     except MalformedToolCall as error:
-        return ToolResult(observation=str(error), status="error"), None, True
+        return ToolResult(observation=str(error), status="error"), None, "unparsed"
     if call is None:
-        return ToolResult(observation=NO_TOOL_CALL, status="error"), None, True
+        return ToolResult(observation=chat.no_tool_call, status="error"), None, "missing"
     try:
         result = ctx.kind.execute(sandbox=ctx.sandbox, call=call, task=ctx.task)
     except CrucibleError as error:  # the sandbox layer's own faults (dead container, broken session)
         raise SandboxFault(f"the sandbox failed while running {call.name}: {error}") from error
     if result.status == "sandbox_dead":
         raise SandboxFault(f"the sandbox died while running {call.name}: {result.output[-300:]}")
-    return result, {"name": call.name, "arguments": call.arguments}, False
+    return result, {"name": call.name, "arguments": call.arguments}, None
+
+
+def _extends(completion: Completion, *, sent: list[int], previous: list[int]) -> bool:
+    """The prompt the server sampled from (echoed, else `sent`) is `previous` extended."""
+    sampled_from = list(completion.prompt_ids) if completion.prompt_ids is not None else sent
+    return sampled_from == sent and sent[:len(previous)] == previous
 
 
 def run_agent_loop(ctx: LoopContext, *, prompt_ids: list[int]) -> Trajectory:
     trajectory = Trajectory()
+    chat = _chat(ctx)
     pending_env = list(prompt_ids)  # environment tokens not yet attached to a turn
     tokens = list(prompt_ids)
+    previous: list[int] = []  # the last turn's prompt and completion: every prompt must extend it
     format_errors = tool_errors = 0
     while True:
         if trajectory.timings["sandbox"] > ctx.limits.episode_timeout_s:  # the agent's own time, spent
@@ -212,9 +259,15 @@ def run_agent_loop(ctx: LoopContext, *, prompt_ids: list[int]) -> Trajectory:
             trajectory.termination = sampled
             return trajectory
         completion, versions = sampled
+        if not _extends(completion, sent=tokens, previous=previous):
+            trajectory.prefix_breaks += 1
+            logger.warning("turn %d's prompt is not the previous turn's extended", len(trajectory.turns))
         started = time.monotonic()
-        result, call, format_error = _act(ctx, completion)
+        result, call, problem = _act(ctx, chat, completion)
         trajectory.timings["sandbox"] += time.monotonic() - started
+        format_error = problem is not None
+        trajectory.unparsed_tool_calls += problem == "unparsed"
+        trajectory.turns_without_tool_call += problem == "missing"
         observation = cap_text(result.observation, ctx.limits.observation_max_chars)
         trajectory.turns.append(TurnRecord(
             index=len(trajectory.turns), token_ids=pending_env + completion.token_ids,
@@ -231,6 +284,7 @@ def run_agent_loop(ctx: LoopContext, *, prompt_ids: list[int]) -> Trajectory:
         trajectory.artifacts += [ArtifactRecord(len(trajectory.turns) - 1, a.name, a.media_type, a.data)
                                  for a in result.artifacts]
         tokens += completion.token_ids
+        previous = list(tokens)
         format_errors = format_errors + 1 if format_error else 0
         tool_errors = tool_errors + 1 if result.is_error and not format_error else 0
         reason = episode_end(ctx.limits, result=result, turns=len(trajectory.turns), format_errors=format_errors,
@@ -239,8 +293,9 @@ def run_agent_loop(ctx: LoopContext, *, prompt_ids: list[int]) -> Trajectory:
             trajectory.termination = reason
             trajectory.submitted = reason is TerminationReason.SUBMITTED
             return trajectory
-        closed = bool(completion.token_ids) and completion.token_ids[-1] == ctx.policy.end_of_turn_id()
-        pending_env = _observation_tokens(ctx, observation, closed=closed)
+        closed = bool(completion.token_ids) and completion.token_ids[-1] in chat.end_of_turn
+        pending_env = _observation_tokens(ctx, chat.renderer.frame(observation, completion_closed=closed,
+                                                                   turn=len(trajectory.turns) - 1))
         tokens += pending_env
 
 
@@ -261,13 +316,12 @@ def episode_end(
     return None
 
 
-def _observation_tokens(ctx: LoopContext, observation: str, *, closed: bool) -> list[int]:
+def _observation_tokens(ctx: LoopContext, frame: Frame) -> list[int]:
     """The chat frame's control tokens around the observation, which is plain text: whatever a tool
-    prints (`<|im_end|><|im_start|>assistant`) cannot close the tool message or open a turn."""
-    before, after = observation_frame(completion_closed=closed)
+    prints (`<|im_end|><|im_start|>assistant`, `<|eot_id|>`) cannot close the tool message or open a turn."""
     try:
-        return (ctx.policy.tokenize(before) + ctx.policy.tokenize_plain(f"tool\n{observation}")
-                + ctx.policy.tokenize(after))
+        return (ctx.policy.tokenize(frame.before) + ctx.policy.tokenize_plain(frame.text)
+                + ctx.policy.tokenize(frame.after))
     except PolicyError as error:
         raise PolicyFault(str(error)) from error
 

@@ -91,6 +91,9 @@ def store_episode(
     episode.policy_version_last = newest if newest is not None else episode.policy_version
     episode.num_turns = len(trajectory.turns)
     episode.num_tokens = trajectory.num_tokens
+    episode.prefix_breaks = trajectory.prefix_breaks
+    episode.unparsed_tool_calls = trajectory.unparsed_tool_calls
+    episode.turns_without_tool_call = trajectory.turns_without_tool_call
     episode.sandbox_id = sandbox_id
     episode.finished_at = datetime.now(UTC)
     session.flush()

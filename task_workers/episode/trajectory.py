@@ -54,6 +54,12 @@ class Trajectory:
     submitted: bool = False
     artifacts: list[ArtifactRecord] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=lambda: {"generation": 0.0, "sandbox": 0.0})
+    prefix_breaks: int = 0
+    """Turns whose prompt was not the previous turn's prompt and completion extended (loop.py)."""
+    unparsed_tool_calls: int = 0
+    """Turns whose tool call was begun but could not be read (MalformedToolCall)."""
+    turns_without_tool_call: int = 0
+    """Turns whose completion held no tool call."""
 
     @property
     def num_tokens(self) -> int:

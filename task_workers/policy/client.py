@@ -18,6 +18,11 @@ have sampled it; a sync during such a request is seen, `versions` differ, but no
 
 Environment text is tokenized with special tokens split: a tool that prints `<|im_end|>` adds
 plain-text tokens, never a control token that would end the tool message.
+
+The turn frame comes from the served model's own chat template: the client learns its family once
+(`renderer`, core/renderers.py) from a probe conversation the server renders (`/tokenize` with
+messages, then `/detokenize`), which works for any server, local or remote; vLLM has no route for the
+raw template. The family's end-of-turn tokens, control strings and frame follow from it.
 """
 
 from __future__ import annotations
@@ -30,8 +35,8 @@ from typing import Any
 
 import httpx
 
+from core.renderers import PROBE_MESSAGES, RENDERERS, Renderer, renderer_for, split_control_strings
 from core.schemas.run import Sampling
-from task_workers.policy.chat import CONTROL_STRINGS, IM_END
 
 logger = logging.getLogger(__name__)
 GENERATE_ROUTE = "/inference/v1/generate"
@@ -63,6 +68,8 @@ class Completion:
     """The server's version once the completion returned: says whether weights that were still being
     probed (a provisional label) were verified since."""
     seconds: float
+    prompt_ids: tuple[int, ...] | None = None
+    """The prompt the server says it sampled from (vLLM's `prompt_token_ids`); None when not echoed."""
     replica: str | None = None
     """The pool replica that sampled it (task_workers/policy/pool.py); None from a lone client."""
     spans: tuple[tuple[str | None, int, int], ...] = ()
@@ -86,11 +93,12 @@ class PolicyClient:
         self, *, base_url: str, model: str | None = None, timeout_s: float = 120.0, retries: int = 3,
         backoff_s: float = 0.5, transport: httpx.BaseTransport | None = None,
         tokenizer: Callable[[str], list[int]] | None = None,
-        plain_tokenizer: Callable[[str], list[int]] | None = None,
+        plain_tokenizer: Callable[[str], list[int]] | None = None, renderer: Renderer | None = None,
     ) -> None:
         """`tokenizer` / `plain_tokenizer`: the served model's own tokenizer, loaded locally, with
         special tokens parsed / split (`local_tokenizers`); saves a round trip per turn for
-        environment text. Without them `/tokenize` is asked (the same tokenizer, over HTTP)."""
+        environment text. Without them `/tokenize` is asked (the same tokenizer, over HTTP).
+        `renderer`: the served template's family when known; else learned from the server once."""
         root = base_url.removesuffix("/").removesuffix("/v1")
         self._http = httpx.Client(base_url=root, timeout=timeout_s, transport=transport)
         self._model = model
@@ -98,7 +106,8 @@ class PolicyClient:
         self._backoff_s = backoff_s
         self._tokenizer = tokenizer
         self._plain_tokenizer = plain_tokenizer
-        self._end_of_turn: int | None = None
+        self._renderer = renderer
+        self._end_of_turn: tuple[int, ...] | None = None
         self._generate_route: bool | None = None  # None: not tried yet
 
     def close(self) -> None:
@@ -133,7 +142,7 @@ class PolicyClient:
         # vLLM's /tokenize cannot split special tokens: cut every control string in two, so that
         # no segment holds one whole. Text without control strings is one call, as before.
         ids: list[int] = []
-        for segment in split_control_strings(text):
+        for segment in split_control_strings(text, self.renderer().control_strings):
             ids += self.tokenize(segment) if segment else []
         return ids
 
@@ -141,14 +150,39 @@ class PolicyClient:
         body = {"model": self.model(), "prompt": text, "add_special_tokens": False}
         return list(self._request("POST", "/tokenize", json=body)["tokens"])
 
-    def end_of_turn_id(self) -> int:
-        """The token that closes a chat turn (<|im_end|>): a completion that stopped on it is closed."""
+    def renderer(self) -> Renderer:
+        """The served chat template's family, learned once from a probe conversation it renders. A server
+        whose detokenizer drops control tokens is asked instead which family's markers are single tokens
+        of its model."""
+        if self._renderer is None:
+            body = {"model": self.model(), "tokens": self.tokenize_chat(messages=PROBE_MESSAGES, tools=None)}
+            rendered = str(self._request("POST", "/detokenize", json=body)["prompt"])
+            try:
+                self._renderer = renderer_for(rendered)
+            except ValueError as error:
+                found = [r for r in RENDERERS.values()
+                         if all(len(self.tokenize(marker)) == 1 for marker in (*r.markers, r.end_of_turn[0]))]
+                if len(found) != 1:
+                    raise PolicyError(f"the served model's {error}") from None
+                self._renderer = found[0]
+            logger.info("the served chat template is of the %s family", self._renderer.family)
+        return self._renderer
+
+    def end_of_turn_ids(self) -> tuple[int, ...]:
+        """The tokens that close a chat turn (<|im_end|>; <|eot_id|> and <|eom_id|>): a completion that
+        stopped on one is closed. The family's first must be one token of the served model; the others
+        count where they are one."""
         if self._end_of_turn is None:
-            ids = self.tokenize(IM_END)
-            if len(ids) != 1:
-                raise PolicyError(f"expected {IM_END} to be one token of the served model, got {ids}")
-            self._end_of_turn = ids[0]
+            ids = [self.tokenize(text) for text in self.renderer().end_of_turn]
+            if len(ids[0]) != 1:
+                raise PolicyError(f"expected {self.renderer().end_of_turn[0]} to be one token of the served model, "
+                                  f"got {ids[0]}")
+            self._end_of_turn = tuple(one[0] for one in ids if len(one) == 1)
         return self._end_of_turn
+
+    def end_of_turn_id(self) -> int:
+        """The token a turn cut by `max_tokens` is closed with (the family's first end of turn)."""
+        return self.end_of_turn_ids()[0]
 
     def weight_version(self) -> str | None:
         try:
@@ -175,8 +209,9 @@ class PolicyClient:
         choice = data["choices"][0]
         logprobs = [float(x) for x in (choice.get("logprobs") or {}).get("token_logprobs") or []]
         count = len(choice.get("token_ids") or [])
-        return _completion(choice, logprobs, versions=(version_start, version_end), after=version_end,
-                           started=started, spans=((version_start, 0, count),) if count else ())
+        return _completion({"prompt_token_ids": data.get("prompt_token_ids"), **choice}, logprobs,
+                           versions=(version_start, version_end), after=version_end, started=started,
+                           spans=((version_start, 0, count),) if count else ())
 
     def _generate(self, prompt_ids: list[int], params: dict[str, Any], *, started: float) -> Completion | None:
         """vLLM's token-in/token-out route with per-token weight-version spans; None where the server
@@ -198,6 +233,7 @@ class PolicyClient:
                               f"{str(choice.get('weight_versions'))[:300]}") from error
         after = self.weight_version()
         versions = tuple(label for label, _, _ in spans) or (after,)  # none: an empty output
+        choice = {"prompt_token_ids": data.get("prompt_token_ids"), **choice}
         return _completion(choice, logprobs, versions=versions, after=after, started=started, spans=spans)
 
     def _request(self, method: str, path: str, *, json: Any = None, retry: bool = True, missing_ok: bool = False
@@ -232,32 +268,17 @@ def _completion(choice: dict[str, Any], logprobs: list[float], *, versions: tupl
     token_ids = list(choice.get("token_ids") or [])
     if len(logprobs) != len(token_ids):
         raise PolicyError(f"the server returned {len(token_ids)} token ids but {len(logprobs)} logprobs")
+    echoed = choice.get("prompt_token_ids")
     return Completion(token_ids=token_ids, logprobs=logprobs, text=choice.get("text", ""),
                       finish_reason=choice.get("finish_reason"), versions=versions, version_after=after,
-                      seconds=time.monotonic() - started, spans=spans)
+                      seconds=time.monotonic() - started, spans=spans,
+                      prompt_ids=tuple(echoed) if isinstance(echoed, list) else None)
 
 
 def sampling_body(sampling: Sampling) -> dict[str, Any]:
     """Every sampling parameter vLLM applies, spelled out (a missing one would take the server's or
     the model's `generation_config.json` default, which the trainer does not reproduce)."""
     return sampling.model_dump()
-
-
-def split_control_strings(text: str) -> list[str]:
-    """`text` cut inside every control string (`<|im_end|>` → `<|im_` | `end|>`), so that segments
-    tokenized apart can never form a control token; the segments join back to `text`."""
-    segments, start, position = [], 0, 0
-    while position < len(text):
-        found = [(text.find(control, position), control) for control in CONTROL_STRINGS]
-        hits = [(at, control) for at, control in found if at >= 0]
-        if not hits:
-            break
-        at, control = min(hits)
-        cut = at + len(control) // 2
-        segments.append(text[start:cut])
-        start = position = cut
-    segments.append(text[start:])
-    return segments
 
 
 def local_tokenizer(model_dir: str) -> Callable[[str], list[int]]:

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from core.renderers import Renderer
 from core.schemas.run import Sampling
 from core.settings import public_url as replica_name
 from task_workers.policy.client import Completion, PolicyClient, PolicyError, ReplicaUnavailable
@@ -278,6 +279,13 @@ class EpisodePolicy:
 
     def end_of_turn_id(self) -> int:
         return self._call(lambda client: client.end_of_turn_id())[0]
+
+    def end_of_turn_ids(self) -> tuple[int, ...]:
+        return self._call(lambda client: client.end_of_turn_ids())[0]
+
+    def renderer(self) -> Renderer:
+        """The served chat template's family (every replica serves the same model)."""
+        return self._call(lambda client: client.renderer())[0]
 
     def weight_version(self) -> str | None:
         return self._call(lambda client: client.weight_version())[0]

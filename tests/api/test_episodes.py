@@ -7,7 +7,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from core.models import Run, Turn
+from core.models import Episode, Run, Turn
 from tests.api.trajectories import SeededRun
 
 
@@ -135,3 +135,16 @@ def test_unexpected_json_shapes_do_not_crash_the_episode_views(
     assert client.get(f"/runs/{seeded.run_id}").status_code == 200
     group = client.get(f"/groups/{seeded.group_ids[0]}")
     assert group.status_code == 200 and "[1, 2]" in group.text  # the group page shows components as stored
+
+
+def test_an_episodes_turn_frame_counts_are_shown(client: TestClient, db_session: Session, seeded: SeededRun) -> None:
+    """Prefix breaks, unparsed tool calls and turns without one (task_workers/episode/loop.py) are stored per
+    episode and shown in its summary and on its page."""
+    episode_id = seeded.episode_ids[0][1]
+    db_session.execute(update(Episode).where(Episode.id == episode_id)
+                       .values(prefix_breaks=1, unparsed_tool_calls=2, turns_without_tool_call=3))
+    db_session.commit()
+    body = client.get(f"/v1/episodes/{episode_id}").json()
+    assert (body["prefix_breaks"], body["unparsed_tool_calls"], body["turns_without_tool_call"]) == (1, 2, 3)
+    html = client.get(f"/episodes/{episode_id}").text
+    assert "2 unparsed" in html and "3 without a call" in html and "1 prefix breaks" in html

@@ -83,3 +83,24 @@ def test_run_follow_shows_the_note(
         get_settings.cache_clear()
     assert result.exit_code == 0, result.output
     assert "waiting for a trainer: 2 complete groups wait" in result.output
+
+
+def test_a_run_whose_tool_calls_mostly_fail_to_parse_says_so(client: TestClient, db_session: Session) -> None:
+    """More than 20 % of the turns of the run's latest ended episodes without a readable tool call: the run
+    view and the run page say so (a parser of another chat-template family than the model's, most often)."""
+    env = factories.environment(db_session)
+    task = factories.task(db_session, env)
+    run = factories.run(db_session, status="running", purpose="train")
+    group = factories.group(db_session, run=run, env=env, task=task, status="complete")
+    for sample, (unparsed, missing) in enumerate([(0, 0), (1, 0), (0, 1)]):
+        factories.episode(db_session, group, sample_index=sample, termination_reason="max_turns", status="completed",
+                          num_turns=4, unparsed_tool_calls=unparsed, turns_without_tool_call=missing)
+    db_session.commit()
+    assert client.get(f"/v1/runs/{run.id}").json()["tool_call_failures"] is None  # 2 of 12 turns: 17 %
+    factories.episode(db_session, group, sample_index=3, termination_reason="format_error", status="completed",
+                      num_turns=3, unparsed_tool_calls=1, turns_without_tool_call=2)
+    db_session.commit()
+    note = client.get(f"/v1/runs/{run.id}").json()["tool_call_failures"]
+    assert note.startswith("tool calls fail: in the last 4 ended episodes, 2 of 15 turns held a tool call that did "
+                           "not parse and 3 held none (33% > 20%)")
+    assert 'id="tool-call-failures"' in client.get(f"/runs/{run.id}").text

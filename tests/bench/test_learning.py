@@ -55,12 +55,15 @@ def test_each_recipe_runs_with_its_own_defaults() -> None:
     from recipes.common import RecipeSettings
     from recipes.demo import run_demo
     from recipes.discover import SETTINGS, run_discover
+    from recipes.real import SETTINGS as REAL
+    from recipes.real import run_real
 
     assert recipe("demo") == (RecipeSettings(), run_demo)
+    assert recipe("real") == (REAL, run_real) and REAL.rl_steps  # a counted RL phase, not a timed one
     assert recipe("discover") == (SETTINGS, run_discover)
     assert recipe("browser") == (BrowserRLSettings(), run_browser_rl)
     assert recipe("browser")[0].held_out_pages  # the browser figures include a page never trained on
-    with pytest.raises(ValueError, match="expected one of demo, discover, browser, got 'mixed'"):
+    with pytest.raises(ValueError, match="expected one of demo, discover, browser, real, got 'mixed'"):
         recipe("mixed")
 
 

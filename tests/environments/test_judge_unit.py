@@ -66,17 +66,23 @@ def test_a_bad_judge_section_is_refused_naming_it(judge: object, expected: str) 
 
 
 def test_specs_without_a_judge_keep_their_hash() -> None:
-    """Registered specs are pinned by content hash: adding the optional section must not change theirs."""
-    # Both hashes as the code before the judge section printed them.
-    spec = parse_spec({"name": "j", "kind": "read_number", "image": "base"})
+    """Registered specs are pinned by content hash: adding the optional section must not change theirs.
+    The hashes are of specs that spell out `tool_parser: hermes`, the default before it became `auto`
+    (issue 48): a stored spec keeps its explicit `hermes` and its hash; the same YAML registered again
+    now reads tool calls in the served model's own format, another behaviour, so another version."""
+    hermes = {"tool_parser": "hermes"}
+    spec = parse_spec({"name": "j", "kind": "read_number", "image": "base", **hermes})
     assert spec.content_hash() == "4f6310e25d49baf73d1920d7ee983fe51b2178589d9caffd71b18f4b61337c76"
-    spec = parse_spec({"name": "j", "kind": "code_repo", "image": "base", "verifier": {"weights": {"hidden_tests": 1}}})
+    assert parse_spec({"name": "j", "kind": "read_number", "image": "base"}).content_hash() != spec.content_hash()
+    spec = parse_spec({"name": "j", "kind": "code_repo", "image": "base", "verifier": {"weights": {"hidden_tests": 1}},
+                       **hermes})
     assert spec.content_hash() == "74c602e70215ea5cec51657a15129b7e092b77489ced5064c6e4fd85c02ae426"
-    judged = parse_spec(_spec({"url": "http://127.0.0.1:8001/v1", "model": "m", "rubric": "r"}))
+    judged = parse_spec({**_spec({"url": "http://127.0.0.1:8001/v1", "model": "m", "rubric": "r"}), **hermes})
     assert judged.content_hash() != parse_spec({"name": "j", "kind": "read_number", "image": "base"}).content_hash()
     # A pointwise judge's spec keeps the hash it had before `mode` could be pairwise; pairwise is another spec.
     assert judged.content_hash() == "3dcfdcb6b5bbc714366362af1f7c26ce57c0ac46c24964657aad41a52bd4a364"
-    pairwise = parse_spec(_spec({"url": "http://127.0.0.1:8001/v1", "model": "m", "rubric": "r", "mode": "pairwise"}))
+    pairwise = parse_spec({**_spec({"url": "http://127.0.0.1:8001/v1", "model": "m", "rubric": "r", "mode": "pairwise"}),
+                           **hermes})
     assert pairwise.verifier.judge is not None and pairwise.verifier.judge.mode == "pairwise"
     assert pairwise.content_hash() != judged.content_hash()
 

@@ -103,3 +103,32 @@ def test_lora_trains_only_the_adapter_and_exports_merged_weights(base: torch.nn.
     with_adapter, plain = sequence_logprobs(model, batch), sequence_logprobs(merged, batch)
     for episode_id, values in with_adapter.items():
         torch.testing.assert_close(plain[episode_id], values, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("engine_config", [{}, {"deepspeed": {"stage": 3}}], ids=["torch", "zero3"])
+def test_a_tied_model_stays_tied_through_every_engine_and_its_checkpoint(
+    engine_config: dict[str, object], tmp_path: Path,
+) -> None:
+    """One matrix trained as both embeddings and head, exported as both (ZeRO-3's gathered export
+    included; ZeRO-2 partitions nothing of the model), and still one matrix after a checkpoint round trip."""
+    from trainer.tiny_model import TinyModelSpec, make_tiny_model
+    from trainer.weight_sync import TIED_HEAD
+
+    tied = make_tiny_model(out_dir=tmp_path / "tied", seed=1, spec=TinyModelSpec(vocab_size=512, tied=True)).path
+    config = _config(**engine_config)
+    engine = make_engine(model=AutoModelForCausalLM.from_pretrained(tied), config=config)
+    before = AutoModelForCausalLM.from_pretrained(tied).lm_head.weight.detach().clone()
+    _train(engine, config)
+    exported = engine.export_state_dict()
+    assert torch.equal(exported[TIED_HEAD], exported["model.embed_tokens.weight"])
+    assert not torch.equal(exported[TIED_HEAD], before)  # the head trained, through the embeddings' matrix
+    (tmp_path / "checkpoint").mkdir()
+    engine.save(tmp_path / "checkpoint")
+    again = make_engine(model=AutoModelForCausalLM.from_pretrained(tied), config=config)
+    again.load(tmp_path / "checkpoint")
+    for name, tensor in exported.items():
+        torch.testing.assert_close(again.export_state_dict()[name], tensor)
+    assert _train(again, config, steps=1) == pytest.approx(_train(engine, config, steps=1), rel=1e-5)
+    for side in (engine, again):
+        state = side.export_state_dict()
+        assert torch.equal(state[TIED_HEAD], state["model.embed_tokens.weight"])  # still one matrix after a step

@@ -125,6 +125,8 @@ def test_malformed_tool_calls_end_in_format_error(db_session, scripted, sandboxe
     assert "No tool call found" in turns[0].observation
     assert "expected JSON inside <tool_call>" in turns[1].observation
     assert "unclosed <tool_call>" in turns[2].observation
+    # counted per episode (task_workers/episode/loop.py), the stream never broken
+    assert (episode.unparsed_tool_calls, episode.turns_without_tool_call, episode.prefix_breaks) == (2, 1, 0)
 
 
 def test_context_exhausted(db_session, scripted, sandboxes, policy_client, code_repo_image, calc_task_payload) -> None:
