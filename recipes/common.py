@@ -383,18 +383,25 @@ def says_what_stays_running(recipe: Recipe) -> Recipe:
     return run  # type: ignore[return-value]
 
 
-def _wait_run(run_id: int, *, procs: Processes, timeout_s: float) -> None:
-    from core.db import session_scope
-    from core.models import Run
+def _wait_run(run_id: int, *, procs: Processes, stall_s: float) -> None:
+    """Until the run completes; TimeoutError once `stall_s` pass with no episode of it stored (a loaded
+    machine, or a larger model, does the same work slower: only a run that stopped moving is given up)."""
+    from sqlalchemy import func
 
-    deadline = time.monotonic() + timeout_s
+    from core.db import session_scope
+    from core.models import Episode, Run
+
+    stored, deadline = -1, time.monotonic() + stall_s
     while time.monotonic() < deadline:
         with session_scope() as session:
             if session.get(Run, run_id).status == "completed":  # type: ignore[union-attr]
                 return
+            count = session.execute(select(func.count()).where(Episode.run_id == run_id)).scalar_one()
+        if count > stored:
+            stored, deadline = count, time.monotonic() + stall_s
         procs.check_alive()
         time.sleep(1.0)
-    raise TimeoutError(f"run {run_id} did not complete within {timeout_s:.0f} s")
+    raise TimeoutError(f"run {run_id} stored no episode for {stall_s:.0f} s ({max(stored, 0)} stored)")
 
 
 @dataclass(frozen=True)
@@ -424,7 +431,7 @@ def evaluate(procs: Processes, *, settings: RecipeSettings, model: str, label: s
         run_id = launch_eval(session, model=model, environment=environment, samples_per_task=settings.eval_samples,
                              seed=settings.seed, name=f"{prefix}-eval-{label}-{time.strftime('%H%M%S')}",
                              max_inflight_groups=8).id
-    _wait_run(run_id, procs=procs, timeout_s=600)
+    _wait_run(run_id, procs=procs, stall_s=600)
     with session_scope() as session:
         overall = eval_report(session, run_id=run_id).overall
     rate = overall.pass_at_1
