@@ -7,8 +7,10 @@ The decoder's saved activations are what a step's memory grows with, per padded 
 (weights, gradients and AdamW state are a fixed 16 bytes a parameter; the output layer's logits are
 chunked, trainer.logprobs). Measured on a SmolLM2-135M-shaped Llama (30 layers, hidden 576, float32,
 16 rollouts of ~600 tokens, one `trainer.step.update`; issue 48): about 1.2 MB a padded token, i.e.
-parameters ÷ 110 bytes; peak 13.4 GB at 8192 tokens a micro-batch, 6.0 GB at 2048, 5.2 GB at 8192 with
-activation checkpointing (one more decoder forward in backward).
+parameters ÷ 110 bytes. `bench/trainer_memory.py` prints the peak resident set of that update: 6.11 GB
+at the sized 2048 tokens a micro-batch, 15.92 GB at 8192 (docs/benchmarks.md#trainer); activation
+checkpointing (one more decoder forward in backward) cut the 8192-token peak about 2.6× in the measurement
+the constants came from.
 """
 
 from __future__ import annotations
