@@ -290,7 +290,7 @@ def calibrate_(
     from sandboxes import make_backend
     from sandboxes.db_events import DbEventSink
     from task_workers.context import DockerSandboxes
-    from task_workers.policy.client import PolicyClient, PolicyError, local_tokenizer
+    from task_workers.policy.client import PolicyClient, PolicyError, local_tokenizers
 
     _quiet_http()
     with readable_errors():
@@ -300,7 +300,8 @@ def calibrate_(
         if not policy.startswith(("http://", "https://")) or any(c.isspace() for c in policy):
             raise ConfigError(f"--policy: expected an http(s) URL such as http://127.0.0.1:8000/v1, got {policy[:200]!r}")
         settings = get_settings()
-        tokenizer = local_tokenizer(str(settings.policy_tokenizer)) if settings.policy_tokenizer else None
+        tokenizer, plain = (local_tokenizers(str(settings.policy_tokenizer)) if settings.policy_tokenizer
+                            else (None, None))
         probe = PolicyClient(base_url=policy, retries=0, timeout_s=30)
         try:
             model = probe.model()
@@ -309,7 +310,7 @@ def calibrate_(
                               f"{str(error)[:200] or type(error).__name__}") from None
         finally:
             probe.close()
-        client = PolicyClient(base_url=policy, model=model, tokenizer=tokenizer)
+        client = PolicyClient(base_url=policy, model=model, tokenizer=tokenizer, plain_tokenizer=plain)
         sandboxes = DockerSandboxes(backend=make_backend("docker"), events=DbEventSink(), worker="calibrate",
                                     min_size=0, max_size=jobs + 1)
         try:

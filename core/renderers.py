@@ -25,6 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 PROBE_MESSAGES: list[dict[str, Any]] = [{"role": "system", "content": "Probe."}, {"role": "user", "content": "Probe."}]
+PROBE_EXCHANGE: list[dict[str, Any]] = [*PROBE_MESSAGES, {"role": "assistant", "content": "", "tool_calls": [
+    {"id": "call00000", "type": "function", "function": {"name": "probe", "arguments": "{}"}}]},
+    {"role": "tool", "tool_call_id": "call00000", "content": "Probe."}]
+"""The probe with a tool call and its result: a family that differs from another only in how a tool
+result is framed (Qwen's `<tool_response>` against ChatML's `tool` turn) shows it only here."""
 """A conversation every family's template renders (Mistral's wants user/assistant alternation)."""
 PROBE_TOOL_NAME = "crucible_probe_tool_q7x2"
 """A name no template writes by itself: seen in a rendering, the template rendered `tools`."""
@@ -58,8 +63,13 @@ class Renderer:
     """The family's control tokens: environment text must never be tokenized into them."""
     end_of_turn: tuple[str, ...]
     """The tokens that end an assistant turn; the first closes a turn cut by `max_tokens`."""
-    no_tool_call: str
-    """The feedback for a completion without a tool call, in the family's own call format."""
+    call_format: str
+    """How a call is written in the family's format, for instructions and feedback."""
+
+    @property
+    def no_tool_call(self) -> str:
+        """The feedback for a completion without a tool call, in the family's own call format."""
+        return f"No tool call found. Call exactly one tool as {self.call_format}."
 
     def frame(self, observation: str, *, completion_closed: bool, turn: int = 0) -> Frame:
         """The frame around `observation` after turn `turn` (0-based). `completion_closed`: the sampled
@@ -79,6 +89,16 @@ class ChatML(Renderer):
         # `tool\n` goes with the text: between two control tokens it is one segment in the template
         return Frame(f"{self._close(completion_closed)}\n<|im_start|>", f"tool\n{observation}",
                      "<|im_end|>\n<|im_start|>assistant\n")
+
+
+@dataclass(frozen=True)
+class Qwen(Renderer):
+    """Qwen2.5 / Qwen3's own templates: ChatML, but a tool result is a `user` turn wrapped in
+    `<tool_response>` tags (Crucible's own ChatML template gives it a `tool` turn instead)."""
+
+    def frame(self, observation: str, *, completion_closed: bool, turn: int = 0) -> Frame:
+        return Frame(f"{self._close(completion_closed)}\n<|im_start|>", f"user\n<tool_response>\n{observation}\n"
+                     "</tool_response>", "<|im_end|>\n<|im_start|>assistant\n")
 
 
 @dataclass(frozen=True)
@@ -108,27 +128,34 @@ def mistral_call_id(turn: int) -> str:
     return f"call{turn % 100000:05d}"
 
 
+HERMES_CALL = '<tool_call>{"name": ..., "arguments": {...}}</tool_call>'
+"""How a Hermes-style call is written: environments' system prompts say it in this one spelling, and the
+loop replaces it with the served family's own (`instructions`)."""
+CHATML_CONTROL = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
 CHATML = ChatML(
-    family="chatml", tool_parser="hermes", markers=("<|im_start|>",),
-    control_strings=("<|im_start|>", "<|im_end|>", "<|endoftext|>"), end_of_turn=("<|im_end|>",),
-    no_tool_call=("No tool call found. Call exactly one tool as "
-                  '<tool_call>{"name": ..., "arguments": {...}}</tool_call>.'),
+    family="chatml", tool_parser="hermes", markers=("<|im_start|>",), control_strings=CHATML_CONTROL,
+    end_of_turn=("<|im_end|>", "<|endoftext|>"), call_format=HERMES_CALL,
+)
+QWEN = Qwen(
+    family="qwen", tool_parser="hermes", markers=("<|im_start|>", "<tool_response>"), control_strings=CHATML_CONTROL,
+    end_of_turn=("<|im_end|>", "<|endoftext|>"), call_format=HERMES_CALL,
 )
 LLAMA3 = Llama3(
     family="llama3", tool_parser="llama3", markers=("<|start_header_id|>", "<|end_header_id|>"),
     control_strings=("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
                      "<|eot_id|>", "<|eom_id|>", "<|python_tag|>", "<|finetune_right_pad_id|>"),
-    end_of_turn=("<|eot_id|>", "<|eom_id|>"),
-    no_tool_call='No tool call found. Call exactly one tool as a JSON object: {"name": ..., "parameters": {...}}.',
+    end_of_turn=("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"),
+    call_format='a JSON object: {"name": ..., "parameters": {...}}',
 )
 MISTRAL = Mistral(
     family="mistral", tool_parser="mistral", markers=("[INST]",),
     control_strings=("<s>", "</s>", "<unk>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
                      "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]"),
     end_of_turn=("</s>",),
-    no_tool_call='No tool call found. Call exactly one tool as [TOOL_CALLS][{"name": ..., "arguments": {...}}].',
+    call_format='[TOOL_CALLS][{"name": ..., "arguments": {...}}]',
 )
-RENDERERS: dict[str, Renderer] = {renderer.family: renderer for renderer in (CHATML, LLAMA3, MISTRAL)}
+RENDERERS: dict[str, Renderer] = {renderer.family: renderer for renderer in (QWEN, CHATML, LLAMA3, MISTRAL)}
+"""In detection order: the more specific first (Qwen's template is ChatML with `<tool_response>`)."""
 
 
 def renderer_for(chat_template: str) -> Renderer:

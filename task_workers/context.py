@@ -20,7 +20,7 @@ from sandboxes.db_events import DbEventSink
 from sandboxes.errors import SandboxDead
 from sandboxes.events import EventSink
 from sandboxes.reaper import start_reaper
-from task_workers.policy.client import PolicyClient, local_tokenizer
+from task_workers.policy.client import PolicyClient, local_tokenizers
 from task_workers.policy.pool import PolicyPool
 
 logger = logging.getLogger(__name__)
@@ -143,9 +143,12 @@ def worker_context() -> WorkerContext:
             reaper = start_reaper(backend=backend, events=events, worker=settings.worker_name)
             sandboxes = DockerSandboxes(backend=backend, events=events, worker=settings.worker_name,
                                         min_size=settings.sandbox_pool_min, max_size=settings.sandbox_pool_max)
-            tokenizer = local_tokenizer(str(settings.policy_tokenizer)) if settings.policy_tokenizer else None
+            # Both of the tokenizer's functions: environment text tokenized with every special token split
+            # (`split_special_tokens`), not only the chat family's listed control strings.
+            tokenizer, plain = (local_tokenizers(str(settings.policy_tokenizer)) if settings.policy_tokenizer
+                                else (None, None))
             def client(url: str) -> PolicyClient:
-                return PolicyClient(base_url=url, tokenizer=tokenizer)
+                return PolicyClient(base_url=url, tokenizer=tokenizer, plain_tokenizer=plain)
 
             policy = PolicyPool(settings.policy_pool, client_factory=client)
             _context = WorkerContext(policy, sandboxes, backend, events, reaper, client_factory=client)

@@ -34,6 +34,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from core.renderers import HERMES_CALL
 from environments.base import (
     Artifact,
     GraderFault,
@@ -57,7 +58,7 @@ from sandboxes.errors import ActionRefused
 SYSTEM_PROMPT = (
     "You operate a web browser. Each observation is the page's accessibility tree; elements you can act "
     "on carry an id in brackets, like [12]. Use the tools to reach the goal. Call exactly one tool per turn "
-    "as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>."
+    f"as {HERMES_CALL}."
 )
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
+from core.renderers import HERMES_CALL
 from environments.base import GraderFault, OpenSandbox, Sandbox, ToolCall, ToolResult, Verdict
 from environments.code_repo import verifier
 from environments.code_repo.repo import export_image_repo, install_repo
@@ -23,7 +24,7 @@ _exports_lock = threading.Lock()
 SYSTEM_PROMPT = (
     "You are a software engineer working in a git repository at /workspace. Use the tools to inspect "
     "the code, make the change the task asks for, check it with run_tests, then call submit. "
-    "Call exactly one tool per turn as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>."
+    f"Call exactly one tool per turn as {HERMES_CALL}."
 )
 
 

@@ -27,6 +27,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from core.renderers import HERMES_CALL
 from environments.base import (
     GraderFault,
     LayerResult,
@@ -47,8 +48,7 @@ from sandboxes.errors import ActionRefused, SandboxError
 TOOL_SCHEMAS: dict[str, dict[str, Any]] = {}
 """No fixed tools: the one tool's parameters are the environment's action schema (read at setup)."""
 SYSTEM_PROMPT = ("You act in an environment through the tool `{tool}`. Each observation shows what the environment "
-                 "returned. Call exactly one tool per turn as <tool_call>{{\"name\": ..., \"arguments\": {{...}}}}"
-                 "</tool_call>.")
+                 "returned. Call exactly one tool per turn as " + HERMES_CALL.replace("{", "{{").replace("}", "}}") + ".")
 HIDDEN_FIELDS = ("reward", "done", "metadata")
 MAX_ACTION_BYTES = 64 * 1024
 MAX_FIELD_CHARS = 16_000

@@ -9,7 +9,8 @@ policy client once per episode.
 Each episode counts what went wrong with the turn frame (Trajectory, stored with the episode):
 `unparsed_tool_calls` (a call begun that did not parse), `turns_without_tool_call`, and
 `prefix_breaks`: turns whose prompt, as the server reports it sampled from (vLLM's echoed
-`prompt_token_ids`; what was sent when it does not echo), is not the previous turn's prompt and
+`prompt_token_ids`; what was sent when it does not echo), is not what the trainer trains on as that
+turn's context (every stored turn's tokens, then the environment tokens pending): the previous turn's prompt and
 completion extended. That is the property the trainer depends on — it trains on exactly what was
 sampled — so it is checked every turn. Whether the model's template, re-rendering the conversation,
 would give the same stream is not counted: sampled tokens need not be the canonical tokenization of
@@ -44,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import CrucibleError
-from core.renderers import RENDERERS, Frame, Renderer
+from core.renderers import HERMES_CALL, RENDERERS, Frame, Renderer
 from core.schemas.run import Sampling
 from core.seeds import turn_seed
 from core.termination import TerminationReason
@@ -108,12 +109,17 @@ class _Versions:
 
 @dataclass(frozen=True)
 class _Chat:
-    """The served model's turn frame for one episode (core/renderers.py)."""
+    """The served model's turn frame for one episode (core/renderers.py), and the call format of the parser
+    in use: what the system prompt and the feedback tell the model to write is what is parsed."""
 
     renderer: Renderer
     parse: Callable[[str], ToolCall | None]
-    no_tool_call: str
+    call_format: str
     end_of_turn: frozenset[int]
+
+    @property
+    def no_tool_call(self) -> str:
+        return f"No tool call found. Call exactly one tool as {self.call_format}."
 
 
 def _chat(ctx: LoopContext) -> _Chat:
@@ -122,9 +128,10 @@ def _chat(ctx: LoopContext) -> _Chat:
     except PolicyError as error:
         raise PolicyFault(str(error)) from error
     name = renderer.tool_parser if ctx.tool_parser == AUTO else ctx.tool_parser
-    # feedback in the format the parser reads: an explicit parser's own family, else the model's
-    feedback = next((r.no_tool_call for r in RENDERERS.values() if r.tool_parser == name), renderer.no_tool_call)
-    return _Chat(renderer, PARSERS[name], feedback, frozenset(end_of_turn))
+    # an explicit parser's own family's format (browsergym reads Hermes calls too), else the model's
+    call_format = next((r.call_format for r in RENDERERS.values() if r.tool_parser == name), HERMES_CALL)
+    return _Chat(renderer, PARSERS[name], call_format if ctx.tool_parser != AUTO else renderer.call_format,
+                 frozenset(end_of_turn))
 
 
 class _RejectedWeights(Exception):
@@ -237,10 +244,12 @@ def _act(ctx: LoopContext, chat: _Chat, completion: Completion
     return result, {"name": call.name, "arguments": call.arguments}, None
 
 
-def _extends(completion: Completion, *, sent: list[int], previous: list[int]) -> bool:
-    """The prompt the server sampled from (echoed, else `sent`) is `previous` extended."""
+def _breaks_prefix(completion: Completion, *, sent: list[int], trajectory: Trajectory, pending: list[int]) -> bool:
+    """Whether the prompt the server sampled from (echoed, else `sent`) differs from what the trainer will
+    train on as this turn's context: every stored turn's tokens, then the environment tokens pending."""
+    stored = [token for turn in trajectory.turns for token in turn.token_ids] + pending
     sampled_from = list(completion.prompt_ids) if completion.prompt_ids is not None else sent
-    return sampled_from == sent and sent[:len(previous)] == previous
+    return sampled_from != stored or sent != stored
 
 
 def run_agent_loop(ctx: LoopContext, *, prompt_ids: list[int]) -> Trajectory:
@@ -248,7 +257,6 @@ def run_agent_loop(ctx: LoopContext, *, prompt_ids: list[int]) -> Trajectory:
     chat = _chat(ctx)
     pending_env = list(prompt_ids)  # environment tokens not yet attached to a turn
     tokens = list(prompt_ids)
-    previous: list[int] = []  # the last turn's prompt and completion: every prompt must extend it
     format_errors = tool_errors = 0
     while True:
         if trajectory.timings["sandbox"] > ctx.limits.episode_timeout_s:  # the agent's own time, spent
@@ -259,7 +267,7 @@ def run_agent_loop(ctx: LoopContext, *, prompt_ids: list[int]) -> Trajectory:
             trajectory.termination = sampled
             return trajectory
         completion, versions = sampled
-        if not _extends(completion, sent=tokens, previous=previous):
+        if _breaks_prefix(completion, sent=tokens, trajectory=trajectory, pending=pending_env):
             trajectory.prefix_breaks += 1
             logger.warning("turn %d's prompt is not the previous turn's extended", len(trajectory.turns))
         started = time.monotonic()
@@ -284,7 +292,6 @@ def run_agent_loop(ctx: LoopContext, *, prompt_ids: list[int]) -> Trajectory:
         trajectory.artifacts += [ArtifactRecord(len(trajectory.turns) - 1, a.name, a.media_type, a.data)
                                  for a in result.artifacts]
         tokens += completion.token_ids
-        previous = list(tokens)
         format_errors = format_errors + 1 if format_error else 0
         tool_errors = tool_errors + 1 if result.is_error and not format_error else 0
         reason = episode_end(ctx.limits, result=result, turns=len(trajectory.turns), format_errors=format_errors,
@@ -327,7 +334,12 @@ def _observation_tokens(ctx: LoopContext, frame: Frame) -> list[int]:
 
 
 def initial_prompt(ctx: LoopContext, *, instruction: str) -> list[int]:
-    messages = [{"role": "system", "content": ctx.kind.system_prompt()}, {"role": "user", "content": instruction}]
+    """The served template's rendering of the system prompt, the instruction and the tools. A prompt that
+    says how to write a call says it in Hermes' spelling (core.renderers.HERMES_CALL): it is told in the
+    format the episode's parser reads, so a Llama 3 model is never asked for `<tool_call>` and then
+    parsed as Llama 3."""
+    system = ctx.kind.system_prompt().replace(HERMES_CALL, _chat(ctx).call_format)
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": instruction}]
     try:
         return ctx.policy.tokenize_chat(messages=messages, tools=ctx.kind.tools())
     except PolicyError as error:

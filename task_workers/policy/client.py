@@ -35,7 +35,14 @@ from typing import Any
 
 import httpx
 
-from core.renderers import PROBE_MESSAGES, RENDERERS, Renderer, renderer_for, split_control_strings
+from core.renderers import (
+    PROBE_EXCHANGE,
+    PROBE_MESSAGES,
+    RENDERERS,
+    Renderer,
+    renderer_for,
+    split_control_strings,
+)
 from core.schemas.run import Sampling
 
 logger = logging.getLogger(__name__)
@@ -155,7 +162,11 @@ class PolicyClient:
         whose detokenizer drops control tokens is asked instead which family's markers are single tokens
         of its model."""
         if self._renderer is None:
-            body = {"model": self.model(), "tokens": self.tokenize_chat(messages=PROBE_MESSAGES, tools=None)}
+            try:  # a template that refuses the exchange (its own checks) is read from the plain probe
+                tokens = self.tokenize_chat(messages=PROBE_EXCHANGE, tools=None)
+            except PolicyError:
+                tokens = self.tokenize_chat(messages=PROBE_MESSAGES, tools=None)
+            body = {"model": self.model(), "tokens": tokens}
             rendered = str(self._request("POST", "/detokenize", json=body)["prompt"])
             try:
                 self._renderer = renderer_for(rendered)

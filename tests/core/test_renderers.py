@@ -14,6 +14,7 @@ from core.renderers import (
     LLAMA3,
     MISTRAL,
     PROBE_MESSAGES,
+    QWEN,
     mistral_call_id,
     renderer_for,
     split_control_strings,
@@ -106,7 +107,7 @@ def test_the_family_is_detected_from_its_template_and_from_a_rendering(name: str
 
 
 def test_an_unknown_family_is_refused_naming_the_known_ones() -> None:
-    with pytest.raises(ValueError, match=r"expected one of the families chatml .*llama3 .*mistral .*got a template"):
+    with pytest.raises(ValueError, match=r"expected one of the families qwen .*chatml .*llama3 .*mistral .*got a template"):
         renderer_for("{% for m in messages %}<start_of_turn>{{ m.role }}\n{{ m.content }}<end_of_turn>{% endfor %}")
 
 
@@ -129,4 +130,45 @@ def test_each_family_speaks_its_own_format() -> None:
     assert (CHATML.tool_parser, LLAMA3.tool_parser, MISTRAL.tool_parser) == ("hermes", "llama3", "mistral")
     assert "<tool_call>" in CHATML.no_tool_call and '"parameters"' in LLAMA3.no_tool_call
     assert "[TOOL_CALLS]" in MISTRAL.no_tool_call
-    assert LLAMA3.end_of_turn == ("<|eot_id|>", "<|eom_id|>")
+    assert LLAMA3.end_of_turn == ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>")  # the first closes a cut turn
+    assert CHATML.end_of_turn == QWEN.end_of_turn == ("<|im_end|>", "<|endoftext|>")
+
+
+# Qwen2.5's own template, its message loop as published (tool results: a `user` turn of <tool_response> blocks).
+QWEN_TEMPLATE = """{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system") or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\\n<tool_response>\\n' }}
+        {{- message.content }}
+        {{- '\\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}"""
+
+
+def test_qwens_own_template_frames_a_tool_result_as_a_user_turn_and_is_told_from_chatml() -> None:
+    """Qwen2.5 / Qwen3 keep their own template on import (it renders tools): its frame is theirs, not the
+    `tool` turn of Crucible's ChatML template, and a rendering that shows a tool result tells the two apart."""
+    import jinja2
+
+    template = jinja2.Environment().from_string(QWEN_TEMPLATE)
+    head = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+            {"role": "assistant", "content": "A"}]
+    observation = "total 0\n-rw-r--r-- data.txt"
+    before = template.render(messages=head, add_generation_prompt=False)
+    after = template.render(messages=[*head, {"role": "tool", "content": observation}], add_generation_prompt=True)
+    # the completion ended with <|im_end|>: the template's own "\n" follows, then the frame
+    assert after == before.removesuffix("\n") + QWEN.frame(observation, completion_closed=True).joined()
+    assert renderer_for(QWEN_TEMPLATE) is QWEN and renderer_for(after) is QWEN
+    from trainer.chat_template import CHAT_TEMPLATE
+
+    assert renderer_for(CHAT_TEMPLATE) is CHATML  # ours has no <tool_response>: a `tool` turn
