@@ -134,3 +134,22 @@ def test_a_turn_cut_by_max_tokens_is_closed_with_the_familys_end_of_turn() -> No
     eot = policy.chat("<|eot_id|>")[0]
     second = trajectory.turns[1]
     assert second.token_ids[0] == eot and dataclasses.asdict(second)["prompt_length"] > 1
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_the_first_prompt_says_how_to_call_in_the_format_that_is_parsed(name: str) -> None:
+    """A kind's system prompt spells the call format once, Hermes' way (core.renderers.HERMES_CALL); a model of
+    another family is told its own, the one its parser reads, never one it would be parsed against."""
+    from core.renderers import HERMES_CALL
+
+    class _Instructing(_Kind):
+        def system_prompt(self) -> str:
+            return f"Call exactly one tool per turn as {HERMES_CALL}."
+
+    policy = _Policy(name, [])
+    ctx = LoopContext(kind=_Instructing(), task=None, sandbox=None, policy=policy,  # type: ignore[arg-type]
+                      limits=Limits(), sampling=Sampling())
+    text = policy.tokenizer.decode(initial_prompt(ctx, instruction="Read the number."))
+    call_format = FAMILIES[name].renderer.call_format
+    assert f"Call exactly one tool per turn as {call_format}." in text
+    assert (HERMES_CALL in text) == (call_format == HERMES_CALL)
