@@ -26,6 +26,7 @@ SPEC_JSON = "crucible.spec_json"
 SANDBOX_ID = "crucible.sandbox_id"
 CREATED = "crucible.created"
 CREATOR = "crucible.creator"  # the process that made it (for a detached sandbox: not its owner)
+POOLS = "crucible.pools"  # the PoolSet that made it: its close removes every container so labelled
 
 DETACHED = "detached"
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import secrets
 import threading
 import time
 from collections import deque
@@ -27,7 +29,7 @@ from typing import Any
 from sandboxes.backend import SandboxBackend
 from sandboxes.errors import AcquireTimeout, PoolClosed, SandboxDead
 from sandboxes.events import EventKind, EventSink, NullEventSink
-from sandboxes.labels import Owner
+from sandboxes.labels import POOLS, Owner
 from sandboxes.sandbox import DEFAULT_LEASE_TTL_S, Sandbox, create_sandbox
 from sandboxes.spec import SandboxSpec
 
@@ -68,6 +70,7 @@ class SandboxPool:
         lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
         min_remaining_life_s: float | None = None,
         start: bool = True,
+        pools: str | None = None,
     ) -> None:
         if not 0 <= min_size <= max_size or max_size < 1:
             raise ValueError(f"pool size: expected 0 <= min_size <= max_size and max_size >= 1, got {min_size}..{max_size}")
@@ -76,7 +79,7 @@ class SandboxPool:
         self._events = events or NullEventSink()
         self._create_one = functools.partial(
             create_sandbox, backend=backend, spec=spec, events=self._events, owner=owner or Owner.current(),
-            worker=worker, run_id=run_id, env_name=env_name, lease_ttl_s=lease_ttl_s,
+            worker=worker, run_id=run_id, env_name=env_name, lease_ttl_s=lease_ttl_s, pools=pools,
         )
         self._min_life = spec.max_lifetime_s * 0.25 if min_remaining_life_s is None else min_remaining_life_s
         self._lease_ttl_s = lease_ttl_s
@@ -124,10 +127,14 @@ class SandboxPool:
             closed = self._closed
             if not closed:
                 self._recycling += 1
-        if closed:
-            self._retire(sandbox, "pool_closed")
-            return
-        self._executor.submit(self._recycle, sandbox, discard)
+        if not closed:
+            try:
+                self._executor.submit(self._recycle, sandbox, discard)
+                return
+            except RuntimeError:  # closed since: its executor takes no more work
+                with self._cond:
+                    self._recycling -= 1
+        self._retire(sandbox, "pool_closed")
 
     @contextmanager
     def lease(self, *, run_id: int | None = None, episode_id: int | None = None, timeout: float | None = None) -> Iterator[Sandbox]:
@@ -351,11 +358,14 @@ class SandboxPool:
 
 
 class PoolSet:
-    """One pool per distinct spec (equal specs share a pool), created on first use."""
+    """One pool per distinct spec (equal specs share a pool), created on first use. Every sandbox its pools
+    make carries this set's id (label POOLS), so that `close` leaves no container of it behind, whichever
+    path one escaped its pool by (a destroy the engine refused, a create cut short)."""
 
     def __init__(self, *, backend: SandboxBackend, **pool_options: Any) -> None:
         self._backend = backend
-        self._options = pool_options
+        self.id = f"{os.getpid()}-{secrets.token_hex(6)}"
+        self._options = {**pool_options, "pools": self.id}
         self._lock = threading.Lock()
         self._pools: dict[SandboxSpec, SandboxPool] = {}
 
@@ -378,7 +388,19 @@ class PoolSet:
             pool.close()
 
     def close(self) -> None:
+        """Close every pool, then remove any container of this set that is still there."""
         with self._lock:
             pools, self._pools = list(self._pools.values()), {}
         for pool in pools:
             pool.close()
+        try:
+            left = self._backend.list(labels={POOLS: self.id})
+        except Exception:  # the engine is gone: the reaper removes what survives (its owner is dead by then)
+            log.exception("could not list the containers of pool set %s", self.id)
+            return
+        for info in left:
+            log.warning("pool set %s: %s (%s) outlived its pool; removing it", self.id, info.sandbox_id, info.state)
+            try:
+                self._backend.remove(info.id)
+            except Exception:
+                log.exception("could not remove %s", info.sandbox_id)

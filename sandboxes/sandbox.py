@@ -367,7 +367,7 @@ def _excerpt(command: str | bytes) -> str:
 
 def sandbox_labels(
     *, sandbox_id: str, spec: SandboxSpec, owner: L.Owner, worker: str | None, lease_ttl_s: float,
-    run_id: int | None, episode_id: int | None, env_name: str | None,
+    run_id: int | None, episode_id: int | None, env_name: str | None, pools: str | None = None,
 ) -> dict[str, str]:
     """Every label a sandbox container carries (immutable for its life; the lease file renews)."""
     now = time.time()
@@ -384,6 +384,8 @@ def sandbox_labels(
         L.CREATED: str(int(now)),
         L.CREATOR: str(L.Owner.current()),
     }
+    if pools is not None:
+        values[L.POOLS] = pools
     return values
 
 
@@ -398,14 +400,16 @@ def create_sandbox(
     episode_id: int | None = None,
     env_name: str | None = None,
     lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+    pools: str | None = None,
 ) -> Sandbox:
-    """Create, start and ready-check a sandbox; nothing is left behind if any of it fails."""
+    """Create, start and ready-check a sandbox; nothing is left behind if any of it fails. `pools`: the
+    PoolSet making it (label POOLS), whose close removes it whatever path it leaked by."""
     sandbox_id = new_sandbox_id()
     recorder = EventRecorder(sink=events or NullEventSink(), sandbox_id=sandbox_id, worker=worker)
     recorder.run_id, recorder.episode_id = run_id, episode_id
     labels = sandbox_labels(
         sandbox_id=sandbox_id, spec=spec, owner=owner or L.Owner.current(), worker=worker,
-        lease_ttl_s=lease_ttl_s, run_id=run_id, episode_id=episode_id, env_name=env_name,
+        lease_ttl_s=lease_ttl_s, run_id=run_id, episode_id=episode_id, env_name=env_name, pools=pools,
     )
     with recorder.timed(EventKind.CREATE, image=spec.image, spec=spec.spec_hash):
         container_id = backend.create_container(spec=spec, labels=labels, name=f"crucible-{sandbox_id}")

@@ -87,7 +87,7 @@ def _serving(session: Session, backend, *, image: str, payload: dict, name: str 
         output = server.communicate(timeout=120)[0]
         assert server.returncode == 0, output[-3000:]
         left = [info for info in backend.list(labels={L.WORKER: f"openenv-{name}"})]
-        assert left == [], f"containers left behind by the server: {left}"
+        assert left == [], f"containers left behind by the server: {left}; it printed:\n{output[-3000:]}"
 
 
 @pytest.fixture

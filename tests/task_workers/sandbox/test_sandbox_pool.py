@@ -172,6 +172,44 @@ def test_pool_set_shares_a_pool_between_equal_specs(backend: SandboxBackend, bas
         pools.close()
 
 
+def test_a_closed_pool_set_leaves_no_container_even_one_the_engine_would_not_remove(
+        backend: SandboxBackend, base_spec: SandboxSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool's own retire fails (the engine refuses the removal once, as a loaded dockerd can); the set's
+    close finds the container by its label and removes it. Another set in the same process, with the same
+    worker name, keeps its sandboxes."""
+    from docker.errors import APIError
+
+    from sandboxes.labels import POOLS
+
+    leaking = PoolSet(backend=backend, worker="same", min_size=1, max_size=2)
+    other = PoolSet(backend=backend, worker="same", min_size=0, max_size=1)
+    try:
+        pool = leaking.pool(base_spec)
+        assert pool.wait_ready(timeout=120)
+        kept = other.pool(base_spec).acquire()
+        leased = pool.acquire()
+        ours = {info.sandbox_id for info in backend.list(labels={POOLS: leaking.id})}
+        assert leased.id in ours and kept.id not in ours
+        real_remove, refused = backend.remove, []
+
+        def remove(container_id: str) -> bool:
+            if not refused:
+                refused.append(container_id)
+                raise APIError("tried to kill container, but did not receive an exit event")
+            return real_remove(container_id)
+
+        monkeypatch.setattr(backend, "remove", remove)
+        leaking.close()
+        assert refused  # the pool's own destroy failed for one of them
+        assert backend.list(labels={POOLS: leaking.id}) == []
+        assert kept.step("echo alive").stdout.strip() == "alive"  # the other set's sandbox is untouched
+    finally:
+        monkeypatch.undo()
+        leaking.close()
+        other.close()
+    assert backend.list(labels={POOLS: other.id}) == []
+
+
 def _failing_first(monkeypatch: pytest.MonkeyPatch, failures: int) -> list[str]:
     """Make the pool's first `failures` creates behave as a sandbox whose shell missed its start deadline on
     a loaded host: the real container is created, then destroyed, and SandboxDead raised (as
