@@ -290,6 +290,8 @@ class Processes:
     sizing: ModelSizing | None = None
     """vLLM's dtype, KV cache and cores, and the trainer's config (recipes.model); None: the defaults
     (float32, 1 GiB, vLLM's own cores)."""
+    serving: str = "the warmed-up model"
+    """What vLLM serves, in the words its stage prints."""
     _sigterm: Any = None
 
     def __enter__(self) -> Processes:
@@ -307,7 +309,7 @@ class Processes:
         from trainer.serving import VllmServer
 
         sizing = self.sizing
-        started = stage(self.console, "vLLM on CPU serving the warmed-up model" +
+        started = stage(self.console, f"vLLM on CPU serving {self.serving}" +
                         (f" ({sizing.served_dtype}, {sizing.kv_cache_gib} GiB KV cache)" if sizing else ""))
         self.server = VllmServer(model_dir=self.served_dir, served_model_name="policy",
                                  max_model_len=self.max_model_len, log_path=self.workdir / "logs" / "vllm.log",
@@ -451,28 +453,47 @@ class Learned:
     after: Held
     run_id: int
     curve: list[dict[str, Any]]
+    raw: Held | None = None
+    """The model as imported, before any warm-up (recipes on a pretrained model); None for the tiny model,
+    whose raw weights are random."""
 
     def figures(self) -> dict[str, Any]:
         """The figures every recipe's result.json opens with."""
-        return {"run_id": self.run_id, "eval_run_ids": [self.before.run_id, self.after.run_id],
-                "held_out_success_before": self.before.success, "held_out_success_after": self.after.success,
-                "held_out_interval_before": self.before.interval(), "held_out_interval_after": self.after.interval(),
-                "delta_points": round(100 * (self.after.success - self.before.success), 1)}
+        evals = [self.before.run_id, self.after.run_id] if self.raw is None else [
+            self.raw.run_id, self.before.run_id, self.after.run_id]
+        figures: dict[str, Any] = {"run_id": self.run_id, "eval_run_ids": evals,
+                   "held_out_success_before": self.before.success, "held_out_success_after": self.after.success,
+                   "held_out_interval_before": self.before.interval(),
+                   "held_out_interval_after": self.after.interval(),
+                   "delta_points": round(100 * (self.after.success - self.before.success), 1)}
+        if self.raw is not None:
+            figures.update(held_out_success_raw=self.raw.success, held_out_interval_raw=self.raw.interval())
+        return figures
 
 
 def learn(settings: RecipeSettings, *, path: Path, warm: Path, environment: str, prefix: str, console: Console,
           queues: str = "celery,read_number", max_model_len: int = 1024) -> Learned:
     """After a recipe's warm-up: vLLM serving a copy of the warmed-up model (`path/served`, the trainer
     pushes new weights into it), the worker and the controller; a held-out evaluation, RL for the
-    settings' budget, a held-out evaluation again."""
+    settings' budget, a held-out evaluation again. On a pretrained model (`settings.model`), first a
+    held-out evaluation of the model as imported: what the warm-up and RL each add."""
     import shutil
 
     served = path / "served"
     shutil.copytree(warm, served, dirs_exist_ok=True)
     (path / "logs").mkdir(exist_ok=True)
-    with Processes(workdir=path, served_dir=served, console=console, startup_timeout_s=settings.vllm_startup_s,
-                   max_model_len=max_model_len, queues=queues,
-                   sizing=sized(settings, path, max_model_len=max_model_len)) as procs:
+
+    def processes(served_dir: Path, serving: str) -> Processes:
+        return Processes(workdir=path, served_dir=served_dir, console=console, serving=serving,
+                         startup_timeout_s=settings.vllm_startup_s, max_model_len=max_model_len, queues=queues,
+                         sizing=sized(settings, path, max_model_len=max_model_len))
+
+    raw = None
+    if settings.model is not None:
+        with processes(settings.model, "the model as imported (no warm-up)") as procs:
+            raw = evaluate(procs, settings=settings, model=str(settings.model), label="raw", console=console,
+                           environment=environment, prefix=prefix)
+    with processes(served, "the warmed-up model") as procs:
         def held_out(label: str) -> Held:
             return evaluate(procs, settings=settings, model=str(served), label=label, console=console,
                             environment=environment, prefix=prefix)
@@ -482,7 +503,7 @@ def learn(settings: RecipeSettings, *, path: Path, warm: Path, environment: str,
         curve = watch_training(procs, run_id=run_id, minutes=settings.rl_minutes, console=console,
                                max_steps=settings.rl_steps)
         after = held_out("after")
-    return Learned(before=before, after=after, run_id=run_id, curve=curve)
+    return Learned(before=before, after=after, run_id=run_id, curve=curve, raw=raw)
 
 
 def launch_training(procs: Processes, *, settings: RecipeSettings, model: str, environment: str | list[str],

@@ -50,6 +50,50 @@ def test_each_seed_runs_in_a_database_of_its_own() -> None:
     assert all(run["wall_s"] >= 0 for run in out["per_seed"])
 
 
+def test_a_kept_seed_is_read_back_not_run_again_and_only_for_the_same_settings(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from rich.console import Console
+
+    from bench.learning import keep_result, kept_result
+    from recipes.common import RecipeSettings
+
+    console, ran = Console(file=open(os.devnull, "w")), []  # noqa: SIM115
+    settings = {seed: RecipeSettings(seed=seed, workdir=tmp_path / f"w{seed}") for seed in (0, 1)}
+
+    def run_one(seed: int) -> dict[str, Any]:
+        ran.append(seed)
+        return _result(0.5, 0.6)
+
+    def kept(seed: int) -> dict[str, Any] | None:
+        return kept_result(tmp_path / "kept", recipe="demo", settings=settings[seed], console=console)
+
+    def keep(seed: int, result: dict[str, Any]) -> None:
+        keep_result(tmp_path / "kept", recipe="demo", settings=settings[seed], result=result)
+
+    first = over_seeds([0], run_one, kept=kept, keep=keep)
+    both = over_seeds([0, 1], run_one, kept=kept, keep=keep)
+    assert ran == [0, 1]  # seed 0 ran once: the second invocation read it back
+    assert both["per_seed"][0]["kept"]["finished"] and "kept" not in both["per_seed"][1]
+    assert both["per_seed"][0]["delta_points"] == first["per_seed"][0]["delta_points"]
+    # Another workdir is the same run; other settings, another recipe or a spoilt file are not: it runs again.
+    assert kept_result(tmp_path / "kept", recipe="demo", settings=RecipeSettings(seed=0, workdir=tmp_path),
+                       console=console) is not None
+    assert kept_result(tmp_path / "kept", recipe="demo", settings=RecipeSettings(seed=0, lr=3e-4),
+                       console=console) is None
+    assert kept_result(tmp_path / "kept", recipe="discover", settings=settings[0], console=console) is None
+    (tmp_path / "kept" / "seed-1.json").write_text('{"recipe": "demo", "settings": [')
+    assert kept_result(tmp_path / "kept", recipe="demo", settings=settings[1], console=console) is None
+
+
+def test_on_a_pretrained_model_the_summary_says_what_warm_up_and_rl_each_add() -> None:
+    runs = [{**_result(before, after), "held_out_success_raw": raw, "held_out_interval_raw": [0.0, 0.1], "seed": seed}
+            for seed, (raw, before, after) in enumerate([(0.0, 0.3, 0.5), (0.1, 0.3, 0.4), (0.0, 0.2, 0.2)])]
+    out = summary(runs)
+    assert out["warm_up_points"]["by_seed"] == [30.0, 20.0, 20.0]
+    assert out["total_points"]["by_seed"] == [50.0, 30.0, 20.0] and out["gain_points_by_seed"] == [20.0, 10.0, 0.0]
+    assert out["per_seed"][1]["held_out_success_raw"] == 0.1
+    assert "warm_up_points" not in summary([{**_result(0.5, 0.6), "seed": 0}])  # the tiny model has no raw figure
+
+
 def test_each_recipe_runs_with_its_own_defaults() -> None:
     from recipes.browser_rl import BrowserRLSettings, run_browser_rl
     from recipes.common import RecipeSettings
