@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -16,6 +15,7 @@ from controller.loop import Controller
 from core.db import make_engine
 from core.models import EpisodeGroup
 from tests.controller import factories as f
+from tests.support.polling import wait_for
 
 
 @pytest.fixture
@@ -71,13 +71,6 @@ def test_only_the_leader_dispatches_and_the_other_takes_over(
         two.close()
 
 
-def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def test_two_controller_loops_in_threads(db_session: Session, engines: Callable[[], Engine]) -> None:
     env = f.environment(db_session)
     f.tasks(db_session, env, 2)
@@ -90,7 +83,7 @@ def test_two_controller_loops_in_threads(db_session: Session, engines: Callable[
     for thread in threads.values():
         thread.start()
     try:
-        _wait_for(lambda: sum(len(r.sent) for r in recorders.values()) == 4, "the first batch")
+        wait_for(lambda: sum(len(r.sent) for r in recorders.values()) == 4, timeout=30, what="the first batch")
         assert _group_count(db_session, run.id) == 2
         leader = next(name for name, recorder in recorders.items() if recorder.sent)
         follower = "b" if leader == "a" else "a"
@@ -101,7 +94,7 @@ def test_two_controller_loops_in_threads(db_session: Session, engines: Callable[
         assert not threads[leader].is_alive()
         f.finish_groups(db_session, [g.id for g in f.groups(db_session, run.id)])
         f.train_step(db_session, run.id)
-        _wait_for(lambda: len(recorders[follower].sent) == 4, "the follower to take over")
+        wait_for(lambda: len(recorders[follower].sent) == 4, timeout=30, what="the follower to take over")
         assert _group_count(db_session, run.id) == 4 and len(recorders[leader].sent) == 4
     finally:
         for name, thread in threads.items():

@@ -21,7 +21,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from tests.api.live_server import ROOT, crucible_env
+from tests.support.polling import wait_for
 
 # The worker's reaper sweeps every crucible container on the machine: with the other tests that do.
 pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("docker-global")]
@@ -40,6 +40,7 @@ import sys, time
 from pathlib import Path
 from rich.console import Console
 from recipes.common import Processes
+from tests.support.polling import wait_for
 
 workdir, model = Path(sys.argv[1]), Path(sys.argv[2])
 (workdir / "logs").mkdir(parents=True, exist_ok=True)
@@ -67,13 +68,6 @@ def _marked(mark: str) -> list[tuple[int, str]]:
     return found
 
 
-def _wait(condition: Callable[[], bool], what: str, *, timeout_s: float, log: Path) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{log.read_text(errors='replace')[-3000:]}"
-        time.sleep(0.1)
-
-
 def _takes_ctrl_c() -> None:
     """In the child before it runs: SIGINT as at a terminal. A suite started as a shell's background job
     (`pytest … &`) runs with SIGINT ignored, its children inherit that, and Python then keeps it ignored."""
@@ -93,8 +87,8 @@ def _interrupt_and_check(command: list[str], *, tmp_path: Path, ready: Callable[
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT,
                                    start_new_session=True, preexec_fn=_takes_ctrl_c)
     try:
-        _wait(lambda: process.poll() is None and ready(log.read_text(errors="replace"), _marked(mark)), what,
-              timeout_s=400, log=log)
+        wait_for(lambda: process.poll() is None and ready(log.read_text(errors="replace"), _marked(mark)), what=what,
+                 timeout=400, interval=0.1, detail=lambda: log.read_text(errors="replace")[-3000:])
         os.killpg(process.pid, sig)  # what a terminal's Ctrl-C does: the foreground process group
         process.wait(timeout=120)
         left = _marked(mark)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import re
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -42,6 +41,7 @@ from tests.support.pairwise_groups import (
     group_status,
     make_group,
 )
+from tests.support.polling import wait_for
 from tests.support.standin_judge import episode_text, prefers, serve_judge, swayed
 
 
@@ -270,7 +270,14 @@ def test_a_worker_waits_for_the_judging_lock_and_then_judges_the_group(db_sessio
             end_episode(db_session, ids[1], text="sample-1 bad", reward=0.0)  # W2's episode, stored
             with ThreadPoolExecutor(max_workers=1) as pool:
                 w2 = pool.submit(judge_finished_group, group_id)
-                time.sleep(1.0)
+
+                def w2_waits_on_the_lock() -> bool:  # Postgres says so: a session queued behind W1's lock
+                    return bool(db_session.execute(text(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                        "AND classid = :namespace AND objid = :group AND objsubid = 2"),
+                        group_lock_keys(group_id)).scalar_one()) or w2.done()
+
+                wait_for(w2_waits_on_the_lock, timeout=60, what="W2 to queue for the judging lock")
                 assert not w2.done() and group_status(db_session, group_id) == "running"  # waiting, not gone
                 w1.execute(text("SELECT pg_advisory_unlock(:namespace, :group)"), group_lock_keys(group_id))
                 w1.commit()

@@ -9,12 +9,12 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from controller.config import ControllerConfig
@@ -28,6 +28,7 @@ from environments.spec import parse_spec
 from sandboxes import labels as L
 from task_workers.celery_app import create_app
 from task_workers.policy.scripted import Reply
+from tests.support.polling import wait_for
 from tests.support.processes import stop_group
 from tests.task_workers.episode.conftest import FIX, env_spec
 
@@ -35,14 +36,6 @@ from tests.task_workers.episode.conftest import FIX, env_spec
 pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("docker-global")]
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def _wait(predicate, *, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 @pytest.fixture
@@ -91,11 +84,11 @@ def test_a_worker_killed_mid_episode_is_redispatched_and_stored_once(
                                                   batch_size=1, max_groups=1, environments=[{"name": "calc"}]))
     db_session.commit()
     controller = Controller(engine=engine, dispatcher=create_app(load_settings()),
-                            settings=ControllerConfig(heartbeat_timeout_s=3, deadline_slack_s=0))
+                            settings=ControllerConfig(heartbeat_timeout_s=600, deadline_slack_s=0))
     first = start_worker("worker-1")
-    _wait(lambda: _heartbeat(db_session, "worker-1"), timeout=120, what="worker 1 to beat")
+    wait_for(lambda: _heartbeat(db_session, "worker-1"), timeout=120, what="worker 1 to beat")
     assert controller.step().dispatched == {run.id: 1}
-    _wait(in_flight.is_set, timeout=120, what="worker 1 to be mid-episode")
+    wait_for(in_flight.is_set, timeout=120, what="worker 1 to be mid-episode")
     episode_id = db_session.execute(select(Episode.id).where(Episode.run_id == run.id)).scalar_one()
     victim_containers = [info.id for info in backend.list(labels={L.WORKER: "worker-1"})]
     assert victim_containers, "worker 1 holds a sandbox"
@@ -103,12 +96,16 @@ def test_a_worker_killed_mid_episode_is_redispatched_and_stored_once(
     os.killpg(first.pid, signal.SIGKILL)
     first.wait(30)
     release.set()
-    # Time passes: the episode is overdue and worker 1's heartbeat goes stale.
+    # The episode is overdue; worker 1's last beat is recent, so it is not lost yet.
     db_session.execute(update(Episode).where(Episode.id == episode_id).values(deadline_at=Episode.created_at))
     db_session.commit()
-    time.sleep(4)
     start_worker("worker-2")
-    _wait(lambda: _heartbeat(db_session, "worker-2"), timeout=120, what="worker 2 to beat")
+    wait_for(lambda: _heartbeat(db_session, "worker-2"), timeout=120, what="worker 2 to beat")
+    assert controller.step().resent == 0
+    # Worker 1's heartbeat goes stale (its row aged, not a clock waited on): now the episode is lost.
+    db_session.execute(update(Worker).where(Worker.name == "worker-1")
+                       .values(last_heartbeat_at=func.now() - timedelta(hours=1)))
+    db_session.commit()
     report = controller.step()
     assert report.resent == 1, report
 
@@ -116,7 +113,7 @@ def test_a_worker_killed_mid_episode_is_redispatched_and_stored_once(
         db_session.expire_all()
         return db_session.get(Episode, episode_id).status in ("completed", "failed")
 
-    _wait(ended, timeout=240, what="the redispatched episode to end")
+    wait_for(ended, timeout=240, what="the redispatched episode to end")
     controller.close()
     episode = db_session.get(Episode, episode_id)
     assert (episode.status, episode.termination_reason, episode.worker) == ("completed", "submitted", "worker-2")
@@ -125,7 +122,7 @@ def test_a_worker_killed_mid_episode_is_redispatched_and_stored_once(
     turns = db_session.execute(select(Turn.index).where(Turn.episode_id == episode_id)).scalars().all()
     assert sorted(turns) == [0, 1, 2, 3]  # one copy
     # Worker 2's reaper swept worker 1's orphaned sandbox (its owner process is dead).
-    _wait(lambda: not any(backend.get(cid) for cid in victim_containers), timeout=90, what="the orphan to be reaped")
+    wait_for(lambda: not any(backend.get(cid) for cid in victim_containers), timeout=90, what="the orphan to be reaped")
 
 
 def test_a_worker_killed_and_restarted_under_its_name_has_its_episode_requeued_on_the_next_pass(
@@ -159,10 +156,10 @@ def test_a_worker_killed_and_restarted_under_its_name_has_its_episode_requeued_o
         return db_session.execute(select(Worker.incarnation).where(Worker.name == name)).scalar_one_or_none()
 
     first = start_worker(name)
-    _wait(lambda: incarnation() is not None, timeout=120, what="the worker to beat")
+    wait_for(lambda: incarnation() is not None, timeout=120, what="the worker to beat")
     before = incarnation()
     assert controller.step().dispatched == {run.id: 1}
-    _wait(in_flight.is_set, timeout=120, what="the worker to be mid-episode")
+    wait_for(in_flight.is_set, timeout=120, what="the worker to be mid-episode")
     episode_id = db_session.execute(select(Episode.id).where(Episode.run_id == run.id)).scalar_one()
     assert db_session.get(Episode, episode_id).worker_incarnation == before
     victim_containers = [info.id for info in backend.list(labels={L.WORKER: name})]
@@ -172,7 +169,7 @@ def test_a_worker_killed_and_restarted_under_its_name_has_its_episode_requeued_o
     first.wait(30)
     release.set()
     second = start_worker(name)
-    _wait(lambda: incarnation() not in (None, before), timeout=120, what="the restarted worker to beat")
+    wait_for(lambda: incarnation() not in (None, before), timeout=120, what="the restarted worker to beat")
     report = controller.step()
     assert (report.resent, report.orphaned) == (1, 1), report
 
@@ -181,7 +178,7 @@ def test_a_worker_killed_and_restarted_under_its_name_has_its_episode_requeued_o
         controller.step()
         return db_session.get(Run, run.id).status == "completed"
 
-    _wait(ended, timeout=240, what="the run to complete")
+    wait_for(ended, timeout=240, what="the run to complete")
     controller.close()
     episode = db_session.get(Episode, episode_id)
     assert (episode.status, episode.termination_reason, episode.worker_incarnation) == (
@@ -189,6 +186,6 @@ def test_a_worker_killed_and_restarted_under_its_name_has_its_episode_requeued_o
     assert [(f["reason"], f["incarnation"]) for f in episode.failures] == [("worker_lost", before)]
     turns = db_session.execute(select(Turn.index).where(Turn.episode_id == episode_id)).scalars().all()
     assert sorted(turns) == [0, 1, 2, 3]  # one copy
-    _wait(lambda: not any(backend.get(cid) for cid in victim_containers), timeout=90, what="the orphan to be reaped")
+    wait_for(lambda: not any(backend.get(cid) for cid in victim_containers), timeout=90, what="the orphan to be reaped")
     stop_group(second)
     assert backend.list(labels={L.WORKER: name}) == []

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -21,15 +21,6 @@ from sandboxes.errors import BackendUnavailable
 from sandboxes.labels import ENV
 
 SESSION_START = time.time()
-
-
-def wait_for(predicate: Callable[[], bool], *, timeout: float = 60.0, what: str = "condition") -> None:
-    """Poll until `predicate()`; generous deadlines only, never a timing assertion."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="session")

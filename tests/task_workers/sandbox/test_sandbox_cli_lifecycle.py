@@ -22,8 +22,9 @@ from sandboxes import Sandbox, SandboxBackend, SandboxSpec, create_sandbox
 from sandboxes import labels as L
 from sandboxes.admin import create_detached, prune
 from sandboxes.reaper import Reaper
+from tests.support.polling import wait_for
 
-from .conftest import CLI_ENV_LABEL, wait_for
+from .conftest import CLI_ENV_LABEL
 
 # Sweeps, or runs a worker whose reaper sweeps, every crucible container on the machine: one xdist worker runs all of these.
 pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("docker-global")]

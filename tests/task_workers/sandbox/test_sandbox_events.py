@@ -9,8 +9,7 @@ from core.models import SandboxEvent
 from sandboxes import EventKind, InMemoryEventSink, SandboxBackend, SandboxSpec, create_sandbox
 from sandboxes.db_events import DbEventSink
 from sandboxes.events import EventRecorder, SandboxEventData
-
-from .conftest import wait_for
+from tests.support.polling import wait_for
 
 
 def test_recorder_times_blocks_and_records_errors() -> None:

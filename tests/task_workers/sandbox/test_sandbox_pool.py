@@ -17,8 +17,7 @@ from sandboxes import (
     SandboxSpec,
     StepStatus,
 )
-
-from .conftest import wait_for
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.docker
 
