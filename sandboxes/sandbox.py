@@ -1,7 +1,7 @@
 """Sandbox: one container and its persistent shell — create → ready → step → reset → recycle/destroy.
 
     sandbox = create_sandbox(backend=make_backend(), spec=spec, events=sink)
-    result = sandbox.step("pytest -q", timeout_s=120)   # StepResult, never raises for the command's fault
+    result = sandbox.step("pytest -q", timeout=120)     # StepResult, never raises for the command's fault
     sandbox.reset()                                     # ResetFailed -> destroy and replace
     sandbox.destroy(reason="done")                      # idempotent
 

@@ -1,7 +1,7 @@
 """One training step as four functions: generate → score → advantages → update.
 
-    plan = generate(session, run_id=..., version=..., rule=StalenessRule.for_bound(η), batch_size=..., loss=...)
-    env_stats = score(plan, loss=cfg.loss)
+    plan = generate(session, run_id=..., version=..., rule=StalenessRule.for_bound(η), batch_size=..., loss=cfg.loss)
+    env_stats = score(plan, normalization="on")                # per-environment (mean, std), when the run normalizes
     advantages(plan, loss=cfg.loss)
     result = update(engine, plan.samples, config=cfg, temperature=1.0)
 
