@@ -21,6 +21,7 @@ from core.errors import ConfigError, NotFound
 from core.models import Environment, Run, RunEnvironment
 from core.pools import allowed_pool, check_pool_free
 from core.schemas import EnvironmentShare, RunConfig
+from core.schemas.run import token_staleness_bound
 from core.termination import RunPurpose, RunStatus
 from environments.service import get_environment
 
@@ -43,8 +44,8 @@ def resolve_config(config: RunConfig, pinned: list[Environment]) -> RunConfig:
         update={"loss": loss.model_copy(update={"normalize_rewards_per_environment": normalization})})
     return config.model_copy(
         update={"environments": shares, "max_staleness": staleness, "max_inflight_groups": inflight,
-                "max_token_staleness": 2 * staleness if config.max_token_staleness is None
-                else config.max_token_staleness, "trainer": trainer}
+                "max_token_staleness": token_staleness_bound(staleness, config.max_token_staleness),
+                "trainer": trainer}
     )
 
 

@@ -1,12 +1,14 @@
 """The interface every environment kind implements, and the values that cross it.
 
-An episode runner drives a kind like this:
+An episode runner drives a kind like this (task_workers/episode/runner.py, and the OpenEnv server):
 
     kind = get_kind(spec.kind)(spec)
-    kind.setup(sandbox=sb, task=task)                  # put the repo / site in place
-    result = kind.execute(sandbox=sb, call=tool_call)  # one tool call → observation
+    task = kind.parse_task(stored_task.payload)                   # the task's payload, validated
+    kind.setup(sandbox=sb, task=task)                             # put the repo / site in place
+    opening = kind.opening(sandbox=sb, task=task, instruction=text)  # the first message, or None
+    result = kind.execute(sandbox=sb, call=tool_call, task=task)  # one tool call → observation
     verdict = kind.verify(sandbox=sb, task=task, submitted=True, open_sandbox=pool.open_fresh,
-                          actions=[call, ...])
+                          actions=[call, ...])                    # layers and flags → reward
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Protocol
 
 from environments.spec import EnvironmentSpec
@@ -50,6 +53,25 @@ class Opening:
     artifacts: tuple[Artifact, ...] = ()
 
 
+class ToolStatus(StrEnum):
+    """How a tool call ended: a sandbox step's own status (sandboxes.StepStatus, every value of which is
+    one of these), or `error` where the kind refused the call."""
+
+    OK = "ok"
+    ERROR = "error"
+    """The call was wrong (a tool, argument or value the kind refused); nothing ran."""
+    TIMEOUT = "timeout"
+    OOM = "oom"
+    OUTPUT_TRUNCATED = "output_truncated"
+    CONTROL_FAULT = "control_fault"
+    SANDBOX_DEAD = "sandbox_dead"
+
+    @classmethod
+    def of_step(cls, status: str) -> ToolStatus:
+        """A sandbox step's status (a StepStatus, or the string a driver gave) as a tool status."""
+        return cls(str(status))
+
+
 @dataclass(frozen=True)
 class ToolResult:
     """What a tool call did. `observation` is what the policy sees; `output` is the full text."""
@@ -57,8 +79,7 @@ class ToolResult:
     observation: str
     output: str = ""
     exit_code: int | None = None
-    status: str = "ok"
-    """ok, error (the call was wrong), timeout, oom, output_truncated, control_fault, sandbox_dead."""
+    status: ToolStatus = ToolStatus.OK
     duration_s: float = 0.0
     truncated_bytes: int = 0
     ends_episode: bool = False
@@ -68,12 +89,12 @@ class ToolResult:
 
     @property
     def is_error(self) -> bool:
-        return self.status != "ok" and self.status != "output_truncated"
+        return self.status not in (ToolStatus.OK, ToolStatus.OUTPUT_TRUNCATED)
 
 
 def tool_error(message: str, *, prefix: str = "Error: ") -> ToolResult:
     """A tool call the kind refused (a wrong tool, argument or value): the agent sees `prefix` + `message`."""
-    return ToolResult(observation=f"{prefix}{message}", output=message, status="error")
+    return ToolResult(observation=f"{prefix}{message}", output=message, status=ToolStatus.ERROR)
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ from sqlalchemy import select
 from core.errors import ConfigError, CrucibleError
 from core.models import Task
 from core.termination import TerminationReason
-from environments.base import EnvironmentKind, GraderFault, Sandbox, ToolCall, ToolResult
+from environments.base import EnvironmentKind, GraderFault, Sandbox, ToolCall, ToolResult, ToolStatus
 from environments.registry import get_kind
 from environments.service import get_environment, spec_of
 from environments.spec import EnvironmentSpec
@@ -204,7 +204,7 @@ class Session:
             self.release()
             raise ProtocolError(f"the sandbox failed while running {call.name}: {str(error)[:300]}; reset to play "
                                 "again", code="sandbox_error") from None
-        if result.status == "sandbox_dead":
+        if result.status == ToolStatus.SANDBOX_DEAD:
             self.release()
             raise ProtocolError(f"the sandbox died while running {call.name}; reset to play again",
                                 code="sandbox_error")

@@ -35,6 +35,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 
+from core.schemas.run import token_staleness_bound
 from core.termination import DropReason, EpisodeStatus
 from environments.rewards import has_variance
 from trainer.advantages import shaped_reward
@@ -58,7 +59,7 @@ class StalenessRule:
 
     @classmethod
     def for_bound(cls, max_staleness: int, *, max_token_staleness: int | None = None) -> StalenessRule:
-        token = 2 * max_staleness if max_token_staleness is None else max_token_staleness
+        token = token_staleness_bound(max_staleness, max_token_staleness)
         return cls(max_token_staleness=token, stale_cap_lag=max(4 * max_staleness, token))
 
 

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from api.schemas.runs import RunStaleness, TokenLagBin
 from api.services.run_stats import WINDOW_GROUPS
 from api.services.runs import get
+from core.schemas.run import token_staleness_bound
 
 _DROPS = text("""
 SELECT coalesce(drop_reason, 'unknown') AS reason, count(*) AS groups
@@ -58,7 +59,7 @@ def staleness(session: Session, *, run_id: int) -> RunStaleness:
     config = run.config if isinstance(run.config, dict) else {}
     return RunStaleness(
         max_staleness=run.max_staleness,
-        max_token_staleness=config.get("max_token_staleness", 2 * run.max_staleness),
+        max_token_staleness=token_staleness_bound(run.max_staleness, config.get("max_token_staleness")),
         dropped=drops,
         token_lags=lags,
         masked_token_frac=(float(masked["masked"]) / float(masked["sampled"]) if masked["sampled"] else None),

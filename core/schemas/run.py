@@ -220,6 +220,12 @@ class RunConfig(BaseModel):
         return 0 if self.mode == "sync" else self.max_staleness
 
 
+def token_staleness_bound(max_staleness: int, max_token_staleness: int | None = None) -> int:
+    """A run's max_token_staleness: as set, or by default 2 × its staleness bound (the one home of that
+    default: the launch resolves it, the trainer and the staleness page read it)."""
+    return 2 * max_staleness if max_token_staleness is None else max_token_staleness
+
+
 def stored_checkpoint(config: Any, *, run_id: int) -> CheckpointRef | None:
     """A stored eval run's checkpoint (`runs.config["checkpoint"]`), parsed again, never read raw."""
     raw = config.get("checkpoint") if isinstance(config, dict) else None

@@ -44,6 +44,7 @@ from environments.base import (
     Sandbox,
     ToolCall,
     ToolResult,
+    ToolStatus,
     Verdict,
     tool_error,
 )
@@ -185,7 +186,7 @@ class BrowserKind:
             if page.get("screenshot") else ()
         timings = page.get("timings", {})
         return ToolResult(observation=text, output=text, exit_code=1 if error else 0,
-                          status="error" if error else "ok", duration_s=float(timings.get("step", 0.0)),
+                          status=ToolStatus.ERROR if error else ToolStatus.OK, duration_s=float(timings.get("step", 0.0)),
                           ends_episode=self.page_done, artifacts=artifacts)
 
     def verify(self, *, sandbox: Sandbox, task: BrowserTask, submitted: bool, open_sandbox: OpenSandbox,

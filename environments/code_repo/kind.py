@@ -9,7 +9,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from core.renderers import HERMES_CALL
-from environments.base import GraderFault, OpenSandbox, Sandbox, ToolCall, ToolResult, Verdict
+from environments.base import GraderFault, OpenSandbox, Sandbox, ToolCall, ToolResult, ToolStatus, Verdict
 from environments.code_repo import verifier
 from environments.code_repo.repo import export_image_repo, install_repo
 from environments.code_repo.task import CodeRepoTask, ImageRepo, RepoSnapshot
@@ -79,7 +79,7 @@ class CodeRepoKind:
     def execute(self, *, sandbox: Sandbox, call: ToolCall, task: CodeRepoTask) -> ToolResult:
         if call.name not in self.tool_names:
             message = f"tool: expected one of {', '.join(self.tool_names)}, got {json.dumps(call.name)}"
-            return ToolResult(observation=message, output=message, status="error")
+            return ToolResult(observation=message, output=message, status=ToolStatus.ERROR)
         return execute_tool(sandbox=sandbox, call=call, task=task, timeout_s=self.spec.limits.tool_timeout_s)
 
     def verify(self, *, sandbox: Sandbox, task: CodeRepoTask, submitted: bool, open_sandbox: OpenSandbox,

@@ -9,7 +9,7 @@ import shlex
 import time
 from typing import Any
 
-from environments.base import Sandbox, ToolCall, ToolResult
+from environments.base import Sandbox, ToolCall, ToolResult, ToolStatus
 from environments.code_repo.task import CodeRepoTask
 
 WORKSPACE = "/workspace"
@@ -62,7 +62,7 @@ def workspace_path(path: str) -> str:
 
 def _from_step(step: Any, *, observation: str | None = None) -> ToolResult:
     text = step.output if hasattr(step, "output") else step.stdout
-    status = step.status
+    status = ToolStatus.of_step(step.status)
     return ToolResult(
         observation=observation if observation is not None else text, output=text, exit_code=step.exit_code,
         status=status, duration_s=step.duration_s, truncated_bytes=step.truncated_bytes,
@@ -74,7 +74,7 @@ def execute_tool(*, sandbox: Sandbox, call: ToolCall, task: CodeRepoTask, timeou
     try:
         result = _dispatch(sandbox=sandbox, call=call, task=task, timeout_s=timeout_s)
     except ToolInputError as error:
-        return ToolResult(observation=str(error), output=str(error), status="error",
+        return ToolResult(observation=str(error), output=str(error), status=ToolStatus.ERROR,
                           duration_s=time.monotonic() - started)
     if call.name in ("write_file", "edit_file"):  # several sandbox round trips: time them here
         result = dataclasses.replace(result, duration_s=time.monotonic() - started)
@@ -98,7 +98,7 @@ def _dispatch(*, sandbox: Sandbox, call: ToolCall, task: CodeRepoTask, timeout_s
         return _edit(sandbox=sandbox, call=call, timeout_s=timeout_s)
     if call.name == "run_tests":
         if task.public_tests is None:
-            return ToolResult(observation="this task has no public tests", status="error")
+            return ToolResult(observation="this task has no public tests", status=ToolStatus.ERROR)
         return _from_step(sandbox.step(task.public_tests.agent_command(),
                                        timeout=min(task.public_tests.timeout_s, timeout_s)))
     if call.name == "submit":

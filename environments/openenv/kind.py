@@ -37,6 +37,7 @@ from environments.base import (
     TaskRefused,
     ToolCall,
     ToolResult,
+    ToolStatus,
     Verdict,
     tool_error,
 )
@@ -130,7 +131,7 @@ class OpenEnvKind:
         except SandboxError as fault:  # the server died or stalled on this action: the episode ends, unpaid
             self.failed = str(fault)[:500]
             return ToolResult(observation="Error: the environment failed on this action; the episode is over.",
-                              output=self.failed, status="error", ends_episode=True)
+                              output=self.failed, status=ToolStatus.ERROR, ends_episode=True)
         self.rewards.append(reward_value(after.get("reward")))
         self.done = bool(after.get("done"))
         text = observation_text(after.get("observation") or {})

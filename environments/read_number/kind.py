@@ -17,7 +17,16 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from environments.base import LayerResult, OpenSandbox, Sandbox, ToolCall, ToolResult, Verdict, tool_error
+from environments.base import (
+    LayerResult,
+    OpenSandbox,
+    Sandbox,
+    ToolCall,
+    ToolResult,
+    ToolStatus,
+    Verdict,
+    tool_error,
+)
 from environments.read_number.task import ReadNumberTask
 from environments.rewards import layer_weights, weighted_sum
 from environments.spec import EnvironmentSpec
@@ -65,7 +74,7 @@ class ReadNumberKind:
                 return tool_error("bash: expected a non-empty string argument 'command'", prefix="")
             step = sandbox.step(command, timeout=self.spec.limits.tool_timeout_s)
             return ToolResult(observation=step.output, output=step.output, exit_code=step.exit_code,
-                              status=step.status, duration_s=step.duration_s,
+                              status=ToolStatus.of_step(step.status), duration_s=step.duration_s,
                               truncated_bytes=step.truncated_bytes)
         if call.name == "submit":
             return ToolResult(observation="submitted", exit_code=0, ends_episode=True)

@@ -51,7 +51,7 @@ from core.seeds import turn_seed
 from core.termination import TerminationReason
 from core.token_versions import from_spans
 from core.versions import LabelState, Settled, settle
-from environments.base import EnvironmentKind, Sandbox, ToolCall, ToolResult
+from environments.base import EnvironmentKind, Sandbox, ToolCall, ToolResult, ToolStatus
 from environments.parsing import AUTO, PARSERS, MalformedToolCall
 from environments.spec import Limits
 from task_workers.episode.errors import PolicyFault, SandboxFault
@@ -232,14 +232,14 @@ def _act(ctx: LoopContext, chat: _Chat, completion: Completion
     try:
         call = chat.parse(completion.text)
     except MalformedToolCall as error:
-        return ToolResult(observation=str(error), status="error"), None, "unparsed"
+        return ToolResult(observation=str(error), status=ToolStatus.ERROR), None, "unparsed"
     if call is None:
-        return ToolResult(observation=chat.no_tool_call, status="error"), None, "missing"
+        return ToolResult(observation=chat.no_tool_call, status=ToolStatus.ERROR), None, "missing"
     try:
         result = ctx.kind.execute(sandbox=ctx.sandbox, call=call, task=ctx.task)
     except CrucibleError as error:  # the sandbox layer's own faults (dead container, broken session)
         raise SandboxFault(f"the sandbox failed while running {call.name}: {error}") from error
-    if result.status == "sandbox_dead":
+    if result.status == ToolStatus.SANDBOX_DEAD:
         raise SandboxFault(f"the sandbox died while running {call.name}: {result.output[-300:]}")
     return result, {"name": call.name, "arguments": call.arguments}, None
 
