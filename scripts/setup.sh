@@ -51,6 +51,8 @@ fi
 command -v debootstrap >/dev/null || { log "installing debootstrap"; apt_install debootstrap; }
 # Debian's Chromium drives the dashboard tests (Playwright uses it; no browser is downloaded).
 command -v chromium >/dev/null || { log "installing chromium"; apt_install chromium; }
+# `make lint` shellchecks the bash programs that run inside sandboxes (sandboxes/sandbox/*.sh).
+command -v shellcheck >/dev/null || { log "installing shellcheck"; apt_install shellcheck; }
 
 # 3. Redis on loopback.
 if ! (exec 3<>/dev/tcp/127.0.0.1/6379) 2>/dev/null; then

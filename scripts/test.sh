@@ -8,7 +8,7 @@ if [ -z "${CRUCIBLE_TEST_DATABASE_URL:-}" ] && (exec 3<>/dev/tcp/127.0.0.1/5432)
   export CRUCIBLE_TEST_DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres
 fi
 export CRUCIBLE_TEST_REDIS_URL=${CRUCIBLE_TEST_REDIS_URL:-redis://127.0.0.1:6379/15}
-make lint  # ruff, and mypy over every package
+make lint  # ruff, mypy over every package, shellcheck over the in-sandbox bash programs
 set +e
 # xdist workers: CRUCIBLE_TEST_WORKERS (default 2; 0: one process). `loadgroup`: the tests of one xdist group
 # (every test using a vLLM server; the tests that sweep the machine's containers) run on one worker, in order.

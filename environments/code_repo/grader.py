@@ -1,10 +1,10 @@
 """The trusted test runner: the grader, not the task or the agent, owns how tests run.
 
-    outcome = run_tests(sandbox, spec, layer="hidden_tests")   # in a fresh sandbox holding base + diff
+    run = run_tests(sandbox, task.hidden_tests, agent_files=changed, key=key)  # a fresh sandbox: base + diff
 
 Each run:
-- `python3 -I` runs our entry point (no working-directory imports, no PYTHON* variables, no user
-  site): `import pytest` is the installed pytest, never a `pytest.py` the agent wrote;
+- `python3 -s -P -B` runs our entry point (no working-directory imports, no user site, no PYTHON*
+  variables but those we set): `import pytest` is the installed pytest, never a `pytest.py` the agent wrote;
 - pytest gets our own ini (`-c`), so the repository's pytest.ini / setup.cfg / tox.ini / pyproject
   addopts are ignored; plugin autoload is off; rootdir and confcutdir are the workspace;
 - the environment is emptied (`env -i`): nothing the agent exported reaches it;
@@ -28,6 +28,10 @@ What it cannot do alone: code under test runs inside the pytest process and coul
 rewrite results in memory in ways these checks do not see. The canaries catch blanket forgery; the
 rules layer's static monitors (monitors.py) flag the means (the runner used from library code, runner
 hooks and internals, builtins, frames, namespaces, always-equal values, native code, links).
+
+What runs in the sandbox lives in files of sandbox/ (read as package resources; ruff, mypy and shellcheck
+read the same files): entry_point.py (the test process's run.py, with sandbox/observer.py's source put in),
+grader_prepare.sh, grader_run.sh and grader_collect.sh.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import json
 import re
 import secrets
 from dataclasses import dataclass, field
+from importlib import resources
 
 from core.errors import CrucibleError
 from core.flags import EpisodeFlag
@@ -48,180 +53,29 @@ from environments.code_repo.observations import OBSERVER
 from environments.code_repo.repo import WORKSPACE, SetupError, SubmissionError
 from environments.code_repo.task import TestSpec
 
-ENTRY_POINT = r'''"""Crucible's grader: pytest with a per-test report (argv: run.py REPORT_FD MODE PYTEST_ARGS...;
-MODE is `graded`, or `reference` for the trusted run on the reference solution).
-Written by the grader's keeper uid, read-only to the tests. REPORT_FD is a pipe inherited from the
-grader's root wrapper, opened before anything of the workspace is imported; no path leads to it."""
-import builtins
-import json
-import os
-import stat
-import sys
 
-import pytest
-from _pytest import python as _python
-from _pytest import reports as _reports
-from _pytest import runner as _runner
-
-# The observer (sandbox/observer.py) runs in a namespace of its own: what it puts into builtins for the
-# rewritten tests leads to its own state (what the checks observed), never to the report below.
-_OBSERVER = {"__name__": "crucible_observer", "__builtins__": builtins}
-exec(compile(#OBSERVER#, "<crucible-observer>", "exec"), _OBSERVER)
+def _program(name: str) -> str:
+    """A program of sandbox/, as the sandbox receives it (shellcheck and ruff read the same file)."""
+    return resources.files("environments.code_repo").joinpath("sandbox", name).read_text(encoding="utf-8")
 
 
-def _internals():
-    """What a forger would patch to pass tests without running them, by identity."""
-    return {
-        "Function.runtest": vars(_python.Function).get("runtest"),
-        "pytest_pyfunc_call": getattr(_python, "pytest_pyfunc_call", None),
-        "runtestprotocol": getattr(_runner, "runtestprotocol", None),
-        "call_and_report": getattr(_runner, "call_and_report", None),
-        "call_runtest_hook": getattr(_runner, "call_runtest_hook", None),
-        "runner.pytest_runtest_makereport": getattr(_runner, "pytest_runtest_makereport", None),
-        "CallInfo.from_call": vars(_runner.CallInfo).get("from_call"),
-        "TestReport.from_item_and_call": vars(_reports.TestReport).get("from_item_and_call"),
-        "TestReport.__init__": vars(_reports.TestReport).get("__init__"),
-        "BaseReport.__init__": vars(_reports.BaseReport).get("__init__"),
-        "CallInfo.__init__": vars(_runner.CallInfo).get("__init__"),
-        "runner.check_interactive_exception": getattr(_runner, "check_interactive_exception", None),
-    }
+_LINT = "# Lint directives, below: "
+_OBSERVER_PLACEHOLDER = '"OBSERVER_SOURCE"'
 
 
-# The runner's hooks whose implementations decide an outcome: after configuration, only conftest modules
-# (protected paths) may add to them.
-_DECISIVE = ("pytest_pyfunc_call", "pytest_runtest_call", "pytest_runtest_protocol", "pytest_runtest_makereport",
-             "pytest_report_teststatus", "pytest_runtest_logreport", "pytest_runtest_setup", "pytest_collection_modifyitems")
-_write, _fstat, _exit = os.write, os.fstat, os._exit
+def _entry_point() -> str:
+    """sandbox/entry_point.py as the test process runs it: the program above its closing lint directives (which
+    ruff and mypy read, the sandbox never does), with the observer's source, a literal, in place of its placeholder."""
+    text = _program("entry_point.py")
+    program, _, directives = text.partition(_LINT)
+    if text.count(_LINT) != 1 or not program.endswith("\n") or program.count(_OBSERVER_PLACEHOLDER) != 1 \
+            or not all(line.startswith("#") for line in (_LINT + directives).splitlines()):
+        raise RuntimeError("sandbox/entry_point.py: expected one observer placeholder, then only the lint directives")
+    return program.replace(_OBSERVER_PLACEHOLDER, repr(OBSERVER))
 
 
-def _is_conftest(plugin):
-    return type(plugin) is type(os) and os.path.basename(str(getattr(plugin, "__file__", ""))) == "conftest.py"
-
-
-def _is_runner_own(plugin):
-    """One of pytest's own plugin objects (a class of a _pytest module, as that module defines it)."""
-    cls = plugin if isinstance(plugin, type) else type(plugin)
-    module = sys.modules.get(getattr(cls, "__module__", "") or "")
-    return (module is not None and module.__name__.startswith("_pytest.")
-            and getattr(module, getattr(cls, "__qualname__", ""), None) is cls)
-
-
-class CrucibleReport:
-    def __init__(self, fd):
-        # The keeper reads the other end; nobody else can write the report file it makes.
-        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
-            raise SystemExit(f"grader: expected the report pipe on descriptor {fd}")
-        self.fd = fd
-        self.pipe = (os.fstat(fd).st_dev, os.fstat(fd).st_ino)
-        os.set_inheritable(fd, False)  # not passed on to anything the tests start
-        self.internals = _internals()
-        self.known_plugins = None
-        self.collected, self.outcomes, self.repeated, self.collect_errors, self.tampered = [], {}, [], [], []
-        self.calls = {"passed": 0, "failed": 0}
-
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_protocol(self, item, nextitem):
-        _OBSERVER["state"]["test"] = item.nodeid
-        yield
-        _OBSERVER["state"]["test"] = "<between tests>"
-
-    def pytest_configure(self, config):
-        self.manager = config.pluginmanager
-        self.known_plugins = {id(plugin) for plugin in self.manager.get_plugins()}
-        self.configured = set(self.known_plugins)
-        self.own_types = set()
-
-    def _check(self, when):
-        now = _internals()
-        self.tampered += [f"{name} was replaced ({when})" for name, value in self.internals.items()
-                          if now[name] is not value and f"{name} was replaced" not in " ".join(self.tampered)]
-        for plugin in self.manager.get_plugins():
-            if id(plugin) in self.known_plugins:
-                continue
-            self.known_plugins.add(id(plugin))
-            cls = plugin if isinstance(plugin, type) else type(plugin)
-            if _is_conftest(plugin):
-                continue
-            if _is_runner_own(plugin) and cls not in self.own_types:  # refused by count: each of pytest's once
-                self.own_types.add(cls)
-                continue
-            name = str(getattr(plugin, "__file__", None) or getattr(cls, "__qualname__", "?"))[:200]
-            self.tampered.append(f"a plugin was registered after configuration: {name} ({when})")
-        for hook in _DECISIVE:
-            for impl in getattr(self.manager.hook, hook).get_hookimpls():
-                if id(impl.plugin) not in self.configured and not _is_conftest(impl.plugin) \
-                        and not _is_runner_own(impl.plugin):
-                    self.tampered.append(f"{hook} is implemented by a plugin added after configuration ({when})")
-
-    def pytest_runtest_logstart(self, nodeid, location):
-        if len(self.outcomes) % 50 == 0:
-            self._check("a test")
-
-    def pytest_collectreport(self, report):
-        if report.failed:
-            self.collect_errors.append(report.nodeid)
-
-    def pytest_collection_finish(self, session):
-        self._check("collection")
-        self.collected = [item.nodeid for item in session.items]
-
-    def pytest_runtest_logreport(self, report):
-        current = self.outcomes.get(report.nodeid)
-        if report.when == "setup":
-            if current is not None:
-                self.repeated.append(report.nodeid)
-            outcome = "skipped" if report.skipped else "error" if report.failed else "set-up"
-        elif report.when == "call":
-            if current != "set-up":
-                self.repeated.append(report.nodeid)
-            if hasattr(report, "wasxfail"):
-                outcome = "xfail"
-            else:
-                outcome = "passed" if report.passed else "skipped" if report.skipped else "failed"
-                if outcome in self.calls:  # what pytest's own summary counts as passed / failed
-                    self.calls[outcome] += 1
-        elif report.failed:
-            outcome = "error"
-        else:
-            return
-        self.outcomes[report.nodeid] = outcome
-
-    def pytest_sessionfinish(self, session, exitstatus):
-        self._check("the run")
-
-    def send(self, code):
-        data = json.dumps({"collected": self.collected, "outcomes": self.outcomes, "repeated": self.repeated,
-                           "collect_errors": self.collect_errors, "tampered": self.tampered,
-                           "observations": _OBSERVER["observations"], "calls": self.calls, "exitstatus": code,
-                           **({"ledger": _OBSERVER["ledger_report"]()} if MODE == "reference" else {})}).encode() + b"\n"
-        try:  # the descriptor must still be the pipe it was: one pointed elsewhere is a failed run
-            now = _fstat(self.fd)
-            if (now.st_dev, now.st_ino) != self.pipe:
-                _exit(71)
-            while data:
-                data = data[_write(self.fd, data):]
-        except OSError:
-            _exit(70)
-
-
-report = CrucibleReport(int(sys.argv[1]))
-MODE = sys.argv[2]
-builtins.__crucible_check__ = _OBSERVER["check"]
-builtins.__crucible_raises__ = _OBSERVER["raises"]
-builtins.__crucible_raises_call__ = _OBSERVER["raises_call"]
-if MODE == "reference":  # the trusted run: what each leaf was computed from, where each import's module lives
-    builtins.__crucible_leaf__, builtins.__crucible_mark__ = _OBSERVER["leaf"], _OBSERVER["mark"]
-    builtins.__crucible_origin__ = _OBSERVER["origin"]
-    _OBSERVER["start_reference"]()
-code = int(pytest.main(sys.argv[3:], plugins=[report]))
-for stream in (sys.stdout, sys.stderr):  # the runner's summary reaches the log before we leave
-    try:
-        stream.flush()
-    except Exception:
-        pass
-report.send(code)
-os._exit(code)  # no thread, atexit handler or finaliser of the code under test runs after the report
-'''.replace("#OBSERVER#", repr(OBSERVER))
+ENTRY_POINT = _entry_point()
+"""The test process's entry point (run.py: `python3 -s -P -B run.py REPORT_FD MODE PYTEST_ARGS...`)."""
 
 CANARY = """def {passing}():
     pass
@@ -231,12 +85,7 @@ def {failing}():
     raise AssertionError("must fail")
 """
 
-_PREPARE = r"""
-set -e
-dir=$1
-mkdir -m 755 "$dir"
-tar -x -C "$dir" -f -
-"""
+_PREPARE = _program("grader_prepare.sh")
 
 # Run as root with only SETUID, SETGID and KILL (the sandbox's control user): the report pipe is made
 # here, its write end handed to the tests' interpreter as descriptor 3 and its read end to a reader of
@@ -244,37 +93,9 @@ tar -x -C "$dir" -f -
 # (the agent's uid) with an environment we build (`env -i`); -s -P -B: no user site, no working-directory
 # imports, no bytecode, while PYTHONHASHSEED (which -I would ignore) still applies. Its exit status,
 # whether it timed out and its log are written by root, out of the tests' reach.
-_RUN = r"""
-dir=$1 limit=$2; shift 2
-run="$dir-run"
-mkdir -m 755 "$run" || exit 90
-owner=$(stat -c %u:%g /workspace) || exit 91
-as_agent=(setpriv --reuid="${owner%:*}" --regid="${owner#*:}" --clear-groups --)
-as_keeper=(setpriv --reuid=65534 --regid=65534 --clear-groups --)
-"${as_agent[@]}" mkdir -p "$dir-home"
-cd /workspace || exit 92
-started=$(date +%s)
-{
-  timeout -k 5 "$limit" "${as_agent[@]}" env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$dir-home" LANG=C.UTF-8 \
-    PYTHONHASHSEED=0 PYTHONDONTWRITEBYTECODE=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 \
-    python3 -s -P -B "$dir/run.py" 3 "$@" 3>&1 >"$run/log" 2>&1 </dev/null
-  status=$?
-  # Whatever the tests left running holds the pipe's write end: stopped (again while any is left, so a
-  # process that keeps forking cannot outlast it), so the reader sees its end.
-  for _ in $(seq 50); do "${as_agent[@]}" sh -c 'kill -9 -1 2>/dev/null' || break; done
-  elapsed=$(( $(date +%s) - started ))
-  timed=0; { [ "$status" = 124 ] || [ "$elapsed" -ge "$limit" ]; } && timed=1
-  echo "$status $timed" > "$run/status"
-} | "${as_keeper[@]}" sh -c 'head -c 33554432 > "$1/report.part"; mv "$1/report.part" "$1/report.json"' reader "$dir"
-exit 0
-"""
+_RUN = _program("grader_run.sh")
 
-_COLLECT = r"""
-dir=$1
-cat "$dir-run/status" 2>/dev/null || echo "missing"
-tail -c 6000 "$dir-run/log" 2>/dev/null | base64 -w0; echo
-cat "$dir/report.json" 2>/dev/null
-"""
+_COLLECT = _program("grader_collect.sh")
 MAX_LISTED = 50
 PASSED = "passed"
 

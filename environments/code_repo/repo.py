@@ -11,6 +11,10 @@ The diff is computed in a fresh sandbox, by our own git, against the base commit
 recorded — not against a tag or ref inside the agent's sandbox, and not by a git whose config,
 hooks or attributes the agent wrote — so rewriting history changes nothing, and the stored diff is
 exactly the tree that is graded.
+
+The bash programs that run in the sandbox (and the Python one the export runs) are files of sandbox/, read
+as package resources: export_image_repo.sh with verify_export.py, read_workspace.sh, check_git.sh and
+load_submission.sh.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import fnmatch
 import logging
 import shlex
 from dataclasses import dataclass
+from importlib import resources
 
 from core.errors import ConfigError
 from environments.base import Sandbox
@@ -69,6 +74,17 @@ def _run(sandbox: Sandbox, command: str, *, timeout: float = 120) -> str:
     return str(step.output)
 
 
+def _program(name: str, placeholders: dict[str, str] | None = None) -> str:
+    """A program of sandbox/, as the sandbox receives it (shellcheck and ruff read the same file), each
+    placeholder (which must occur exactly once) replaced by its value."""
+    text = resources.files("environments.code_repo").joinpath("sandbox", name).read_text(encoding="utf-8")
+    for placeholder, value in (placeholders or {}).items():
+        if text.count(placeholder) != 1:
+            raise RuntimeError(f"sandbox/{name}: expected {placeholder} once, found it {text.count(placeholder)} times")
+        text = text.replace(placeholder, value)
+    return text
+
+
 def _exec(sandbox: Sandbox, script: str, *args: str, stdin: bytes | None = None, as_keeper: bool = False,
           timeout_s: float = TRANSFER_TIMEOUT_S) -> tuple[int, bytes, str]:
     """A one-off bash process outside the agent's shell; returns (exit code, stdout, stderr text)."""
@@ -77,94 +93,8 @@ def _exec(sandbox: Sandbox, script: str, *args: str, stdin: bytes | None = None,
     return result.exit_code, bytes(result.output), bytes(result.stderr).decode(errors="replace").strip()[-800:]
 
 
-_EXPORT_IMAGE_REPO = r"""
-set -o pipefail
-src=$1 commit=$2 cap=$3 scratch=$4
-refuse() { printf '%s\n' "$1" >&2; exit 14; }
-export GIT_NO_REPLACE_OBJECTS=1 GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null HOME=/nonexistent GIT_TERMINAL_PROMPT=0
-cd "$src" 2>/dev/null && [ -d .git ] && [ ! -L .git ] || refuse "expected a git repository at $src in the image, got none"
-[ -e .git/info/grafts ] && refuse "the repository has grafts (.git/info/grafts), which rewrite its history"
-for nested in .git/modules .git/worktrees; do
-  [ -n "$(ls -A "$nested" 2>/dev/null)" ] && refuse "the repository holds nested repositories ($nested), whose history is not checked"
-done
-work=$(mktemp -d "$scratch/export.XXXXXX") || exit 20
-trap 'rm -rf "$work"' EXIT
-# Our own git directory, borrowing the image's objects: the image's config, hooks, attributes, index and
-# commit-graph play no part in what is read.
-git init -q --bare "$work/git" || exit 20
-printf '%s\n' "$src/.git/objects" > "$work/git/objects/info/alternates"
-G() { GIT_DIR="$work/git" GIT_INDEX_FILE="$work/index" git -c safe.directory='*' -c core.hooksPath=/dev/null \
-      -c core.fsmonitor=false -c core.commitGraph=false -c core.multiPackIndex=false "$@"; }
-head=$(git --git-dir="$src/.git" -c safe.directory='*' -c core.fsmonitor=false rev-parse -q --verify 'HEAD^{commit}') \
-  || refuse "the repository has no HEAD commit"
-# HEAD is the base, or the base with commits that change no file on top (SWE-bench's images commit their
-# install step with `git commit --allow-empty -am SWE-bench`): a commit after the base that changes a file
-# is the history this check exists to refuse.
-if [ "$head" != "$commit" ]; then
-  G merge-base --is-ancestor "$commit" "$head" 2>/dev/null || refuse "HEAD is $head, expected the base $commit or a commit on top of it"
-  G diff-tree --quiet "$commit" "$head" 2>/dev/null || refuse "HEAD ($head) has commits after the base $commit that change files"
-fi
-# Every object stored must be in the base's history, and git must read the whole store without complaint:
-# a pack without its index, or a stray file where a directory of objects should be, hides objects from a
-# listing that still exits 0.
-garbage=$(git --git-dir="$src/.git" -c safe.directory='*' count-objects -v 2>&1 | sed -n 's/^garbage: //p')
-[ "$garbage" = 0 ] || refuse "its object store holds files that are not objects (garbage: ${garbage:-unreadable})"
-G rev-list --objects --no-object-names "$head" 2>"$work/err" > "$work/base.unsorted" \
-  || refuse "the base's history cannot be read: $(head -c 300 "$work/err")"
-G cat-file --batch-all-objects --batch-check='%(objectname)' 2>>"$work/err" > "$work/all.unsorted" \
-  || refuse "its object store cannot be read: $(head -c 300 "$work/err")"
-[ -s "$work/err" ] && refuse "git could not read all of its object store: $(head -c 300 "$work/err")"
-sort -u "$work/base.unsorted" > "$work/base" && sort -u "$work/all.unsorted" > "$work/all" || exit 20
-comm -13 "$work/base" "$work/all" > "$work/beyond" || exit 20
-# An annotated tag of a commit in that history (a release before the base) is history too; anything else is not.
-: > "$work/extra"
-while read -r sha; do
-  if [ "$(G cat-file -t "$sha")" = tag ] && target=$(G rev-parse -q --verify "$sha^{}") && grep -qx "$target" "$work/base"; then
-    continue
-  fi
-  printf '%s\n' "$sha" >> "$work/extra"
-done < "$work/beyond"
-if [ -s "$work/extra" ]; then
-  kinds=$(head -200 "$work/extra" | G cat-file --batch-check='%(objecttype)' | sort | uniq -c | tr -s ' \n' ' ')
-  refuse "it stores $(wc -l < "$work/extra") objects not in the base's history (${kinds% }), e.g. $(head -1 "$work/extra")"
-fi
-# The files: the base's, from its objects (the image's working tree and index are not trusted), each one
-# hashed again against the base's tree; beside them only what .gitignore covers (build output); no
-# repository inside.
-nested=$(find . -mindepth 2 -name .git -print -quit 2>/dev/null)
-[ -z "$nested" ] || refuse "it holds another repository inside the working tree ($nested)"
-mkdir "$work/tree" && G read-tree "$commit" && G --work-tree="$work/tree" checkout-index -a -f || exit 20
-G ls-files -s -z > "$work/entries" || exit 20
-python3 -I -c "$VERIFY" "$work/tree" < "$work/entries" || refuse "its objects do not hash to their ids (the base's files were altered)"
-G --work-tree="$src" ls-files -z --others --exclude-standard > "$work/untracked" || exit 20
-if [ -s "$work/untracked" ]; then
-  refuse "its working tree holds files neither tracked nor ignored: $(tr '\0' ' ' < "$work/untracked" | head -c 300)"
-fi
-G --work-tree="$src" ls-files -z --others --ignored --exclude-standard > "$work/ignored" || exit 20
-if [ -s "$work/ignored" ]; then tar -C "$src" --null -T "$work/ignored" -cf - | tar -C "$work/tree" -xf - || exit 20; fi
-tar -C "$work/tree" --numeric-owner -czf - . | head -c "$cap"
-"""
-
-
-_VERIFY_EXPORT = r"""
-import hashlib, os, sys
-root = sys.argv[1]
-for record in sys.stdin.buffer.read().split(b"\0"):
-    meta, _, path = record.partition(b"\t")
-    if not path:
-        continue
-    mode, sha = meta.split()[:2]
-    full = os.path.join(os.fsencode(root), path)
-    if mode in (b"100644", b"100755"):
-        with open(full, "rb") as handle:
-            data = handle.read()
-    elif mode == b"120000":
-        data = os.readlink(full)
-    else:
-        continue  # a submodule's commit: no file
-    if hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest().encode() != sha:
-        sys.exit(f"{path!r} does not hash to {sha.decode()}")
-"""
+_EXPORT_IMAGE_REPO = _program("export_image_repo.sh")
+_VERIFY_EXPORT = _program("verify_export.py")
 """Every exported file hashed again against the base's tree: git reads a loose object without checking that
 its content hashes to its id, so a swapped object would export other content under the base's ids."""
 
@@ -220,14 +150,7 @@ def install_repo(sandbox: Sandbox, task: CodeRepoTask) -> str:
     return output.strip().splitlines()[-1]
 
 
-_READ_WORKSPACE = r"""
-set -o pipefail
-ws=$1 cap=$2; shift 2
-cd "$ws" || { echo "no workspace at $ws" >&2; exit 3; }
-excludes=(); for pattern in "$@"; do excludes+=(--exclude="$pattern"); done
-# Capped inside the sandbox: a sparse file of a terabyte must not reach the worker's memory.
-tar -c --numeric-owner "${excludes[@]}" -f - . | head -c "$cap"
-"""
+_READ_WORKSPACE = _program("read_workspace.sh")
 
 
 def stop_agent_processes(sandbox: Sandbox) -> None:
@@ -250,17 +173,7 @@ def read_workspace(sandbox: Sandbox) -> bytes:
     return data
 
 
-_CHECK_GIT = r"""
-ws=$1 base=$2
-cd "$ws" 2>/dev/null || { echo "state=no-workspace"; exit 0; }
-[ -d .git ] || { echo "state=no-git"; exit 0; }
-export HOME=/nonexistent GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null GIT_TERMINAL_PROMPT=0 GIT_NO_REPLACE_OBJECTS=1
-g() { git -c safe.directory='*' -c core.hooksPath=/dev/null -c core.fsmonitor=false "$@" 2>/dev/null; }
-tag=$(g rev-parse -q --verify 'refs/tags/crucible-base^{commit}') || tag=missing
-g merge-base --is-ancestor "$base" HEAD && ancestor=yes || ancestor=no
-replaced=no; { [ -n "$(g for-each-ref refs/replace)" ] || [ -s .git/info/grafts ]; } && replaced=yes
-echo "state=repo tag=$tag ancestor=$ancestor replaced=$replaced"
-"""
+_CHECK_GIT = _program("check_git.sh")
 
 
 @dataclass(frozen=True)
@@ -291,15 +204,8 @@ def check_git(sandbox: Sandbox, *, base: str) -> GitState:
     return GitState(problems)
 
 
-_LOAD_SUBMISSION = r"""
-set -o pipefail
-ws=$1 base=$2 attributes=$3
-cd "$ws" || exit 3
-printf '%s' "$attributes" > .git/info/attributes || exit 3
-find . -mindepth 1 -maxdepth 1 ! -name .git -exec rm -rf {} + || exit 4
-tar -x --no-same-owner -f - || exit 5
-""" + GIT + r""" add -A -f >/dev/null || exit 7
-"""
+_LOAD_SUBMISSION = _program("load_submission.sh", {"@GIT@": GIT})
+"""Its one git command is ours (GIT: our options, no config of the agent's)."""
 
 
 def load_submission(sandbox: Sandbox, tree: bytes, *, base: str) -> None:
