@@ -41,7 +41,8 @@ def resolve_config(config: RunConfig, pinned: list[Environment]) -> RunConfig:
     loss = config.trainer.loss
     normalization = loss.normalization_for(environments=len(pinned))
     trainer = config.trainer.model_copy(
-        update={"loss": loss.model_copy(update={"normalize_rewards_per_environment": normalization})})
+        update={"loss": loss.model_copy(update={"normalize_rewards_per_environment": normalization}),
+                "seed": config.seed if config.trainer.seed is None else config.trainer.seed})
     return config.model_copy(
         update={"environments": shares, "max_staleness": staleness, "max_inflight_groups": inflight,
                 "max_token_staleness": token_staleness_bound(staleness, config.max_token_staleness),

@@ -45,7 +45,7 @@ from core.db import get_engine, lost_connection, session_factory
 from core.errors import ConfigError, CrucibleError
 from core.models import Run, RunEnvironment, TrainingStep
 from core.pools import check_pool_free, held_by
-from core.schemas.run import Curriculum, RunConfig, Sampling, stored_sampling
+from core.schemas.run import Curriculum, RunConfig, Sampling, stored_sampling, stored_seed
 from core.settings import get_settings
 from core.termination import DropReason, RunStatus
 from trainer import cost, faults, metrics
@@ -179,6 +179,8 @@ class Trainer:
             self.lag_wait_s = float(stored.get("lag_wait_s", RunConfig.model_fields["lag_wait_s"].default))
             self.pacer = Pacer(self.staleness_rule, self.lag_wait_s)
             self.config = trainer_config(run.config.get("trainer") or {}, source=f"run {self.run_id} config.trainer")
+            if self.config.seed is None:  # resolved at launch; a run stored before that: the run's own seed
+                self.config = self.config.model_copy(update={"seed": stored_seed(run.config, run_id=self.run_id)})
             environments = session.execute(select(func.count()).where(RunEnvironment.run_id == self.run_id)).scalar_one()
             # Decided once for the run: a batch that happens to hold one environment is normalised alike.
             self.normalization = self.config.loss.normalization_for(environments=max(int(environments), 1))

@@ -180,7 +180,7 @@ class RunConfig(BaseModel):
     curriculum: Curriculum = Field(default_factory=Curriculum)
     seed: int = 0
     """Fixes the run's task order (controller.picking), its canary groups, every request's sampling seed
-    (core.seeds: per group, sample and turn) and the trainer's initialisation (torch.manual_seed)."""
+    (core.seeds: per group, sample and turn) and the trainer's torch seed, unless trainer.seed sets its own."""
     sampling: Sampling = Field(default_factory=lambda: Sampling())
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     """Loss, optimizer and backend settings (core.schemas.trainer), refused at submission when bad."""

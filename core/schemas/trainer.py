@@ -121,7 +121,9 @@ class TrainerConfig(BaseModel):
     keep_every: int | None = Field(default=None, ge=1)
     """Also keep every checkpoint whose step is a multiple of this, to evaluate it later (`crucible eval
     launch --run R --step S`); None: only the newest `keep_checkpoints`."""
-    seed: int = 0
+    seed: int | None = None
+    """The trainer's torch seed (initialisation, dropout); None: the run's seed, made explicit at launch
+    (controller.runs.resolve_config)."""
 
     @model_validator(mode="after")
     def _lora_and_zero3(self) -> TrainerConfig:

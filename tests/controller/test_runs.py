@@ -53,6 +53,15 @@ def test_async_default_inflight_target_is_staleness_plus_one_batches(db_session:
     assert run.max_staleness == 2
 
 
+def test_the_run_seed_seeds_the_trainer_unless_the_trainer_names_its_own(db_session: Session) -> None:
+    env = f.environment(db_session)
+    f.tasks(db_session, env, 1)
+    seeded = create_run(db_session, config=_config(name="seeded", environments=[{"name": env.name}], seed=7))
+    own = create_run(db_session, config=_config(name="own", environments=[{"name": env.name}], seed=7,
+                                                trainer={"seed": 3}))
+    assert (seeded.config["trainer"]["seed"], own.config["trainer"]["seed"]) == (7, 3)
+
+
 def test_unknown_environment_or_version_is_not_found_with_a_readable_message(db_session: Session) -> None:
     env = f.environment(db_session, name="alpha")
     f.tasks(db_session, env, 1)
