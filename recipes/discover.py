@@ -116,7 +116,7 @@ class Demonstration:
 
 
 def missing(path: str) -> str:
-    """What `cat` of an absent file prints in the code-repo sandbox (tests/trainer/test_read_number.py
+    """What `cat` of an absent file prints in the code-repo sandbox (tests/environments/read_number/test_read_number.py
     checks it against a real one)."""
     return f"cat: {path}: No such file or directory\n"
 
@@ -125,7 +125,7 @@ def missing(path: str) -> str:
 class Workspace:
     """A task's workspace without a sandbox: what the code-repo sandbox prints for `ls` and `cat NAME`.
     The warm-up's demonstrations print through it, and bench/discover_proxy.py plays episodes against
-    it. tests/trainer/test_read_number.py checks it against a real sandbox for the trained family's
+    it. tests/environments/read_number/test_read_number.py checks it against a real sandbox for the trained family's
     case, one file holding a number: the listing, its `cat` and the `cat` of an absent name. (A file
     holding "" would print a newline here and nothing there; none is ever read.)"""
 

@@ -9,6 +9,11 @@
 
 Markers follow from the fixtures a test uses (`pytest_collection_modifyitems`): `docker`, `vllm`,
 `browser`. Every test that uses a vLLM server is in xdist group "vllm", so one worker starts it once.
+
+The fixtures more than one test folder uses are here, or in the plugins below (`pytest_plugins`: one
+definition each for the whole suite): tests/support/sandbox_fixtures.py (dockerd, the images, the sandbox
+providers) and tests/support/episode_fixtures.py (the scripted policy, the calc tasks, a Celery worker).
+A folder's conftest.py keeps what only its own tests use.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from core.models import Base
 from core.settings import get_settings
 from core.versions import Label
 from migrations import migrate
+
+pytest_plugins = ("tests.support.sandbox_fixtures", "tests.support.episode_fixtures")
 
 
 def _admin_url(embedded_root: Path) -> str:
@@ -191,7 +198,8 @@ def served_original(vllm_server: Any, tiny_model_dir: Path) -> Any:
 # -- markers from fixtures; the vLLM tests on one xdist worker ------------------------------------------
 
 FIXTURE_MARKS = {
-    "docker": {"backend", "sandbox_images", "code_repo_image", "sandboxes", "docker_backend", "repo_spec"},
+    "docker": {"backend", "sandbox_images", "code_repo_image", "sandboxes", "module_sandboxes", "docker_backend",
+               "repo_spec"},
     "vllm": {"vllm_server", "served_original"},
     "browser": {"browser", "page", "driver", "browser_sandbox"},
 }

@@ -1,6 +1,6 @@
 """bench/discover_proxy.py, the discover recipe's loop offline: it plays what the runner would store, its
 figures count what they say, and its step moves the policy towards what was rewarded. Its workspace is
-checked against a real sandbox in tests/trainer/test_read_number.py."""
+checked against a real sandbox in tests/environments/read_number/test_read_number.py."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_the_figures_count_successes_listed_reads_and_copies() -> None:
 
 def test_an_episode_is_what_the_runner_stores(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With the sampled actions scripted, the episode's tokens are recipes.common.render_episode's (the
-    warm-up's rendering, itself checked against the runner's in tests/trainer/test_read_number.py), the
+    warm-up's rendering, itself checked against the runner's in tests/environments/read_number/test_read_number.py), the
     observations are the workspace's and the verifier grades the submit."""
     from environments.read_number.kind import SYSTEM_PROMPT, TOOL_SCHEMAS
     from recipes.common import render_episode

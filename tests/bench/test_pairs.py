@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 
 from bench.pairs import interleave, paired_summary
 from core.models import EpisodeGroup
-from tests.trainer.rows import add_group, make_environment, make_run
+from tests.factories import add_group, make_environment, make_run
 
 
 def test_pairs_alternate_which_side_goes_first() -> None:

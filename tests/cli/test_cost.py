@@ -16,8 +16,8 @@ import pytest
 from sqlalchemy.orm import Session
 
 from core.models import TrainingStep
+from tests.factories import make_run
 from tests.trainer.cost_steps import train_steps
-from tests.trainer.rows import make_run
 from trainer import cost
 
 ROOT = Path(__file__).parents[2]

@@ -23,7 +23,6 @@ import pytest
 
 from environments.browser.sandbox.sites import shop
 from sandboxes.labels import ENV
-from tests.task_workers.conftest import backend, image_cache, sandbox_images  # noqa: F401 - the image fixtures
 
 pytestmark = [pytest.mark.docker, pytest.mark.browser]
 ROOT = Path(__file__).parents[2]
@@ -36,7 +35,7 @@ def label() -> str:
 
 
 @pytest.fixture
-def images(sandbox_images: dict[str, str], label: str):  # noqa: F811
+def images(sandbox_images: dict[str, str], label: str):
     yield sandbox_images
     assert _ours(label) == []  # no container of ours left, whatever the test did
 

@@ -14,13 +14,13 @@ from controller.dispatcher import EPISODE_TASK
 from controller.loop import Controller
 from core.settings import load_settings
 from task_workers.celery_app import create_app
-from tests.controller import factories as f
+from tests import factories as f
 from tests.support.celery_worker import embedded_worker
 
 
 def test_dispatched_episodes_are_delivered_to_a_worker(db_session: Session, engine: Engine) -> None:
     queue = f"controller-test-{uuid.uuid4().hex[:8]}"  # a queue of its own: no other test's messages
-    env = f.environment(db_session, kind=queue)
+    env = f.queued_environment(db_session, kind=queue)
     f.tasks(db_session, env, 1)
     run = f.launch(db_session, env, mode="sync", batch_size=1, group_size=3)
 

@@ -13,7 +13,7 @@ from controller.config import ControllerConfig, stored_run_config
 from controller.dispatch import create_group
 from core.canaries import is_canary
 from core.models import Task
-from tests.controller import factories as f
+from tests import factories as f
 
 HIDDEN = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
 PAYLOAD = {"repo": {"format": "tar", "data_b64": ""}, "hidden_tests": {"files": {"test_hidden.py": HIDDEN}},
@@ -22,7 +22,7 @@ PAYLOAD = {"repo": {"format": "tar", "data_b64": ""}, "hidden_tests": {"files": 
 
 def _groups(session: Session, *, rate: float, kind: str = "code_repo", count: int = 40,
             settings: ControllerConfig, payload: dict | None = None, after: int = 0) -> list[Task]:
-    env = f.environment(session, kind=kind)
+    env = f.queued_environment(session, kind=kind)
     f.tasks(session, env, 3, payload=payload or PAYLOAD)
     run = f.launch(session, env, max_groups=1000, canary_rate=rate, canary_after=after)
     config = stored_run_config(run)

@@ -17,7 +17,7 @@ from controller.reconcile import reconcile_run
 from controller.runs import get_run, stop_run
 from core.models import Run
 from core.schemas import RunConfig
-from tests.controller import factories as f
+from tests import factories as f
 
 
 def _dispatch(session: Session, run_id: int, recorder: RecordingDispatcher, settings: ControllerConfig) -> list[int]:
@@ -27,7 +27,7 @@ def _dispatch(session: Session, run_id: int, recorder: RecordingDispatcher, sett
 def test_sync_mode_dispatches_one_batch_then_waits_for_the_new_version(
     db_session: Session, recorder: RecordingDispatcher, settings: ControllerConfig
 ) -> None:
-    env = f.environment(db_session, timeout_s=300)
+    env = f.queued_environment(db_session, timeout_s=300)
     f.tasks(db_session, env, 4)
     run = f.launch(db_session, env, mode="sync", batch_size=2, group_size=3)
     first = _dispatch(db_session, run.id, recorder, settings)
@@ -57,7 +57,7 @@ def test_sync_mode_dispatches_one_batch_then_waits_for_the_new_version(
 def test_async_mode_keeps_inflight_at_target_within_the_staleness_bound(
     db_session: Session, recorder: RecordingDispatcher, settings: ControllerConfig
 ) -> None:
-    env = f.environment(db_session)
+    env = f.queued_environment(db_session)
     f.tasks(db_session, env, 5)
     run = f.launch(db_session, env, mode="async", max_staleness=1, batch_size=2, group_size=1)
     target, rng = 4, random.Random(0)  # (1 + 1) × 2
@@ -75,7 +75,7 @@ def test_async_mode_keeps_inflight_at_target_within_the_staleness_bound(
 
 
 def test_explicit_inflight_cap(db_session: Session, recorder: RecordingDispatcher, settings: ControllerConfig) -> None:
-    env = f.environment(db_session)
+    env = f.queued_environment(db_session)
     f.tasks(db_session, env, 2)
     run = f.launch(db_session, env, max_staleness=3, batch_size=2, max_inflight_groups=3)
     first = dispatch_run(db_session, run_id=run.id, dispatcher=recorder, settings=settings)
@@ -87,7 +87,7 @@ def test_explicit_inflight_cap(db_session: Session, recorder: RecordingDispatche
 def test_budget_then_completed_once_consumed(
     db_session: Session, recorder: RecordingDispatcher, settings: ControllerConfig
 ) -> None:
-    env = f.environment(db_session)
+    env = f.queued_environment(db_session)
     f.tasks(db_session, env, 2)
     run = f.launch(db_session, env, max_staleness=1, batch_size=2, max_groups=3)
     result = dispatch_run(db_session, run_id=run.id, dispatcher=recorder, settings=settings)
@@ -104,7 +104,7 @@ def test_budget_then_completed_once_consumed(
 def test_eval_runs_ignore_the_version_bound(
     db_session: Session, recorder: RecordingDispatcher, settings: ControllerConfig
 ) -> None:
-    env = f.environment(db_session)
+    env = f.queued_environment(db_session)
     f.tasks(db_session, env, 3)
     run = f.launch(db_session, env, purpose="eval", mode="sync", batch_size=1, max_inflight_groups=4, max_groups=6)
     first = _dispatch(db_session, run.id, recorder, settings)
@@ -119,7 +119,7 @@ def test_eval_runs_ignore_the_version_bound(
 def test_stopped_runs_are_not_dispatched(
     db_session: Session, recorder: RecordingDispatcher, settings: ControllerConfig
 ) -> None:
-    env = f.environment(db_session)
+    env = f.queued_environment(db_session)
     f.tasks(db_session, env, 1)
     run = f.launch(db_session, env)
     stop_run(db_session, run_id=run.id)
@@ -131,7 +131,7 @@ def test_stopped_runs_are_not_dispatched(
 def test_a_failed_send_leaves_episodes_pending_and_the_reconciler_sends_them(
     db_session: Session, settings: ControllerConfig
 ) -> None:
-    env = f.environment(db_session)
+    env = f.queued_environment(db_session)
     f.tasks(db_session, env, 2)
     run = f.launch(db_session, env, group_size=3)
     broken = RecordingDispatcher(fail=True)
@@ -153,9 +153,9 @@ def test_groups_the_trainer_dropped_are_replaced_within_the_version_bound(db_ses
     from controller.dispatch import dispatch_run
     from controller.dispatcher import RecordingDispatcher
     from core.models import EpisodeGroup
-    from tests.controller import factories as f
+    from tests import factories as f
 
-    env = f.environment(db_session)
+    env = f.queued_environment(db_session)
     f.tasks(db_session, env, 4)
     run = f.launch(db_session, env, mode="async", batch_size=2, group_size=1, max_staleness=0)
     dispatcher = RecordingDispatcher()
@@ -191,7 +191,7 @@ def test_longest_first_sends_the_slow_tasks_of_a_pass_first(
 ) -> None:
     """Issue 23: the groups one pass may dispatch are sent longest-expected first (an unmeasured task
     first of all); group indexes, hence consumption order, stay the pick order."""
-    env = f.environment(db_session)
+    env = f.queued_environment(db_session)
     tasks = f.tasks(db_session, env, 4)
     for task, seconds in zip(tasks, [1.0, 30.0, None, 5.0], strict=True):
         task.episode_seconds = seconds

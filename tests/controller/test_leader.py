@@ -14,7 +14,7 @@ from controller.dispatcher import RecordingDispatcher
 from controller.loop import Controller
 from core.db import make_engine
 from core.models import EpisodeGroup
-from tests.controller import factories as f
+from tests import factories as f
 from tests.support.polling import wait_for
 
 
@@ -46,7 +46,7 @@ def _group_count(session: Session, run_id: int) -> int:
 def test_only_the_leader_dispatches_and_the_other_takes_over(
     db_session: Session, engine: Engine, engines: Callable[[], Engine]
 ) -> None:
-    env = f.environment(db_session)
+    env = f.queued_environment(db_session)
     f.tasks(db_session, env, 2)
     run = f.launch(db_session, env, mode="sync", batch_size=2, group_size=2)
     first, second = RecordingDispatcher(), RecordingDispatcher()
@@ -72,7 +72,7 @@ def test_only_the_leader_dispatches_and_the_other_takes_over(
 
 
 def test_two_controller_loops_in_threads(db_session: Session, engines: Callable[[], Engine]) -> None:
-    env = f.environment(db_session)
+    env = f.queued_environment(db_session)
     f.tasks(db_session, env, 2)
     run = f.launch(db_session, env, mode="sync", batch_size=2, group_size=2)
     recorders = {"a": RecordingDispatcher(), "b": RecordingDispatcher()}

@@ -12,14 +12,14 @@ from controller.config import ControllerConfig
 from controller.dispatcher import RecordingDispatcher
 from controller.loop import Controller
 from core.models import Task
-from tests.controller import factories as f
+from tests import factories as f
 
 
 def test_a_run_without_eligible_tasks_is_reported_and_the_others_go_on(
     db_session: Session, engine: Engine, recorder: RecordingDispatcher, settings: ControllerConfig,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    stuck_env, good_env = f.environment(db_session, name="stuck"), f.environment(db_session, name="good")
+    stuck_env, good_env = f.queued_environment(db_session, name="stuck"), f.queued_environment(db_session, name="good")
     f.tasks(db_session, stuck_env, 2)
     f.tasks(db_session, good_env, 2)
     stuck, good = f.launch(db_session, stuck_env), f.launch(db_session, good_env)

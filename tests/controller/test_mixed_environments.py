@@ -10,14 +10,14 @@ from sqlalchemy.orm import Session
 from controller.config import ControllerConfig
 from controller.dispatch import dispatch_run
 from controller.dispatcher import EPISODE_TASK, RecordingDispatcher
-from tests.controller import factories as f
+from tests import factories as f
 
 
 def test_a_run_mixing_browser_and_code_environments_dispatches_both_to_their_queues(
     db_session: Session, recorder: RecordingDispatcher, settings: ControllerConfig
 ) -> None:
-    code = f.environment(db_session, name="calc")
-    browser = f.environment(db_session, name="miniwob", kind="browser")
+    code = f.queued_environment(db_session, name="calc")
+    browser = f.queued_environment(db_session, name="miniwob", kind="browser")
     f.tasks(db_session, code, 4)
     f.tasks(db_session, browser, 4)
     run = f.launch(db_session, [code, browser], mode="sync", batch_size=4, group_size=2)

@@ -18,7 +18,7 @@ from controller.picking import pick_task
 from controller.reconcile import complete_finished_groups
 from controller.runs import get_run
 from core.models import Environment, Episode, Task
-from tests.controller import factories as f
+from tests import factories as f
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def _outcomes(session: Session, task: Task, outcomes: list[tuple[str, str, float
 
 
 def _job(session: Session) -> tuple[Environment, list[Task]]:
-    env = f.environment(session, name="bugs")
+    env = f.queued_environment(session, name="bugs")
     tasks = f.tasks(session, env, 3)
     f.tasks(session, env, 2, split="test")
     session.commit()
@@ -96,7 +96,7 @@ def test_success_by_component_and_custom_buckets(db_session: Session, controller
 
 
 def test_only_pass_rate_runs_are_recorded(db_session: Session) -> None:
-    env = f.environment(db_session)
+    env = f.queued_environment(db_session)
     f.tasks(db_session, env, 1)
     run = f.launch(db_session, env)
     with pytest.raises(InvalidRunState, match=r"has purpose 'train'; expected a 'pass_rate' run"):
@@ -112,7 +112,7 @@ def test_a_measurement_covers_every_task_once_whatever_the_buckets(
     measurement takes the least-used task of any bucket instead, so each task gets exactly one group."""
     from controller.evaluation import launch_eval
 
-    env = f.environment(db_session, name="remeasured")
+    env = f.queued_environment(db_session, name="remeasured")
     tasks = f.tasks(db_session, env, 6, split="test")
     tasks[0].difficulty, tasks[0].pass_rate = "easy", 0.9
     db_session.commit()

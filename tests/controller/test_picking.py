@@ -13,7 +13,7 @@ from controller.dispatch import create_group
 from controller.errors import NoEligibleTask
 from controller.picking import pick_task
 from core.models import Run, Task
-from tests.controller import factories as f
+from tests import factories as f
 
 
 def _picks(session: Session, run: Run, count: int) -> list[tuple[str, int, str]]:
@@ -23,7 +23,7 @@ def _picks(session: Session, run: Run, count: int) -> list[tuple[str, int, str]]
 
 
 def test_environments_are_drawn_by_weight_deterministically(db_session: Session) -> None:
-    heavy, light = f.environment(db_session, name="heavy"), f.environment(db_session, name="light")
+    heavy, light = f.queued_environment(db_session, name="heavy"), f.queued_environment(db_session, name="light")
     f.tasks(db_session, heavy, 3)
     f.tasks(db_session, light, 3)
     run = f.launch(db_session, [heavy, light], seed=7,
@@ -37,7 +37,7 @@ def test_environments_are_drawn_by_weight_deterministically(db_session: Session)
 
 
 def test_split_and_pass_rate_band_exclude_tasks(db_session: Session) -> None:
-    env = f.environment(db_session)
+    env = f.queued_environment(db_session)
     inside = f.tasks(db_session, env, 1, pass_rate=0.5, difficulty="medium")[0]
     unmeasured = f.tasks(db_session, env, 1)[0]
     f.tasks(db_session, env, 1, pass_rate=0.05, difficulty="hard")  # below the band
@@ -50,7 +50,7 @@ def test_split_and_pass_rate_band_exclude_tasks(db_session: Session) -> None:
 def test_tasks_outside_the_band_are_readmitted_at_a_small_rate_to_be_measured_again(db_session: Session) -> None:
     """Without readmission a task the policy stopped solving (or always solves) leaves the band for good:
     its pass rate is only updated from groups the trainer examines, and it is never drawn again."""
-    env = f.environment(db_session)
+    env = f.queued_environment(db_session)
     f.tasks(db_session, env, 3, pass_rate=0.5, difficulty="medium")
     outside = {t.id for t in f.tasks(db_session, env, 2, pass_rate=0.0, difficulty="hard")}
     run = f.launch(db_session, env, curriculum={"pass_rate_band": [0.1, 0.9], "readmit_rate": 0.1})
@@ -62,7 +62,7 @@ def test_tasks_outside_the_band_are_readmitted_at_a_small_rate_to_be_measured_ag
 
 
 def test_buckets_are_drawn_by_weight_and_zero_weight_buckets_never(db_session: Session) -> None:
-    env = f.environment(db_session)
+    env = f.queued_environment(db_session)
     for difficulty in ("easy", "medium", "hard"):
         f.tasks(db_session, env, 2, pass_rate=0.5, difficulty=difficulty)
     f.tasks(db_session, env, 2)  # unknown
@@ -74,7 +74,7 @@ def test_buckets_are_drawn_by_weight_and_zero_weight_buckets_never(db_session: S
 
 
 def test_least_used_tasks_come_first(db_session: Session, settings: ControllerConfig) -> None:
-    env = f.environment(db_session)
+    env = f.queued_environment(db_session)
     tasks = f.tasks(db_session, env, 5)
     run = f.launch(db_session, env, max_groups=100)
     config = stored_run_config(run)
@@ -89,7 +89,7 @@ def test_least_used_tasks_come_first(db_session: Session, settings: ControllerCo
 
 
 def test_no_eligible_task_is_a_clear_error(db_session: Session) -> None:
-    env = f.environment(db_session, name="alpha")
+    env = f.queued_environment(db_session, name="alpha")
     f.tasks(db_session, env, 3)
     run = f.launch(db_session, env)
     db_session.execute(update(Task).values(pass_rate=1.0, difficulty="easy"))  # all measured: too easy

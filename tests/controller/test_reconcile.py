@@ -14,11 +14,11 @@ from controller.dispatch import create_group, dispatch_run
 from controller.dispatcher import RecordingDispatcher
 from controller.reconcile import reconcile_run
 from core.models import Episode, Run
-from tests.controller import factories as f
+from tests import factories as f
 
 
 def _run(session: Session, **config: object) -> Run:
-    env = f.environment(session)
+    env = f.queued_environment(session)
     f.tasks(session, env, 3)
     return f.launch(session, env, mode="async", group_size=2, batch_size=1, **config)
 

@@ -15,7 +15,7 @@ from controller.config import stored_run_config
 from controller.picking import pick_task
 from core.models import Run, RunTaskRate, Task
 from core.models.task_rate import band_membership
-from tests.controller import factories as f
+from tests import factories as f
 from trainer.store import PassOutcome, update_pass_rates
 
 NO_READMISSION = {"pass_rate_band": [0.1, 0.9], "readmit_rate": 0}
@@ -42,7 +42,7 @@ def _rate(session: Session, run: Run, task: Task) -> RunTaskRate:
 def test_one_runs_online_updates_do_not_move_another_runs_rates(db_session: Session) -> None:
     """Two runs on the same tasks (a seed repeat beside the first): the first solving a task takes it out
     of its own band only; the second still draws it at the job's measurement, and the task keeps it."""
-    env = f.environment(db_session)
+    env = f.queued_environment(db_session)
     solved, other = f.tasks(db_session, env, 2, pass_rate=0.5, pass_rate_samples=8, difficulty="medium")
     first, second = (f.launch(db_session, env, seed=seed, curriculum=NO_READMISSION) for seed in (1, 2))
     assert _picked(db_session, first) == _picked(db_session, second) == {solved.id, other.id}
@@ -59,7 +59,7 @@ def test_one_runs_online_updates_do_not_move_another_runs_rates(db_session: Sess
 def test_a_fresh_run_starts_from_the_measured_rate(db_session: Session) -> None:
     """A run launched after another moved a task to 0.95 (an ablation after the first run) finds the task
     eligible at the job's measured rate, not at the first run's end state."""
-    env = f.environment(db_session)
+    env = f.queued_environment(db_session)
     solved, other = f.tasks(db_session, env, 2, pass_rate=0.5, pass_rate_samples=8, difficulty="medium")
     first = f.launch(db_session, env, curriculum=NO_READMISSION)
     _picked(db_session, first)
@@ -75,7 +75,7 @@ def test_a_fresh_run_starts_from_the_measured_rate(db_session: Session) -> None:
 def test_a_trainer_counting_a_task_its_run_has_no_rate_of_seeds_it_first(db_session: Session) -> None:
     """A run from before migration 0013 whose controller has not drawn since: its rate starts from the
     measurement all the same."""
-    env = f.environment(db_session)
+    env = f.queued_environment(db_session)
     task = f.tasks(db_session, env, 1, pass_rate=0.5, pass_rate_samples=8, difficulty="medium")[0]
     run = f.launch(db_session, env, curriculum=NO_READMISSION)
     _step(db_session, run, task, passes=8)
@@ -88,7 +88,7 @@ def test_a_task_of_true_rate_0_15_stays_in_the_band_after_one_all_fail_group(db_
     """One all-fail group (probability 0.27 at p = 0.15, G = 8) moved a task the job measured at 3 of 25 to
     0.096, out of [0.1, 0.9]. It leaves only once the run is 95 % sure it is below the band, and comes back
     once its rate is inside the band again (hysteresis)."""
-    env = f.environment(db_session)
+    env = f.queued_environment(db_session)
     hard = f.tasks(db_session, env, 1, pass_rate=0.12, pass_rate_samples=25, difficulty="hard")[0]
     f.tasks(db_session, env, 1, pass_rate=0.5, pass_rate_samples=8, difficulty="medium")
     run = f.launch(db_session, env, curriculum=NO_READMISSION)
@@ -129,7 +129,7 @@ def test_a_count_too_short_for_a_sure_bound_still_lets_a_task_leave() -> None:
 def test_readmission_goes_to_too_hard_tasks_while_there_is_one(db_session: Session) -> None:
     """Too-hard tasks are the ones a learning policy comes to solve; a too-easy task is readmitted only
     when no task is too hard."""
-    env = f.environment(db_session)
+    env = f.queued_environment(db_session)
     f.tasks(db_session, env, 2, pass_rate=0.5, pass_rate_samples=8, difficulty="medium")
     too_hard = f.tasks(db_session, env, 1, pass_rate=0.0, pass_rate_samples=8, difficulty="hard")[0]
     too_easy = f.tasks(db_session, env, 1, pass_rate=1.0, pass_rate_samples=8, difficulty="easy")[0]

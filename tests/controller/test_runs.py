@@ -11,7 +11,7 @@ from controller.runs import create_run, finish_run, get_run, resume_run, stop_ru
 from core.errors import ConfigError, NotFound
 from core.models import RunEnvironment
 from core.schemas import RunConfig
-from tests.controller import factories as f
+from tests import factories as f
 
 
 def _config(**values: object) -> RunConfig:
@@ -19,17 +19,17 @@ def _config(**values: object) -> RunConfig:
 
 
 def test_create_run_pins_versions_and_stores_the_resolved_config(db_session: Session) -> None:
-    alpha_v1 = f.environment(db_session, name="alpha")
-    alpha_v2 = f.environment(db_session, name="alpha", version=2)
-    beta_v1 = f.environment(db_session, name="beta")
-    f.environment(db_session, name="beta", version=2)
+    alpha_v1 = f.queued_environment(db_session, name="alpha")
+    alpha_v2 = f.queued_environment(db_session, name="alpha", version=2)
+    beta_v1 = f.queued_environment(db_session, name="beta")
+    f.queued_environment(db_session, name="beta", version=2)
     f.tasks(db_session, alpha_v1, 2)
     f.tasks(db_session, beta_v1, 2)
     config = _config(environments=[{"name": "alpha"}, {"name": "beta", "version": 1, "weight": 3}],
                      mode="sync", max_staleness=2, batch_size=4)
     run = create_run(db_session, config=config)
     db_session.commit()
-    f.environment(db_session, name="alpha", version=3)  # registered after launch: the run keeps v2
+    f.queued_environment(db_session, name="alpha", version=3)  # registered after launch: the run keeps v2
     db_session.commit()
 
     pinned = db_session.execute(
@@ -46,7 +46,7 @@ def test_create_run_pins_versions_and_stores_the_resolved_config(db_session: Ses
 
 
 def test_async_default_inflight_target_is_staleness_plus_one_batches(db_session: Session) -> None:
-    env = f.environment(db_session)
+    env = f.queued_environment(db_session)
     f.tasks(db_session, env, 1)
     run = create_run(db_session, config=_config(environments=[{"name": env.name}], max_staleness=2, batch_size=3))
     assert run.config["max_inflight_groups"] == 9
@@ -54,7 +54,7 @@ def test_async_default_inflight_target_is_staleness_plus_one_batches(db_session:
 
 
 def test_the_run_seed_seeds_the_trainer_unless_the_trainer_names_its_own(db_session: Session) -> None:
-    env = f.environment(db_session)
+    env = f.queued_environment(db_session)
     f.tasks(db_session, env, 1)
     seeded = create_run(db_session, config=_config(name="seeded", environments=[{"name": env.name}], seed=7))
     own = create_run(db_session, config=_config(name="own", environments=[{"name": env.name}], seed=7,
@@ -63,7 +63,7 @@ def test_the_run_seed_seeds_the_trainer_unless_the_trainer_names_its_own(db_sess
 
 
 def test_unknown_environment_or_version_is_not_found_with_a_readable_message(db_session: Session) -> None:
-    env = f.environment(db_session, name="alpha")
+    env = f.queued_environment(db_session, name="alpha")
     f.tasks(db_session, env, 1)
     with pytest.raises(NotFound, match=r"no environment named 'nope'; `crucible env ls` lists"):
         create_run(db_session, config=_config(environments=[{"name": "alpha"}, {"name": "nope"}]))
@@ -72,14 +72,14 @@ def test_unknown_environment_or_version_is_not_found_with_a_readable_message(db_
 
 
 def test_environment_with_no_task_in_the_split_is_refused(db_session: Session) -> None:
-    env = f.environment(db_session, name="alpha")
+    env = f.queued_environment(db_session, name="alpha")
     f.tasks(db_session, env, 2, split="test")
     with pytest.raises(NoEligibleTask, match=r"environment 'alpha' has no eligible task in split 'train': the split"):
         create_run(db_session, config=_config(environments=[{"name": "alpha"}]))
 
 
 def test_taken_name_and_duplicate_environments_are_config_errors(db_session: Session) -> None:
-    env = f.environment(db_session, name="alpha")
+    env = f.queued_environment(db_session, name="alpha")
     f.tasks(db_session, env, 1)
     create_run(db_session, config=_config(environments=[{"name": "alpha"}]))
     with pytest.raises(ConfigError, match=r"a run named 'r1' exists"):
@@ -89,7 +89,7 @@ def test_taken_name_and_duplicate_environments_are_config_errors(db_session: Ses
 
 
 def test_stop_and_resume(db_session: Session) -> None:
-    env = f.environment(db_session)
+    env = f.queued_environment(db_session)
     f.tasks(db_session, env, 1)
     run = f.launch(db_session, env)
     assert stop_run(db_session, run_id=run.id).status == "stopped"

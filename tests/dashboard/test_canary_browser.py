@@ -12,7 +12,7 @@ from core.canaries import canary_split
 from core.models import Episode
 from tests import factories
 from tests.dashboard.conftest import screenshot, sign_in
-from tests.trainer.rows import add_group, make_environment, make_run
+from tests.factories import add_group, make_environment, make_run
 from trainer.config import LossConfig
 from trainer.metrics import CANARY_REWARDED, batch_metrics
 from trainer.selection import StalenessRule

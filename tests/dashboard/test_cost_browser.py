@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy.orm import Session
 
 from tests.dashboard.conftest import screenshot, sign_in
+from tests.factories import make_run
 from tests.trainer.cost_steps import train_steps
-from tests.trainer.rows import make_run
 from trainer import cost
 
 pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install playwright)")

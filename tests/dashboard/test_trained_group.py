@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from core.models import EpisodeGroup, TrainingStep
 from tests.dashboard.conftest import screenshot, sign_in
-from tests.trainer.rows import add_group, make_environment, make_run
+from tests.factories import add_group, make_environment, make_run
 from trainer import metrics
 from trainer.loop import Trainer
 from trainer.selection import StalenessRule

@@ -1,5 +1,5 @@
 """The judge layer's parsing and spec, with the worst answers and values we can think of (no server:
-tests/task_workers/episode/test_judge.py runs it against a real vLLM)."""
+tests/environments/test_judge.py runs it against a real vLLM)."""
 
 from __future__ import annotations
 

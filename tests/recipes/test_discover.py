@@ -6,7 +6,7 @@ names, from a listing of two or three; a blind one (the trained family's instruc
 one file) reads a name drawn whatever the listing shows, so it reads the listed file about a fifth of
 the time, as any guess would. The end-to-end run (real vLLM, worker, trainer) is the demo's pipeline
 (tests/recipes/test_demo.py runs it in `make test`); this recipe's own end-to-end run is slow and runs
-with `make test-all`. tests/trainer/test_read_number.py checks the blind episodes' observations
+with `make test-all`. tests/environments/read_number/test_read_number.py checks the blind episodes' observations
 against a real sandbox's.
 """
 

@@ -10,7 +10,6 @@ from controller.evaluation import launch_eval
 from core.models import Run
 from core.schemas.run import CheckpointRef
 from tests import factories
-from tests.controller import factories as controller_factories
 
 Outcome = float | str
 """A counted episode's reward, or `failed` (an infrastructure fault) / `running` (not ended)."""
@@ -21,7 +20,7 @@ def seed_eval_run(session: Session, *, name: str, outcomes: list[list[Outcome]],
     """One held-out task per entry of `outcomes` (its k episodes' outcomes), an eval run over them with one
     group per task (of `checkpoint`, as `crucible eval launch --run R --step S` records one once loaded);
     committed."""
-    env = controller_factories.environment(session, name=name, kind="read_number")
+    env = factories.queued_environment(session, name=name, kind="read_number")
     tasks = [factories.task(session, env, split="test", difficulty=(difficulty or [None] * len(outcomes))[i])
              for i in range(len(outcomes))]
     run = launch_eval(session, model="scripted", environment=name, samples_per_task=len(outcomes[0]),

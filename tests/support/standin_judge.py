@@ -1,7 +1,7 @@
 """A deterministic stand-in for a judge server (an OpenAI-compatible `/v1/completions` over real HTTP),
 for tests where what is tested is the platform around the judge — which pairs are asked, in which
 orders, what is stored, when a group becomes claimable, what an outage does — not a model's choice (a
-real tiny vLLM judge answers arbitrarily; tests/task_workers/episode/test_judge.py runs one).
+real tiny vLLM judge answers arbitrarily; tests/environments/test_judge.py runs one).
 
     with serve_judge(prefers("GOOD")) as judge:     # judge.url, judge.prompts, judge.down = True,
         ...                                         # judge.max_prompt_chars = 5000 (longer: HTTP 400)

@@ -1,7 +1,7 @@
 """Real trainer steps that record their cost, for the cost tests (trainer, CLI, browser).
 
 The steps are the trainer's own (claim → score → advantages → update → record) on the real tiny
-model over synthetic episodes (tests.trainer.rows) whose `timings` are set as a task worker would
+model over synthetic episodes (tests.factories) whose `timings` are set as a task worker would
 write them; publishing to vLLM is left out (tests/trainer/test_training.py covers it).
 """
 
@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.models import Episode, TrainingStep
-from tests.trainer.rows import add_group, make_environment, make_run
+from tests.factories import add_group, make_environment, make_run
 from trainer.loop import Trainer
 from trainer.selection import StalenessRule
 from trainer.step import generate

@@ -24,7 +24,7 @@ from core.models import Episode, EpisodeGroup, Turn
 from core.schemas import RunConfig
 from core.termination import DropReason, GroupStatus
 from core.token_versions import decode, encode, from_spans
-from tests.trainer.rows import add_group, make_environment, make_run
+from tests.factories import add_group, make_environment, make_run
 from trainer import metrics
 from trainer.advantages import assign_advantages
 from trainer.config import LossConfig

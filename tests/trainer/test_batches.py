@@ -6,7 +6,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from core.models import EpisodeGroup, TrainingStep
-from tests.trainer.rows import add_group, make_environment, make_run
+from tests.factories import add_group, make_environment, make_run
 from trainer.config import LossConfig
 from trainer.rollouts import load_groups
 from trainer.selection import StalenessRule, plan_batch

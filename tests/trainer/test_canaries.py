@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 from core.canaries import canary_split
 from core.models import Episode
 from tests import factories
-from tests.trainer.rows import add_group, make_environment, make_run
+from tests.factories import add_group, make_environment, make_run
 from trainer.config import LossConfig
 from trainer.metrics import CANARY_EPISODES, CANARY_REWARD_MEAN, CANARY_REWARDED, batch_metrics
 from trainer.rollouts import load_groups

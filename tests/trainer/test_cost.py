@@ -87,7 +87,10 @@ def test_mfu_is_reported_against_a_known_peak(
 ) -> None:
     monkeypatch.setenv("CRUCIBLE_PEAK_FLOPS", "2e11")
     _, [row] = train_steps(db_session, model_dir=tiny_model_dir, tmp_path=tmp_path, steps=1)
-    assert row.metrics[cost.MFU] == pytest.approx(row.metrics[cost.FLOPS_PER_S] / 2e11, rel=1e-3)
+    # Metrics are stored to 6 decimals: on a slow (loaded) machine the MFU is ~1e-4 and that rounding alone
+    # is a relative 1e-2, so the bound is the rounding's, not a relative one.
+    assert row.metrics[cost.MFU] == pytest.approx(row.metrics[cost.FLOPS_PER_S] / 2e11, rel=1e-3, abs=1e-6)
+    assert row.metrics[cost.MFU] > 0
 
 
 @pytest.mark.parametrize("value", ["fast", "0", "-1e12", "nan"])

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from core.errors import ConfigError
 from environments.spec import parse_spec
 from tests import factories
-from tests.trainer.rows import add_group, make_run
+from tests.factories import add_group, make_run
 from trainer.advantages import assign_advantages, mix_layers, normalize_per_environment
 from trainer.config import LossConfig
 from trainer.rollouts import Group, Sample, load_groups

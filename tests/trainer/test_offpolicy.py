@@ -26,7 +26,7 @@ from core.models.task_rate import RunTaskRate
 from core.schemas import RunConfig
 from core.schemas.run import Curriculum, Sampling
 from task_workers.policy.client import PolicyClient
-from tests.trainer.rows import add_group, make_environment, make_run
+from tests.factories import add_group, make_environment, make_run
 from trainer import metrics
 from trainer.config import LoraConfig, TrainerConfig
 from trainer.engine import TorchEngine

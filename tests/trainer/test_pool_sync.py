@@ -29,7 +29,7 @@ from core.errors import ConfigError
 from core.models import PolicyVersion, Run
 from core.net import free_port
 from core.versions import Label
-from tests.trainer.rows import add_group, make_environment, make_run
+from tests.factories import add_group, make_environment, make_run
 from trainer.errors import WeightSyncError
 from trainer.loop import Trainer
 from trainer.probe import probe_token_ids, verify_sync

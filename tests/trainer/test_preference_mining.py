@@ -20,7 +20,7 @@ from core.episode_text import OBSERVATION_MARK
 from core.errors import NotFound
 from core.models import Environment, Episode, EpisodeGroup, Run, Task, Turn
 from tests import factories
-from tests.trainer.rows import add_group, make_environment, make_run
+from tests.factories import add_group, make_environment, make_run
 from trainer.errors import PreferenceDataError
 from trainer.preference_mining import mine_pairs
 

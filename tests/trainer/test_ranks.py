@@ -114,7 +114,7 @@ def test_several_ranks_without_deepspeed_are_refused_in_one_line_before_any_laun
     import subprocess
     import sys
 
-    from tests.trainer.rows import make_run
+    from tests.factories import make_run
 
     run = make_run(db_session, model=str(tiny_model_dir), group_size=2, batch_size=1)
     db_session.commit()

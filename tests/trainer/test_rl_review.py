@@ -23,7 +23,7 @@ from core.models import Episode
 from core.schemas.run import Curriculum, SuccessRule
 from core.termination import DropReason
 from environments.rewards import ZERO_VARIANCE_SPREAD, FlagPolicy
-from tests.trainer.rows import add_group, make_environment, make_run, synthetic_turns
+from tests.factories import add_group, make_environment, make_run, synthetic_turns
 from trainer import metrics
 from trainer import step as step_module
 from trainer.advantages import assign_advantages, mix_layers, normalize_per_environment

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from cli.main import app as cli
 from core.models import Episode, TrainingStep
 from core.step_points import empty_point, episode_points
-from tests.trainer.rows import add_group, make_environment, make_run
+from tests.factories import add_group, make_environment, make_run
 from trainer.store import record_step
 
 

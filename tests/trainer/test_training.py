@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,14 +24,12 @@ from core.models import Episode, EpisodeGroup, PolicyVersion, Run, Task, Trainin
 from core.store import insert_episode
 from core.termination import DropReason
 from core.versions import Label
-from environments.images import build_images
 from environments.service import register_environment
 from environments.spec import parse_spec
-from sandboxes import InMemoryEventSink, make_backend
 from task_workers.context import DockerSandboxes
 from task_workers.episode.runner import run_episode
 from task_workers.policy.client import PolicyClient
-from tests.trainer.rows import make_run
+from tests.factories import make_run
 from trainer import metrics
 from trainer.errors import WeightSyncError
 from trainer.logprobs import sequence_logprobs
@@ -55,17 +52,7 @@ ENV_SPEC = {
     "verifier": {"weights": {"answer": 1.0}},
 }
 
-
-@pytest.fixture(scope="module")
-def sandboxes() -> Iterator[DockerSandboxes]:
-    backend = make_backend("docker")
-    backend.ping()
-    cache = Path(os.environ.get("CRUCIBLE_TEST_IMAGE_CACHE", Path.home() / ".cache" / "crucible"))
-    build_images(names=["code-repo"], data_dir=cache)  # a no-op when the image is current
-    provider = DockerSandboxes(backend=backend, events=InMemoryEventSink(), worker="trainer-test", min_size=0,
-                               max_size=2)
-    yield provider
-    provider.close()
+SANDBOX_WORKER = "trainer-test"  # names this module's sandboxes (`module_sandboxes`: tests/support/sandbox_fixtures.py)
 
 
 def _server(vllm_server: VllmServer) -> PolicyServer:
@@ -116,7 +103,7 @@ def _vary_rewards(session: Session, run: Run) -> None:
 
 
 def test_recomputed_logprobs_match_vllm_and_a_step_publishes_after_the_probe(
-    db_session: Session, served_original: VllmServer, sandboxes: DockerSandboxes, tiny_model_dir: Path,
+    db_session: Session, served_original: VllmServer, module_sandboxes: DockerSandboxes, tiny_model_dir: Path,
     tokenizer: PreTrainedTokenizerBase, tmp_path: Path,
 ) -> None:
     vllm_server = served_original
@@ -125,7 +112,7 @@ def test_recomputed_logprobs_match_vllm_and_a_step_publishes_after_the_probe(
     db_session.commit()
     trainer = Trainer(run_id=run.id, publisher=_publisher(vllm_server, tokenizer), checkpoint_root=tmp_path / "ck")
     trainer.resume()  # pushes the starting weights as version 0 and probes them
-    _rollouts(db_session, run=run, vllm_server=vllm_server, sandboxes=sandboxes, groups=2, size=4)
+    _rollouts(db_session, run=run, vllm_server=vllm_server, sandboxes=module_sandboxes, groups=2, size=4)
     _vary_rewards(db_session, run)
 
     groups = load_groups(db_session, list(db_session.execute(
@@ -264,7 +251,7 @@ MID_GENERATION_SPEC = {**ENV_SPEC, "name": "read-number-sync", "limits": {
 
 @pytest.mark.slow  # ~3–5 min on 2 cores: real vLLM, a sync mid-episode; `make test-all` runs it
 def test_a_sync_mid_generation_is_bracketed_by_the_turns_versions_and_every_token_matches_its_weights(
-    db_session: Session, served_original: VllmServer, sandboxes: DockerSandboxes, tiny_model_dir: Path,
+    db_session: Session, served_original: VllmServer, module_sandboxes: DockerSandboxes, tiny_model_dir: Path,
     tokenizer: PreTrainedTokenizerBase,
 ) -> None:
     """Weights are pushed (load → probe → tag) while the real runner's multi-turn episode is generating:
@@ -289,7 +276,7 @@ def test_a_sync_mid_generation_is_bracketed_by_the_turns_versions_and_every_toke
 
             def attempt_episode(episode_id: int = episode_id, outcome: list[int | BaseException] = outcome) -> None:
                 try:
-                    outcome.append(_run_with_retries(episode_id, vllm_server=vllm_server, sandboxes=sandboxes))
+                    outcome.append(_run_with_retries(episode_id, vllm_server=vllm_server, sandboxes=module_sandboxes))
                 except BaseException as error:  # re-raised below, in the test's thread
                     outcome.append(error)
 
@@ -336,7 +323,7 @@ def test_a_sync_mid_generation_is_bracketed_by_the_turns_versions_and_every_toke
 
 @pytest.mark.slow  # ~2–3 min on 2 cores: real vLLM and episodes during a failing publish
 def test_a_failed_probe_keeps_the_old_version_serving_and_the_run_shows_why(
-    db_session: Session, served_original: VllmServer, sandboxes: DockerSandboxes, tiny_model_dir: Path,
+    db_session: Session, served_original: VllmServer, module_sandboxes: DockerSandboxes, tiny_model_dir: Path,
     tokenizer: PreTrainedTokenizerBase, tmp_path: Path,
 ) -> None:
     """The trainer's new weights reach vLLM, but the probe is made to fail (a tolerance no float32 pair
@@ -347,7 +334,7 @@ def test_a_failed_probe_keeps_the_old_version_serving_and_the_run_shows_why(
     import httpx
 
     from controller.progress import describe_run
-    from tests.trainer.rows import add_group, make_environment
+    from tests.factories import add_group, make_environment
     from trainer.probe import verify_sync
 
     vllm_server = served_original
@@ -363,7 +350,7 @@ def test_a_failed_probe_keeps_the_old_version_serving_and_the_run_shows_why(
     publisher.tolerance = 1e-12  # float32 on both sides agree to ~1e-7: this probe must fail
     [episode_id] = _episode_ids(db_session, run=run, spec={**ENV_SPEC, "name": "read-number-probe"})
     worker = threading.Thread(target=_run_with_retries, kwargs={
-        "episode_id": episode_id, "vllm_server": vllm_server, "sandboxes": sandboxes})
+        "episode_id": episode_id, "vllm_server": vllm_server, "sandboxes": module_sandboxes})
     worker.start()  # episodes keep running while the trainer's publish fails
     while worker.is_alive() and _requests_running(vllm_server) == 0:
         time.sleep(0.01)  # publish while a completion is being generated
@@ -403,7 +390,7 @@ def test_a_failed_probe_keeps_the_old_version_serving_and_the_run_shows_why(
 def _resume_run(session: Session, *, model: Path, vocab: int, trainer: dict | None = None) -> Run:
     """Eight complete groups with reward variance, batch size 2: four steps. The run is already
     `completed` (everything dispatched), so a trainer stops once it has consumed every group."""
-    from tests.trainer.rows import add_group, make_environment
+    from tests.factories import add_group, make_environment
 
     run = make_run(session, model=str(model), group_size=2, batch_size=2, max_staleness=4,
                    trainer=trainer or {"optimizer": {"lr": 1e-2}})
@@ -570,7 +557,7 @@ def test_sync_mode_waits_for_a_full_batch_of_the_current_version(
     db_session: Session, served_original: VllmServer, tiny_model_dir: Path, tokenizer: PreTrainedTokenizerBase,
     tmp_path: Path,
 ) -> None:
-    from tests.trainer.rows import add_group, make_environment
+    from tests.factories import add_group, make_environment
 
     run = make_run(db_session, model=str(tiny_model_dir), mode="sync", max_staleness=0, group_size=2, batch_size=2)
     env, task = make_environment(db_session)
@@ -622,7 +609,7 @@ def test_lora_and_zero3_steps_sync_merged_or_gathered_weights(
     tmp_path: Path, backend: dict,
 ) -> None:
     """vLLM gets full weights either way (LoRA merged, ZeRO-3 gathered); the probe proves it serves them."""
-    from tests.trainer.rows import add_group, make_environment
+    from tests.factories import add_group, make_environment
 
     run = make_run(db_session, model=str(tiny_model_dir), group_size=2, batch_size=1,
                    trainer={"optimizer": {"lr": 1e-2}, **backend})

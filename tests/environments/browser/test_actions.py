@@ -1,7 +1,7 @@
 """BrowserGym's action text and argument names (environments/browser/actions.py): what a BrowserGym
 agent writes becomes the kind's tool call, nothing in the text is evaluated, and every malformed or
 hostile action is one readable error the agent sees. The actions driven in a real browser:
-tests/task_workers/episode/test_browser_episodes.py."""
+tests/environments/browser/test_browser_episodes.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Blinding, attacked directly: the grader's real entry point and pytest run here, in a scratch workspace
-(the sandbox's own runs are in tests/task_workers/episode/test_red_team_blinded.py): what the traced
+(the sandbox's own runs are in tests/environments/code_repo/test_red_team_blinded.py): what the traced
 reference decides is expected, what the graded source keeps, how the worker judges every kind of check,
 and what it makes of hostile observations and of a process that rewrites its own report."""
 

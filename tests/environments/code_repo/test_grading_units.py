@@ -1,6 +1,6 @@
 """The pure parts of grading, attacked directly: the per-test scorer on hostile reports, the static
 monitors on every spelling of a cheat, and the task schema on option injection. (End-to-end, through
-real sandboxes: tests/task_workers/episode/test_red_team.py.)"""
+real sandboxes: tests/environments/code_repo/test_red_team.py.)"""
 
 from __future__ import annotations
 

@@ -11,8 +11,10 @@ from sqlalchemy import select
 from core.models import Turn
 from environments.parsing import hermes_call
 from sandboxes import labels as L
-from tests.task_workers.episode.conftest import CELERY_WORKER as WORKER
-from tests.task_workers.episode.conftest import FIX, make_episode, wait_ended
+from tests.factories import make_episode
+from tests.support.calc import FIX
+from tests.support.episode_fixtures import CELERY_WORKER as WORKER
+from tests.support.episode_fixtures import wait_ended
 
 # Sweeps, or runs a worker whose reaper sweeps, every crucible container on the machine: one xdist worker runs all of these.
 pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("docker-global")]

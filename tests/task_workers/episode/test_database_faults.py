@@ -22,8 +22,8 @@ from environments.service import register_environment
 from environments.spec import parse_spec
 from task_workers.policy.scripted import Reply
 from tests.api.live_server import crucible_env, live_api
+from tests.support.calc import FIX, env_spec
 from tests.support.processes import launch_calc_eval, spawn_crucible, stop_group
-from tests.task_workers.episode.conftest import FIX, env_spec
 
 # The worker's reaper sweeps every crucible container on the machine: with the other tests that do.
 pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("docker-global")]

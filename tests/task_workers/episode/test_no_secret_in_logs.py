@@ -20,8 +20,8 @@ from core.models import Task
 from environments.service import register_environment
 from environments.spec import parse_spec
 from tests.api.live_server import ROOT, crucible_command, crucible_env, live_api
+from tests.support.calc import FIX, env_spec
 from tests.support.processes import launch_calc_eval, spawn_crucible, stop_group
-from tests.task_workers.episode.conftest import FIX, env_spec
 
 # The worker's reaper sweeps every crucible container on the machine: with the other tests that do.
 pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("docker-global")]

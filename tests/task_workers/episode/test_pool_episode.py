@@ -15,7 +15,8 @@ from task_workers.episode.runner import run_episode
 from task_workers.policy.client import PolicyClient
 from task_workers.policy.pool import PolicyPool
 from task_workers.policy.scripted import Reply, ScriptedPolicy, serve
-from tests.task_workers.episode.conftest import FIX, make_episode
+from tests.factories import make_episode
+from tests.support.calc import FIX
 
 
 @pytest.fixture

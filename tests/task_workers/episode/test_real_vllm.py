@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 from core.models import Episode, Turn
 from task_workers.episode.runner import run_episode
 from task_workers.policy.client import PolicyClient, local_tokenizer, local_tokenizers
-from tests.task_workers.episode.conftest import make_episode
+from tests.factories import make_episode
 from trainer.serving import VllmServer
 
 
@@ -96,7 +96,7 @@ def test_the_run_seed_fixes_what_vllm_samples(db_session, tiny_vllm: VllmServer,
     from environments.service import register_environment
     from environments.spec import parse_spec
     from tests import factories
-    from tests.task_workers.episode.conftest import env_spec
+    from tests.support.calc import env_spec
 
     env, _ = register_environment(db_session, spec=parse_spec(env_spec(code_repo_image, max_turns=2,
                                                                       max_response_tokens=24)))

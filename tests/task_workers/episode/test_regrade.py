@@ -19,8 +19,8 @@ from core.models import Episode, EpisodeGroup, EpisodeRegrade
 from environments.code_repo import monitors, verifier
 from environments.parsing import hermes_call
 from task_workers.episode.regrade import parse_steps, regrade_run
-from tests.task_workers.episode.test_red_team import RIGHT, SUBMIT, WRONG, append, play
-from tests.task_workers.episode.test_red_team_blinded import FILE_ORACLE
+from tests.environments.code_repo.test_red_team import RIGHT, SUBMIT, WRONG, append, play
+from tests.environments.code_repo.test_red_team_blinded import FILE_ORACLE
 
 pytestmark = pytest.mark.docker
 

@@ -10,7 +10,8 @@ from core.models import Episode, EpisodeGroup, Turn
 from environments.parsing import hermes_call
 from task_workers.episode.runner import run_episode
 from task_workers.policy.scripted import IM_END
-from tests.task_workers.episode.conftest import FIX, make_episode
+from tests.factories import make_episode
+from tests.support.calc import FIX
 
 
 def _episode(session: Session, episode_id: int) -> Episode:

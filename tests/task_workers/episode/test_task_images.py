@@ -29,11 +29,10 @@ from environments.tasks import import_tasks, import_uploaded
 from sandboxes import InMemoryEventSink
 from sandboxes.docker_client import docker_api
 from sandboxes.events import EventKind
-from task_workers.context import DockerSandboxes
 from task_workers.episode.errors import TaskRefusedFault
 from task_workers.episode.runner import run_episode
 from tests import factories
-from tests.task_workers.episode.conftest import BUGGY, FIX, HIDDEN_TEST, PUBLIC_TEST, env_spec
+from tests.support.calc import BUGGY, FIX, HIDDEN_TEST, PUBLIC_TEST, env_spec
 
 pytestmark = pytest.mark.xdist_group("task-images")
 
@@ -148,18 +147,6 @@ def instance_images(code_repo_image: str, tmp_path_factory: pytest.TempPathFacto
     docker_api().remove_image(IMAGE, force=True)
 
 
-@pytest.fixture
-def events() -> InMemoryEventSink:
-    return InMemoryEventSink()
-
-
-@pytest.fixture
-def provider(backend, events) -> Iterator[DockerSandboxes]:
-    provider = DockerSandboxes(backend=backend, events=events, worker="test", min_size=0, max_size=4)
-    yield provider
-    provider.close()
-
-
 def _environment(session: Session, image: str, *, task_images: list[str]):
     spec = {**env_spec(image), "name": "swe-images", "task_images": task_images}
     env, _ = register_environment(session, spec=parse_spec(spec))
@@ -187,7 +174,7 @@ def _leaked(events: InMemoryEventSink) -> set[str]:
 
 
 def test_the_agent_and_every_grading_sandbox_run_on_the_tasks_own_image(
-        db_session, scripted, provider, events, policy_client, code_repo_image, instance_images) -> None:
+        db_session, scripted, sandboxes, events, policy_client, code_repo_image, instance_images) -> None:
     policy, _ = scripted
     image, base, path = instance_images["none"]
     env = _environment(db_session, code_repo_image, task_images=[f"{PREFIX}.*"])
@@ -197,8 +184,8 @@ def test_the_agent_and_every_grading_sandbox_run_on_the_tasks_own_image(
     right = _episode(db_session, env, _payload(image, base, path), "fix")
     wrong = _episode(db_session, env, _payload(image, base, path), "wrong")
 
-    assert run_episode(right, policy=policy_client, sandboxes=provider, worker="test").reward == pytest.approx(1.0)
-    assert run_episode(wrong, policy=policy_client, sandboxes=provider, worker="test").reward == pytest.approx(0.3)
+    assert run_episode(right, policy=policy_client, sandboxes=sandboxes, worker="test").reward == pytest.approx(1.0)
+    assert run_episode(wrong, policy=policy_client, sandboxes=sandboxes, worker="test").reward == pytest.approx(0.3)
     db_session.expire_all()
     episode = db_session.get(Episode, right)
     assert episode.reward_components == {"rules": 1.0, "public_tests": 1.0, "hidden_tests": 1.0}
@@ -207,12 +194,12 @@ def test_the_agent_and_every_grading_sandbox_run_on_the_tasks_own_image(
     # the agent's sandbox and the grader's fresh ones (public and hidden tests), both episodes: all of the image
     assert len(creates) >= 4 and {e.detail["image"] for e in creates} == {image}
     assert not _leaked(events)  # none pooled: every one was made for its episode and removed after it
-    assert provider._pools._pools == {}
+    assert sandboxes._pools._pools == {}
 
 
 @pytest.mark.parametrize("leak", ["fixed-tree", "swebench-setup"])
 def test_the_agent_sees_the_exported_base_and_never_the_images_repository(
-        db_session, scripted, provider, events, policy_client, code_repo_image, instance_images, leak) -> None:
+        db_session, scripted, sandboxes, events, policy_client, code_repo_image, instance_images, leak) -> None:
     """The fix sits in the image's working tree (hidden from git's index with assume-unchanged): the agent's
     workspace holds the base's file, from the base's objects, and the image's directory cannot be read."""
     policy, _ = scripted
@@ -222,7 +209,7 @@ def test_the_agent_sees_the_exported_base_and_never_the_images_repository(
                                        f"cat {path}/.git/HEAD; cat calc.py; ls build 2>&1; echo PEEKED")
     policy.scripts[f"peek-{leak}"] = [peek, *FIX]
     episode_id = _episode(db_session, env, _payload(image, base, path), f"peek-{leak}")
-    assert run_episode(episode_id, policy=policy_client, sandboxes=provider, worker="test").reward == pytest.approx(1.0)
+    assert run_episode(episode_id, policy=policy_client, sandboxes=sandboxes, worker="test").reward == pytest.approx(1.0)
     db_session.expire_all()
     (first, *_) = db_session.execute(select(Turn).where(Turn.episode_id == episode_id).order_by(Turn.index)).scalars()
     seen = first.observation
@@ -245,14 +232,14 @@ def test_the_agent_sees_the_exported_base_and_never_the_images_repository(
     ("changing-setup-commit", "has commits after the base .* that change files"),
 ])
 def test_an_image_that_keeps_what_came_after_the_base_is_refused(
-        db_session, scripted, provider, events, policy_client, code_repo_image, instance_images, leak, reason) -> None:
+        db_session, scripted, sandboxes, events, policy_client, code_repo_image, instance_images, leak, reason) -> None:
     policy, _ = scripted
     image, base, path = instance_images[leak]
     env = _environment(db_session, code_repo_image, task_images=[f"{PREFIX}.*"])
     policy.scripts[leak] = FIX
     episode_id = _episode(db_session, env, _payload(image, base, path), leak)
     with pytest.raises(TaskRefusedFault, match=reason) as refused:
-        run_episode(episode_id, policy=policy_client, sandboxes=provider, worker="test")
+        run_episode(episode_id, policy=policy_client, sandboxes=sandboxes, worker="test")
     assert not refused.value.retry and image in str(refused.value)
     assert policy.requests == 0  # refused before the agent's first turn
     db_session.expire_all()
@@ -261,7 +248,7 @@ def test_an_image_that_keeps_what_came_after_the_base_is_refused(
 
 
 def test_an_image_the_environment_does_not_allow_is_refused_at_import_and_at_play(
-        db_session, scripted, provider, policy_client, code_repo_image, instance_images, tmp_path) -> None:
+        db_session, scripted, sandboxes, policy_client, code_repo_image, instance_images, tmp_path) -> None:
     image, base, path = instance_images["none"]
     env = _environment(db_session, code_repo_image, task_images=["someone-else/*"])
     line = {"id": "t1", "instruction": "fix add", "image": image, "repo": {"format": "image", "commit": base},
@@ -271,7 +258,7 @@ def test_an_image_the_environment_does_not_allow_is_refused_at_import_and_at_pla
     # stored anyway (by hand, as an older spec allowed it): the episode's spec refuses it, not retried
     episode_id = _episode(db_session, env, _payload(image, base, path), "not-allowed")
     with pytest.raises(TaskRefusedFault, match="task_images allows"):
-        run_episode(episode_id, policy=policy_client, sandboxes=provider, worker="test")
+        run_episode(episode_id, policy=policy_client, sandboxes=sandboxes, worker="test")
 
 
 @pytest.mark.parametrize("image", ["--privileged", "Upper/case", "a b", "x;rm -rf /", "img\n", "a" * 400, "../etc:tag",
@@ -300,7 +287,7 @@ def test_an_image_repository_is_named_by_a_full_commit_and_an_absolute_path(db_s
 
 
 def test_a_swebench_file_imports_onto_each_instances_image_and_grades_there(
-        db_session, scripted, provider, events, policy_client, code_repo_image, instance_images, tmp_path) -> None:
+        db_session, scripted, sandboxes, events, policy_client, code_repo_image, instance_images, tmp_path) -> None:
     policy, _ = scripted
     image, base, path = instance_images["none"]
     assert image == f"{PREFIX}.acme_1776_calc-1:{TAG}" and path == "/testbed"
@@ -327,6 +314,6 @@ def test_a_swebench_file_imports_onto_each_instances_image_and_grades_there(
     policy.scripts["swe"] = FIX
     _, (episode_id,) = factories.pending_group(db_session, env=env, the_task=task, name="run-swe")
     db_session.commit()
-    outcome = run_episode(episode_id, policy=policy_client, sandboxes=provider, worker="test")
+    outcome = run_episode(episode_id, policy=policy_client, sandboxes=sandboxes, worker="test")
     assert outcome.reward == pytest.approx(1.0)
     assert {e.detail["image"] for e in events.events if e.kind is EventKind.CREATE} == {image}

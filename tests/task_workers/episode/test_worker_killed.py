@@ -28,9 +28,9 @@ from environments.spec import parse_spec
 from sandboxes import labels as L
 from task_workers.celery_app import create_app
 from task_workers.policy.scripted import Reply
+from tests.support.calc import FIX, env_spec
 from tests.support.polling import wait_for
 from tests.support.processes import stop_group
-from tests.task_workers.episode.conftest import FIX, env_spec
 
 # Sweeps, or runs a worker whose reaper sweeps, every crucible container on the machine: one xdist worker runs all of these.
 pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("docker-global")]

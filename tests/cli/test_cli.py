@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from cli.controller import controller, runs_app
 from core.models import Environment
-from tests.controller import factories as f
+from tests import factories as f
 
 app = typer.Typer()
 app.command()(controller)
@@ -29,7 +29,7 @@ def _invoke(*args: str) -> object:
 
 @pytest.fixture
 def env(db_session: Session) -> Environment:
-    env = f.environment(db_session, name="bugs")
+    env = f.queued_environment(db_session, name="bugs")
     f.tasks(db_session, env, 2)
     db_session.commit()
     return env

@@ -17,7 +17,7 @@ from sandboxes.labels import Owner
 # Sweeps, or runs a worker whose reaper sweeps, every crucible container on the machine: one xdist worker runs all of these.
 pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("docker-global")]
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 OWNER_SCRIPT = textwrap.dedent(
     """

@@ -10,7 +10,7 @@ import pytest
 from environments.base import ToolCall
 from environments.code_repo.tools import SHELL_TRANSFER_MAX, execute_tool
 from environments.spec import parse_spec
-from tests.task_workers.episode.conftest import env_spec
+from tests.support.calc import env_spec
 
 pytestmark = pytest.mark.docker
 

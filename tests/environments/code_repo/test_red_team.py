@@ -27,7 +27,7 @@ from environments.spec import load_spec_file, parse_spec
 from environments.tasks import import_tasks
 from task_workers.episode.runner import run_episode
 from tests import factories
-from tests.task_workers.episode.calc_red import CALC, WEIGHTS
+from tests.support.calc_red import CALC, WEIGHTS
 
 pytestmark = pytest.mark.docker
 

@@ -32,7 +32,7 @@ from sandboxes.events import EventKind
 from task_workers.context import DockerSandboxes
 from task_workers.episode.runner import run_episode
 from tests import factories
-from tests.task_workers.episode.test_factory import _broken, _installed, _spec
+from tests.environments.code_repo.test_factory import _broken, _installed, _spec
 
 ROOT = Path(__file__).resolve().parents[3]
 NAME = "factory-deps"

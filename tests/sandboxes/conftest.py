@@ -1,7 +1,6 @@
-"""Fixtures for the sandbox tests: the real dockerd, images built once, and a no-leak guarantee.
+"""Fixtures for the sandbox tests: the specs they make sandboxes of, and a no-leak guarantee. (The real
+dockerd, the images built once and `events` are the suite's: tests/support/sandbox_fixtures.py.)
 
-Images are built by content hash (a no-op when the tags exist); the debootstrap rootfs is cached in
-CRUCIBLE_TEST_IMAGE_CACHE (default ~/.cache/crucible) so a machine pays for debootstrap only once.
 After the session, every container this test session made must be gone: the finalizer removes
 leftovers by label (owner = this process, or the CLI test's env label) and then fails the session
 if there were any. Containers of other processes on the machine are never touched.
@@ -16,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sandboxes import ContainerInfo, InMemoryEventSink, SandboxSpec, make_backend
+from sandboxes import ContainerInfo, SandboxSpec, make_backend
 from sandboxes.errors import BackendUnavailable
 from sandboxes.labels import ENV
 
@@ -36,11 +35,6 @@ def base_spec(sandbox_images: dict[str, str]) -> SandboxSpec:
 @pytest.fixture(scope="session")
 def repo_spec(base_spec: SandboxSpec, sandbox_images: dict[str, str]) -> SandboxSpec:
     return base_spec.model_copy(update={"image": sandbox_images["code-repo"], "workspace_seed": "/opt/seed"})
-
-
-@pytest.fixture
-def events() -> InMemoryEventSink:
-    return InMemoryEventSink()
 
 
 CLI_ENV_LABEL = f"cli{os.getpid()}"  # test_sandbox_cli.py's detached sandboxes (per process: xdist workers; short: `ls` shows it in a table column)

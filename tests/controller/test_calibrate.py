@@ -29,7 +29,7 @@ from sandboxes import labels as L
 from task_workers.policy.scripted import ScriptedPolicy, serve
 from tests import factories
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 SPEC = {"name": "calibrate-read-number", "kind": "read_number", "image": "code-repo",
         "sandbox": {"memory": "256m", "pids": 64, "workspace_size": "16m", "tmp_size": "16m", "max_lifetime_s": 600},
         "limits": {"max_turns": 3, "episode_timeout_s": 60, "tool_timeout_s": 5, "max_tool_errors": 2},

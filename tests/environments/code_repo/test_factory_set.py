@@ -36,8 +36,8 @@ from environments.spec import parse_spec
 from recipes.factory import PACKAGES
 from task_workers.episode.runner import run_episode
 from tests import factories
-from tests.task_workers.episode.conftest import wait_ended
-from tests.task_workers.episode.test_red_team import HACKS, UNFLAGGED_HACKS
+from tests.environments.code_repo.test_red_team import HACKS, UNFLAGGED_HACKS
+from tests.support.episode_fixtures import wait_ended
 
 # The Celery worker's reaper sweeps every crucible container on the machine: test_celery's group.
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("docker-global")]

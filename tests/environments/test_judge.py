@@ -20,7 +20,8 @@ from environments.judge import Judge, JudgeUnavailable, parse_score
 from environments.parsing import hermes_call
 from environments.spec import JudgeConfig
 from task_workers.episode.runner import run_episode
-from tests.task_workers.episode.conftest import FIX, make_episode
+from tests.factories import make_episode
+from tests.support.calc import FIX
 from trainer.serving import VllmServer
 
 RUBRIC = "The agent fixes the bug with the smallest change and checks it with the tests."
@@ -110,7 +111,7 @@ def _judged_episode(db_session, *, image: str, payload: dict, script: str, judge
     from core.models import Environment
     from environments.service import register_environment
     from environments.spec import parse_spec
-    from tests.task_workers.episode.conftest import env_spec
+    from tests.support.calc import env_spec
 
     spec = env_spec(image)
     spec["verifier"] = {**spec["verifier"], "weights": {**spec["verifier"]["weights"], "judge": 0.5}, "judge": judge,

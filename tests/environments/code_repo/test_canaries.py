@@ -31,8 +31,8 @@ from environments.service import register_environment
 from environments.spec import parse_spec
 from task_workers.episode.runner import run_episode
 from tests import factories
-from tests.task_workers.episode.calc_red import WEIGHTS
-from tests.task_workers.episode.test_red_team import ALWAYS_EQUAL, RIGHT, SUBMIT, play
+from tests.environments.code_repo.test_red_team import ALWAYS_EQUAL, RIGHT, SUBMIT, play
+from tests.support.calc_red import WEIGHTS
 from trainer.config import LossConfig
 from trainer.metrics import batch_metrics
 from trainer.selection import StalenessRule

@@ -4,22 +4,16 @@ are token for token what the runner stores for the same actions."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.models import Episode, EpisodeGroup, Run, Task, Turn
 from core.store import insert_episode
-from environments.images import build_images
 from environments.parsing import hermes_call
 from environments.read_number.task import make_tasks
 from environments.service import register_environment
 from environments.spec import parse_spec
-from sandboxes import InMemoryEventSink, make_backend
 from task_workers.context import DockerSandboxes
 from task_workers.episode.runner import run_episode
 from task_workers.policy.client import PolicyClient
@@ -30,17 +24,7 @@ SPEC = {"name": "read-number-scripted", "kind": "read_number", "image": "code-re
         "limits": {"max_turns": 3, "episode_timeout_s": 60, "tool_timeout_s": 5, "max_tool_errors": 2},
         "verifier": {"weights": {"answer": 1.0}}}
 
-
-@pytest.fixture(scope="module")
-def sandboxes() -> Iterator[DockerSandboxes]:
-    backend = make_backend("docker")
-    backend.ping()
-    build_images(names=["code-repo"], data_dir=Path(os.environ.get("CRUCIBLE_TEST_IMAGE_CACHE",
-                                                                  Path.home() / ".cache" / "crucible")))
-    provider = DockerSandboxes(backend=backend, events=InMemoryEventSink(), worker="read-number-test", min_size=0,
-                               max_size=2)
-    yield provider
-    provider.close()
+SANDBOX_WORKER = "read-number-test"  # names this module's sandboxes (`module_sandboxes`: tests/support/sandbox_fixtures.py)
 
 
 def _episode(session: Session, *, script: str) -> int:
@@ -67,13 +51,13 @@ def _episode(session: Session, *, script: str) -> int:
     ([hermes_call("submit", answer="4821")], 1.0),  # a lucky guess is still right: the verifier checks the answer
 ])
 def test_reading_and_submitting_the_number_is_rewarded(
-    db_session: Session, sandboxes: DockerSandboxes, script: list[str], reward: float,
+    db_session: Session, module_sandboxes: DockerSandboxes, script: list[str], reward: float,
 ) -> None:
     policy = ScriptedPolicy({"s": script})
     with serve(policy) as url:
         client = PolicyClient(base_url=url, retries=1, backoff_s=0.05)
         episode_id = _episode(db_session, script="s")
-        run_episode(episode_id, policy=client, sandboxes=sandboxes, worker="test")
+        run_episode(episode_id, policy=client, sandboxes=module_sandboxes, worker="test")
         client.close()
     db_session.expire_all()
     episode = db_session.get(Episode, episode_id)
@@ -86,7 +70,7 @@ def test_reading_and_submitting_the_number_is_rewarded(
 
 
 def test_the_discover_workspace_prints_what_the_sandbox_prints(
-    db_session: Session, sandboxes: DockerSandboxes,
+    db_session: Session, module_sandboxes: DockerSandboxes,
 ) -> None:
     """recipes/discover.py renders its demonstrations' turns without a sandbox, and bench/discover_proxy.py
     plays against the same `Workspace`: the listing of the one file, the failed `cat` and the one that
@@ -98,7 +82,7 @@ def test_the_discover_workspace_prints_what_the_sandbox_prints(
     with serve(ScriptedPolicy({"blind": script})) as url:
         client = PolicyClient(base_url=url, retries=1, backoff_s=0.05)
         episode_id = _episode(db_session, script="blind")
-        run_episode(episode_id, policy=client, sandboxes=sandboxes, worker="test")
+        run_episode(episode_id, policy=client, sandboxes=module_sandboxes, worker="test")
         client.close()
     db_session.expire_all()
     turns = db_session.execute(select(Turn).where(Turn.episode_id == episode_id).order_by(Turn.index)).scalars().all()

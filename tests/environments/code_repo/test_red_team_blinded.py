@@ -16,8 +16,8 @@ import json
 import pytest
 
 from environments.parsing import hermes_call
-from tests.task_workers.episode.calc_red import CALC
-from tests.task_workers.episode.test_red_team import SUBMIT, WRONG, append, play
+from tests.environments.code_repo.test_red_team import SUBMIT, WRONG, append, play
+from tests.support.calc_red import CALC
 
 pytestmark = pytest.mark.docker
 

@@ -31,12 +31,12 @@ from environments.service import register_environment
 from environments.spec import parse_spec
 from sandboxes import labels as L
 from tests import factories
-from tests.task_workers.episode.conftest import HIDDEN_TEST, env_spec
+from tests.support.calc import HIDDEN_TEST, env_spec
 
 openenv = pytest.importorskip("openenv.core.generic_client", reason="needs openenv-core (scripts/setup.sh)")
 
 pytestmark = pytest.mark.docker
-ROOT = Path(__file__).parents[3]
+ROOT = Path(__file__).parents[2]
 NAME = "openenv-calc"
 SESSIONS = 8
 
