@@ -60,6 +60,13 @@ class RecipeSettings:
     lr: float = 1e-4
     eval_samples: int = 4
     """Episodes per held-out task in each evaluation."""
+    raw_eval_samples: int = 1
+    """Episodes per held-out task in the evaluation of a pretrained model as imported (`learn`): before
+    any warm-up it has not seen the environment's tool format, and its answers run to the token limit,
+    so one episode a task says what four would at a quarter of the time."""
+    episodes_at_once: int = 4
+    """The task worker's concurrency: episodes played at once, so vLLM's batch (a group of 8 at once
+    keeps a CPU server's batch full; each is a sandbox of the pool, at most 8)."""
     sft_lr: float = 3e-3
     sloppy_steps: int = 10
     sloppy_lr: float = 3e-4
@@ -292,6 +299,8 @@ class Processes:
     (float32, 1 GiB, vLLM's own cores)."""
     serving: str = "the warmed-up model"
     """What vLLM serves, in the words its stage prints."""
+    episodes_at_once: int = 4
+    """The worker's concurrency (RecipeSettings.episodes_at_once)."""
     _sigterm: Any = None
 
     def __enter__(self) -> Processes:
@@ -320,7 +329,8 @@ class Processes:
         self.server.start()
         self.console.print(f"  {self.server.api_url} healthy after {time.monotonic() - started:.0f} s")
         env = {"CRUCIBLE_POLICY_URL": self.server.api_url, "CRUCIBLE_POLICY_TOKENIZER": str(self.served_dir),
-               "CRUCIBLE_WORKER_CONCURRENCY": "4", "CRUCIBLE_SANDBOX_POOL_MIN": "4", "CRUCIBLE_SANDBOX_POOL_MAX": "8"}
+               "CRUCIBLE_WORKER_CONCURRENCY": str(self.episodes_at_once),
+               "CRUCIBLE_SANDBOX_POOL_MIN": str(min(self.episodes_at_once, 8)), "CRUCIBLE_SANDBOX_POOL_MAX": "8"}
         self.spawn("worker", [sys.executable, "-m", "cli.main", "worker", "-Q", self.queues], env)
         self.spawn("controller", [sys.executable, "-m", "cli.main", "controller", "--poll", "0.5"], env)
         return self
@@ -421,8 +431,9 @@ class Held:
 
 
 def evaluate(procs: Processes, *, settings: RecipeSettings, model: str, label: str, console: Console,
-             environment: str, prefix: str) -> Held:
-    """An eval run over every held-out task (`eval_samples` episodes each: controller.evaluation.launch_eval),
+             environment: str, prefix: str, samples: int | None = None) -> Held:
+    """An eval run over every held-out task (`samples`, default `eval_samples`, episodes each:
+    controller.evaluation.launch_eval),
     through controller and worker; its report is api.services.run_eval's, as `crucible eval show` prints it."""
     from api.services.run_eval import eval_report
     from controller.evaluation import launch_eval
@@ -430,7 +441,7 @@ def evaluate(procs: Processes, *, settings: RecipeSettings, model: str, label: s
 
     started = stage(console, f"held-out evaluation ({label})")
     with session_scope() as session:
-        run_id = launch_eval(session, model=model, environment=environment, samples_per_task=settings.eval_samples,
+        run_id = launch_eval(session, model=model, environment=environment, samples_per_task=samples or settings.eval_samples,
                              seed=settings.seed, name=f"{prefix}-eval-{label}-{time.strftime('%H%M%S')}",
                              max_inflight_groups=8).id
     _wait_run(run_id, procs=procs, stall_s=600)
@@ -485,6 +496,7 @@ def learn(settings: RecipeSettings, *, path: Path, warm: Path, environment: str,
 
     def processes(served_dir: Path, serving: str) -> Processes:
         return Processes(workdir=path, served_dir=served_dir, console=console, serving=serving,
+                         episodes_at_once=settings.episodes_at_once,
                          startup_timeout_s=settings.vllm_startup_s, max_model_len=max_model_len, queues=queues,
                          sizing=sized(settings, path, max_model_len=max_model_len))
 
@@ -492,7 +504,7 @@ def learn(settings: RecipeSettings, *, path: Path, warm: Path, environment: str,
     if settings.model is not None:
         with processes(settings.model, "the model as imported (no warm-up)") as procs:
             raw = evaluate(procs, settings=settings, model=str(settings.model), label="raw", console=console,
-                           environment=environment, prefix=prefix)
+                           environment=environment, prefix=prefix, samples=settings.raw_eval_samples)
     with processes(served, "the warmed-up model") as procs:
         def held_out(label: str) -> Held:
             return evaluate(procs, settings=settings, model=str(served), label=label, console=console,
