@@ -218,6 +218,7 @@ def factory(
     of the package's own tests catch while the rest pass (docs/environments/task-factory.md)."""
     from environments.code_repo.factory import FactoryOptions, run_factory
     from environments.code_repo.factory.requirements import check_requirements
+    from environments.code_repo.kind import CodeRepoKind
     from environments.spec import EnvironmentSpec
     from sandboxes import make_backend
     from sandboxes.db_events import DbEventSink
@@ -232,12 +233,12 @@ def factory(
         if environment is not None:
             with session_scope() as session:
                 registered = get_environment(session, name=environment)
-                if registered.kind != "code_repo":
+                if registered.kind != CodeRepoKind.name:
                     raise ConfigError(f"--env: expected a code_repo environment, got {environment!r} (a "
                                       f"{registered.kind} environment)")
                 spec = EnvironmentSpec.model_validate(registered.spec)
         else:
-            spec = EnvironmentSpec.model_validate({"name": "task-factory", "kind": "code_repo", "image": "code-repo"})
+            spec = EnvironmentSpec.model_validate({"name": "task-factory", "kind": CodeRepoKind.name, "image": "code-repo"})
     options = FactoryOptions(max_mutations=max_mutations, seed=seed, jobs=jobs, split=split, requirements=tuple(extra))
     sandboxes = DockerSandboxes(backend=make_backend("docker"), events=DbEventSink(), worker=f"task-factory-{os.getpid()}",
                                 min_size=0, max_size=jobs + 1)

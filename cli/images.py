@@ -84,7 +84,7 @@ def openenv(
                                   f"{names} and requirements {requirements or []}")
             from pydantic import ValidationError
 
-            from environments.spec import OpenEnvSettings
+            from environments.openenv.config import OpenEnvSettings
 
             try:
                 OpenEnvSettings(app=app_)  # the spec's own check of the app's spelling

@@ -36,7 +36,7 @@ from sandboxes.spec import SandboxSpec
 app = typer.Typer(help="Docker sandboxes: list, create, exec, copy, inspect, remove.", no_args_is_help=True)
 
 
-app.command("browser")(sandbox_browser.browser)  # its options and checks live in cli/sandbox_browser.py
+app.command()(sandbox_browser.browser)  # `sandbox browser`: its options and checks live in cli/sandbox_browser.py
 
 
 def _backend() -> SandboxBackend:

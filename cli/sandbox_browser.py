@@ -228,9 +228,10 @@ def _write_png(path: Path, data: str) -> None:
 def _create(backend: Any, *, image: str | None, keep: bool, lifetime: int, env_name: str | None) -> Sandbox:
     if image is None:
         from core.settings import get_settings
+        from environments.browser.kind import IMAGE
         from environments.images import image_tag
 
-        image = image_tag("browser", base_image=get_settings().sandbox_base_image)
+        image = image_tag(IMAGE, base_image=get_settings().sandbox_base_image)
     spec = SandboxSpec(image=image, max_lifetime_s=lifetime if keep else RUN_LIFETIME_S, **BROWSER_SANDBOX)
     if keep:  # no owner: it outlives this command, until its lifetime or `sandbox rm`
         return admin.create_detached(backend, spec=spec, env_name=env_name)

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from core.canaries import PREFIX, canary_split
 from core.models import Environment, Task
 from environments.code_repo.canary import canary_variant
+from environments.code_repo.kind import CodeRepoKind
 
 
 def is_canary_group(*, run_id: int, seed: int, group_index: int, rate: float, after: int = 0) -> bool:
@@ -35,7 +36,7 @@ def canary_task_id(session: Session, *, task_id: int) -> int | None:
         return None
     kind = session.execute(select(Environment.kind).where(Environment.name == task.environment_name)
                            .order_by(Environment.version.desc()).limit(1)).scalar_one_or_none()
-    if kind != "code_repo":
+    if kind != CodeRepoKind.name:
         return None
     external_id = (PREFIX + task.external_id)[:256]
     existing = session.execute(select(Task.id).where(Task.environment_name == task.environment_name,

@@ -17,7 +17,9 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
+
+from pydantic import BaseModel
 
 from environments.spec import EnvironmentSpec
 from sandboxes.backend import ExecResult
@@ -162,17 +164,50 @@ class Sandbox(Protocol):
 OpenSandbox = Callable[[], AbstractContextManager[Sandbox]]
 
 
-class EnvironmentKind(Protocol):
-    """One kind of environment (code_repo, browser, …)."""
+OpenImage = Callable[[str], AbstractContextManager[Sandbox]]
 
+
+class EnvironmentKind(Protocol):
+    """One kind of environment (code_repo, browser, …): a folder of its own under environments/ and one line
+    in environments/registry.py. What the platform asks of a kind beyond an episode's steps is here too —
+    its spec section, its task formats, an example payload, a default instruction, a `prepare` step —
+    so that no module outside the kind's folder branches on its name. `Kind` gives the defaults."""
+
+    name: ClassVar[str]
+    """The kind's name in specs (`kind: …`), the registry and the Celery queue its episodes use."""
     default_weights: dict[str, float]
     """Each layer's weight when the spec names none (environments.rewards.layer_weights)."""
+    config_model: ClassVar[type[BaseModel] | None]
+    """The model of the kind's own spec section, written under the kind's name (`browser: {…}`); None: none."""
+    formats: ClassVar[tuple[str, ...]]
+    """The task formats an environment of this kind imports (environments.tasks); `crucible` first."""
+    example: ClassVar[str | None]
+    """A task payload to show in an error, for a kind whose tasks are payload lines (environments.task_lines);
+    None: the kind reads task files of its own (code_repo's repositories)."""
+    task_images: ClassVar[bool]
+    """Whether a task may name an image of its own (the spec's `task_images` then says which)."""
 
     def __init__(self, spec: EnvironmentSpec) -> None: ...
+
+    @classmethod
+    def check_spec(cls, spec: EnvironmentSpec) -> None:
+        """The kind's own rules on a whole spec, at registration (raise ValueError saying what was expected)."""
+        ...
 
     @staticmethod
     def parse_task(payload: dict[str, Any]) -> Any:
         """The task a stored payload describes (a pydantic model); raises pydantic's ValidationError."""
+        ...
+
+    @staticmethod
+    def default_instruction(task: Any) -> str | None:
+        """A task line's instruction when it gives none; None: the line must give one."""
+        ...
+
+    @staticmethod
+    def prepare(*, task: Any, open_image: OpenImage) -> Any:
+        """Before any sandbox of the episode: the task as its sandboxes need it (code_repo: the repository a
+        task's own image holds, exported in a sandbox of that image, `open_image`)."""
         ...
 
     def tools(self) -> list[dict[str, Any]]:
@@ -198,3 +233,27 @@ class EnvironmentKind(Protocol):
         Raises GraderFault only for faults of the machine."""
         ...
 
+
+
+class Kind:
+    """The defaults of EnvironmentKind's optional parts, for a kind to inherit: no section of its own, the
+    `crucible` task format, no example payload (so no payload lines), no task images, no rules beyond the
+    spec's, no default instruction, no `prepare` step."""
+
+    name: ClassVar[str]
+    config_model: ClassVar[type[BaseModel] | None] = None
+    formats: ClassVar[tuple[str, ...]] = ("crucible",)
+    example: ClassVar[str | None] = None
+    task_images: ClassVar[bool] = False
+
+    @classmethod
+    def check_spec(cls, spec: EnvironmentSpec) -> None:
+        return None
+
+    @staticmethod
+    def default_instruction(task: Any) -> str | None:
+        return None
+
+    @staticmethod
+    def prepare(*, task: Any, open_image: OpenImage) -> Any:
+        return task

@@ -22,8 +22,10 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    SerializerFunctionWrapHandler,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -174,77 +176,6 @@ class VerifierConfig(BaseModel):
         return self
 
 
-class BrowserSettings(BaseModel):
-    """The `browser` section of a browser environment's spec."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    viewport: tuple[Annotated[int, Field(ge=100, le=4096)], Annotated[int, Field(ge=100, le=4096)]] = (800, 600)
-    """Width and height of the page in CSS pixels."""
-    screenshots: Literal["none", "opening", "every_turn"] = "every_turn"
-    """When a screenshot is taken and stored with the turn (the dashboard shows it; the policy sees text)."""
-    tree: Literal["crucible", "browsergym"] = "crucible"
-    """How the accessibility tree is written: `crucible`, two spaces a level; `browsergym`, as BrowserGym's
-    flatten_axtree_to_str writes it (a tab a level, `value='…'` after the name)."""
-    reward: Literal["raw", "success"] = "raw"
-    """A MiniWoB++ page's reward: `raw`, the page's own in [-1, 1] (partial credit kept, a wrong try costs
-    more than giving up); `success`, 1 when that raw reward is > 0 and else 0 (BrowserGym's success)."""
-
-
-RESERVED_ENV_PREFIXES = ("LD_", "PYTHON", "HF_", "UVICORN_")
-RESERVED_ENV = ("PATH", "HOME", "TMPDIR", "LANG")
-
-
-class OpenEnvSettings(BaseModel):
-    """The `openenv` section of an openenv environment's spec: which OpenEnv server its image runs."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    app: str = Field(min_length=3, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")
-    """The environment's ASGI app, `module:attribute` (what `uvicorn` is given), importable from `app_dir`."""
-    app_dir: str = Field(default="/opt/openenv", max_length=256, pattern=r"^/[A-Za-z0-9_./-]*$")
-    """The server's working directory in the image (environments/openenv/images.py puts files there)."""
-    env: dict[Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Z_][A-Z0-9_]*$")],
-              Annotated[str, Field(max_length=4096)]] = Field(default_factory=dict, max_length=32)
-    """Environment variables of the server (its dataset path, its own reward settings); not the loader's,
-    the interpreter's or the bridge's own (LD_*, PYTHON*, PATH, HOME, TMPDIR, HF_*)."""
-    tool: str = Field(default="act", min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$")
-    """The name of the one tool the agent calls; its parameters are the environment's action schema."""
-    reward: Literal["last", "sum"] = "last"
-    """The `openenv` layer's score: the reward of the episode's last observation, or the sum over its steps."""
-    require_done: bool = False
-    """Whether an episode must reach an observation that says `done` to be paid: one that ends before (the
-    turn limit, malformed calls after a well-paid step) earns `no_action_reward`. For an environment whose
-    last step carries the verdict (DIPG's one answer)."""
-    server: Literal["kept", "per_episode"] = "kept"
-    """`kept`: one server for the sandbox's life, a new WebSocket session (a new instance) per episode;
-    `per_episode`: a new server process per episode, for environments that run the agent's code in their own
-    process or keep state at module level."""
-    no_action_reward: float = Field(default=0.0, ge=-1e6, le=1e6, allow_inf_nan=False)
-    """The layer's score when the environment never scored the episode: no action reached it (every call
-    malformed or refused), its server failed on the agent's action, it gave no finite reward, or (with
-    `require_done`) the episode ended before `done`. Set it to the environment's own price of a response it cannot
-    read when its rewards go below 0 (DIPG's is −50), or a policy learns that saying nothing beats a wrong
-    answer."""
-
-    @field_validator("app_dir")
-    @classmethod
-    def _in_the_image(cls, value: str) -> str:
-        if ".." in value.split("/") or not value.startswith("/opt/"):
-            raise ValueError(f"expected a folder of the image under /opt without '..' (where the image builder "
-                             f"puts it; nothing the sandbox can write), got {value!r}")
-        return value
-
-    @field_validator("env")
-    @classmethod
-    def _not_the_interpreters(cls, value: dict[str, str]) -> dict[str, str]:
-        reserved = sorted(name for name in value if name.startswith(RESERVED_ENV_PREFIXES) or name in RESERVED_ENV)
-        if reserved:
-            raise ValueError(f"expected the server's own settings, got {', '.join(reserved)} (the loader's, the "
-                             f"interpreter's or the bridge's)")
-        return value
-
-
 class EnvironmentSpec(BaseModel):
     """A registered environment. Immutable once registered: a change is a new version."""
 
@@ -263,10 +194,11 @@ class EnvironmentSpec(BaseModel):
     limits: Limits = Field(default_factory=Limits)
     verifier: VerifierConfig = Field(default_factory=VerifierConfig)
     system_prompt: str | None = Field(default=None, max_length=256 * 1024)
-    browser: BrowserSettings | None = None
-    """Browser environments only (kind `browser`): viewport and screenshots."""
-    openenv: OpenEnvSettings | None = None
-    """OpenEnv environments only (kind `openenv`): the server its image runs."""
+    kind_config: Any = None
+    """The kind's own section, written under the kind's name (`browser: {viewport: …}` for kind browser,
+    `openenv: {app: …}` for kind openenv) and validated by the kind's `config_model`; None where the spec
+    has none. Which model validates it is chosen by `kind` (a union discriminated on `kind`, dispatched
+    through the registry so this module names no kind)."""
     tool_parser: str = Field(default="auto", max_length=64)
     """How tool calls are read out of completion text: `auto` (the served model's chat-template family's
     parser, core/renderers.py) or a name in environments.parsing.PARSERS. The token-in completions API
@@ -299,12 +231,6 @@ class EnvironmentSpec(BaseModel):
                              f"got {self.tool_parser!r}")
         return self
 
-    @model_validator(mode="after")
-    def _task_images_fit_kind(self) -> EnvironmentSpec:
-        if self.task_images and self.kind != "code_repo":
-            raise ValueError(f"task_images: expected it only for kind code_repo (its tasks may name an image), "
-                             f"got kind {self.kind!r}")
-        return self
 
     def allows_task_image(self, image: str) -> bool:
         return any(fnmatch.fnmatchcase(image, glob) for glob in self.task_images)
@@ -338,35 +264,60 @@ class EnvironmentSpec(BaseModel):
 
     _task_image: str | None = PrivateAttr(default=None)
 
-    @model_validator(mode="after")
-    def _browser_section_fits_kind(self) -> EnvironmentSpec:
-        if self.browser is not None and self.kind != "browser":
-            raise ValueError(f"browser: expected this section only for kind browser, got kind {self.kind!r}")
-        return self
-
-    @model_validator(mode="after")
-    def _openenv_section_fits_kind(self) -> EnvironmentSpec:
-        if self.openenv is not None and self.kind != "openenv":
-            raise ValueError(f"openenv: expected this section only for kind openenv, got kind {self.kind!r}")
-        if self.openenv is None and self.kind == "openenv":
-            raise ValueError("openenv: expected a section naming the environment's server (app: module:attribute) "
-                             "for kind openenv, got none")
-        return self
-
-    @model_validator(mode="after")
-    def _chat_has_a_judge(self) -> EnvironmentSpec:
-        if self.kind == "chat" and self.verifier.judge is None and self.verifier.reward_model is None:
-            raise ValueError("verifier.judge: expected a judge or a reward_model for kind chat (only a learned "
-                             "reward scores a dialogue), got neither")
-        return self
-
-    @model_validator(mode="after")
-    def _kind_is_registered(self) -> EnvironmentSpec:
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_section_in(cls, data: Any) -> Any:
+        """The section named after the spec's kind becomes `kind_config`; another kind's section is refused
+        (one that is null, as older stored specs carry for every kind, is nothing)."""
+        if not isinstance(data, dict):
+            return data
         from environments.registry import kind_names
+
+        if "kind_config" in data:
+            raise ValueError(f"kind_config: expected the kind's section under the kind's own name (`"
+                             f"{str(data.get('kind', '<kind>'))[:64]}: {{…}}`), got a key kind_config")
+        kind, names = data.get("kind"), kind_names()
+        data = dict(data)
+        for name in [key for key in data if key in names and key != "kind"]:
+            section = data.pop(name)
+            if section is None:
+                continue
+            if name != kind:
+                raise ValueError(f"{name}: expected this section only for kind {name}, got kind {kind!r}")
+            data["kind_config"] = section
+        return data
+
+    @model_validator(mode="after")
+    def _kind_rules(self) -> EnvironmentSpec:
+        """The kind's own section validated by its `config_model`, then the kind's own rules (`check_spec`)."""
+        from environments.registry import get_kind, kind_names
 
         if self.kind not in kind_names():
             raise ValueError(f"kind: expected one of {', '.join(sorted(kind_names()))}, got {self.kind!r}")
+        kind = get_kind(self.kind)
+        if self.kind_config is not None:
+            if kind.config_model is None:
+                raise ValueError(f"{self.kind}: expected no section for kind {self.kind} (it has no settings of "
+                                 f"its own), got one")
+            if not isinstance(self.kind_config, kind.config_model):
+                try:
+                    self.kind_config = kind.config_model.model_validate(self.kind_config)
+                except ValidationError as error:
+                    raise ValueError(_section_errors(self.kind, error)) from None
+        if self.task_images and not kind.task_images:
+            raise ValueError(f"task_images: expected it only for a kind whose tasks may name an image, got kind "
+                             f"{self.kind!r}")
+        kind.check_spec(self)
         return self
+
+    @model_serializer(mode="wrap")
+    def _kind_section_out(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Dumped as written: the kind's section under the kind's name, absent where there is none."""
+        data: dict[str, Any] = handler(self)
+        section = data.pop("kind_config", None)
+        if section is not None:
+            data[self.kind] = section
+        return data
 
     @model_validator(mode="after")
     def _tools_are_the_kinds(self) -> EnvironmentSpec:
@@ -384,9 +335,8 @@ class EnvironmentSpec(BaseModel):
 
     def content_hash(self) -> str:
         data = self.model_dump(mode="json")
-        for section in ("browser", "openenv"):  # specs from before the sections existed keep their hash
-            if data.get(section) is None:
-                data.pop(section, None)
+        # A kind's section is dumped only where there is one: specs from before the sections existed keep
+        # their hash, as the `null` sections older dumps carried were dropped here.
         for section in ("judge", "reward_model"):  # likewise for the learned layers
             if data["verifier"].get(section) is None:
                 data["verifier"].pop(section, None)
@@ -398,6 +348,17 @@ class EnvironmentSpec(BaseModel):
             data.pop("task_images", None)
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _section_errors(kind: str, error: ValidationError) -> str:
+    """`kind.field: what is wrong (got value)`, a clause a bad field, for the kind's own section."""
+    parts = []
+    for item in error.errors():
+        where = ".".join([kind, *map(str, item["loc"])])
+        message = str(item["msg"]).removeprefix("Value error, ")
+        given = "" if " got " in message or item["type"] == "missing" else f" (got {str(item.get('input'))[:80]!r})"
+        parts.append(f"{where}: {message}{given}")
+    return "; ".join(parts)
 
 
 def check_network_policy(spec: EnvironmentSpec, *, allowed: list[str]) -> None:

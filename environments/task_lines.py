@@ -1,4 +1,5 @@
-"""Tasks that are payloads (the browser, chat, read_number and openenv kinds) as Crucible JSONL: one object a line,
+"""Tasks that are payloads (every kind with an `example` payload: browser, chat, read_number, openenv) as
+Crucible JSONL, one object a line,
 
     {"id": "refund-1", "instruction": "My order came broken.", "split": "train", "payload": {"follow_ups": ["Thanks!"]}}
     {"id": "rn-42", "instruction": "The file number.txt holds a number. Read it and submit it.",
@@ -6,8 +7,8 @@
 
 The payload is checked by the kind's own task parser (`parse_task`, the one the worker runs), so a task
 that imports is a task an episode can play. `split` defaults to train; the instruction to what the kind
-can say from the payload (a browser page's goal, read_number's sentence), else it is required (a chat
-task's first message). Every problem is one line naming the line and the field; a bad line anywhere
+can say from the payload (its `default_instruction`: a browser page's goal, read_number's sentence), else
+it is required (a chat task's first message). Every problem is one line naming the line and the field; a bad line anywhere
 stores nothing (the caller's transaction).
 """
 
@@ -29,14 +30,6 @@ from environments.code_repo.importing import (
     json_lines,
 )
 
-EXAMPLES = {
-    "browser": '{"family": "miniwob", "name": "click-button", "seed": 0}',
-    "chat": '{"follow_ups": ["And in French?"]}',
-    "read_number": '{"path": "number.txt", "number": "42"}',
-    "openenv": '{"seed": 3, "options": {}}',
-}
-"""The kinds whose tasks are payloads, each with a payload to show in an error."""
-PAYLOAD_KINDS = tuple(EXAMPLES)
 KEYS = ("id", "instruction", "split", "payload")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
@@ -56,6 +49,13 @@ def line_text(data: dict[str, Any], key: str, where: str, *, limit: int, default
     return value
 
 
+def payload_kinds() -> list[str]:
+    """The kinds whose tasks are payload lines: those with an `example` payload."""
+    from environments.registry import get_kind, kind_names
+
+    return [name for name in kind_names() if get_kind(name).example is not None]
+
+
 def parse_payload(kind: str, payload: dict[str, Any], where: str) -> Any:
     """The kind's task from `payload`, or one line naming the first field that is wrong."""
     from environments.registry import get_kind
@@ -68,34 +68,25 @@ def parse_payload(kind: str, payload: dict[str, Any], where: str) -> Any:
         raise ConfigError(f"{where}: payload{'.' + loc if loc else ''}: {message}") from None
 
 
-def default_instruction(kind: str, task: Any) -> str | None:
-    """What the instruction is when a line leaves it out; None: the kind cannot say, the line must."""
-    if kind == "browser":
-        return task.goal or f"MiniWoB++ task {task.name} (seed {task.seed}); the page states the goal."  # type: ignore[no-any-return]
-    if kind == "read_number":
-        from environments.read_number.task import instruction_for
-
-        return instruction_for(task)
-    if kind == "openenv":  # the environment's first observation follows it
-        return "Act in the environment." if task.seed is None else f"Act in the environment (instance {task.seed})."
-    return None
-
-
 def payload_records(lines: Iterable[tuple[int, str, dict[str, Any]]], *, kind: str) -> Iterator[TaskRecord]:
     """A record for each line (what `code_repo.importing.json_lines` yields) of a `kind` environment's JSONL."""
-    if kind not in EXAMPLES:
-        raise ConfigError(f"environment kind: expected one of {', '.join(PAYLOAD_KINDS)} for payload tasks, got {kind!r}")
+    from environments.registry import get_kind
+
+    if kind not in payload_kinds():
+        raise ConfigError(f"environment kind: expected one of {', '.join(payload_kinds())} for payload tasks, "
+                          f"got {kind!r}")
+    kind_class = get_kind(kind)
     for _, where, data in lines:
         extra = sorted(set(data) - set(KEYS))
         if extra:
             raise ConfigError(f"{where}: expected only {', '.join(KEYS[:-1])} and {KEYS[-1]}, got {extra[:5]}")
         external_id = line_text(data, "id", where, limit=MAX_ID_CHARS)
         if not isinstance(data.get("payload"), dict):
-            raise ConfigError(f"{where}: payload: expected a {kind} task object like {EXAMPLES[kind]}, "
+            raise ConfigError(f"{where}: payload: expected a {kind} task object like {kind_class.example}, "
                               f"got {data.get('payload')!r:.80}")
         task = parse_payload(kind, data["payload"], where)
         instruction = line_text(data, "instruction", where, limit=MAX_INSTRUCTION_CHARS,
-                                default=default_instruction(kind, task))
+                                default=kind_class.default_instruction(task))
         split = check_split(line_text(data, "split", where, limit=MAX_SPLIT_CHARS, default="train"))
         yield TaskRecord(external_id, instruction, split, task.model_dump(mode="json"))
 

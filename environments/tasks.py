@@ -4,9 +4,9 @@
     import_uploaded(session, environment="calc", lines=handle, repos_root=None)  # server: data only
     import_generated(session, environment="miniwob", format="miniwob", tasks="all", seeds=10)  # browser
 
-A code_repo environment imports `crucible` and `swebench` files; the kinds whose tasks are payloads
-(browser, chat, read_number, openenv) `crucible` files of environments.task_lines; a browser environment also
-the generated formats of environments.browser.importing (`miniwob`, and one per self-hosted site).
+Each kind names the formats it imports (`formats`): code_repo `crucible` and `swebench` files; the kinds whose
+tasks are payloads `crucible` files of environments.task_lines; browser also the generated formats of
+environments.browser.importing (`miniwob`, and one per self-hosted site).
 
 Both store records one at a time as they are read (an upload is never held whole), inside the caller's
 transaction: a bad line anywhere stores nothing.
@@ -23,23 +23,20 @@ from sqlalchemy.orm import Session
 
 from core.errors import ConfigError
 from core.models import Task
-from environments.browser.importing import GENERATED_FORMATS
+from environments.registry import get_kind
 from environments.service import get_environment, spec_of
-from environments.task_lines import PAYLOAD_KINDS, payload_records, read_payload_file
+from environments.task_lines import payload_kinds, payload_records, read_payload_file
 
 if TYPE_CHECKING:
     from environments.code_repo.importing import TaskRecord
 
 TaskFormat = Literal["crucible", "swebench"]
-FORMATS = {"code_repo": ("crucible", "swebench"), "browser": ("crucible", *GENERATED_FORMATS),
-           "chat": ("crucible",), "read_number": ("crucible",), "openenv": ("crucible",)}
-"""Environment kind -> the task formats it imports."""
 
 
 def _check_kind(session: Session, environment: str, format: str) -> str:
     """The environment's kind, if it imports `format`."""
     env = get_environment(session, name=environment)
-    allowed = FORMATS.get(env.kind, ())
+    allowed = get_kind(env.kind).formats
     if not allowed:
         raise ConfigError(f"environment {environment!r} is a {env.kind} environment; no format imports its tasks yet")
     if format not in allowed:
@@ -98,7 +95,7 @@ def import_tasks(
     _check_image_option(image, format=format, repos_dir=repos_dir)
     from environments.code_repo import importing
 
-    if kind in PAYLOAD_KINDS:
+    if kind in payload_kinds():
         records: Iterable[TaskRecord] = read_payload_file(path, kind=kind)
     elif format == "swebench":
         records = importing.read_swebench_jsonl(path, repos_dir=None if image else repos_dir or path.parent,
@@ -120,7 +117,7 @@ def import_uploaded(
     from environments.code_repo import importing
 
     parsed = importing.json_lines(lines, source=source)
-    if kind in PAYLOAD_KINDS:
+    if kind in payload_kinds():
         if repos_dir is not None:
             raise ConfigError(f"repos_dir: expected none for a {kind} environment, got {repos_dir[:200]!r}")
         records: Iterable[TaskRecord] = payload_records(parsed, kind=kind)

@@ -50,7 +50,8 @@ from core.errors import ConfigError, CrucibleError
 from core.models import Task
 from core.termination import TerminationReason
 from environments.base import EnvironmentKind, GraderFault, Sandbox, ToolCall, ToolResult, ToolStatus
-from environments.registry import get_kind
+from environments.openenv.kind import OpenEnvKind
+from environments.registry import get_kind, kind_names
 from environments.service import get_environment, spec_of
 from environments.spec import EnvironmentSpec
 from task_workers.context import DockerSandboxes
@@ -121,9 +122,10 @@ def load_served(session: Any, *, name: str, split: str, version: int | None = No
         raise ConfigError(f"environment {name!r}: its verifier asks a judge or a reward model, which score a "
                           "policy's transcript; serving it over OpenEnv is not supported (expected a verifier "
                           "of its own layers only)")
-    if spec.kind == "openenv":
+    if spec.kind == OpenEnvKind.name:
+        others = ", ".join(kind for kind in kind_names() if kind != OpenEnvKind.name)
         raise ConfigError(f"environment {name!r} is itself an OpenEnv environment: expected a Crucible kind to serve "
-                          f"(code_repo, browser, read_number); its own image already serves OpenEnv")
+                          f"({others}); its own image already serves OpenEnv")
     rows = session.execute(select(Task.external_id, Task.instruction, Task.payload)
                            .where(Task.environment_name == name, Task.split == split).order_by(Task.id)).all()
     if not rows:

@@ -38,6 +38,7 @@ from core.renderers import HERMES_CALL
 from environments.base import (
     Artifact,
     GraderFault,
+    Kind,
     LayerResult,
     Opening,
     OpenSandbox,
@@ -49,11 +50,13 @@ from environments.base import (
     tool_error,
 )
 from environments.browser.actions import canonical
+from environments.browser.config import BrowserSettings
+from environments.browser.importing import GENERATED_FORMATS
 from environments.browser.sandbox.sites import site_module
 from environments.browser.task import BrowserTask
 from environments.parsing import MalformedToolCall
 from environments.rewards import layer_weights, weighted_sum
-from environments.spec import BrowserSettings, EnvironmentSpec
+from environments.spec import EnvironmentSpec
 from sandboxes.errors import ActionRefused
 
 SYSTEM_PROMPT = (
@@ -108,20 +111,29 @@ TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
 }
 
 
+IMAGE = "browser"
+"""The image a browser sandbox runs unless its spec names another (environments/images/browser)."""
 DEFAULT_TOOLS = ("click", "fill", "select_option", "press", "scroll", "hover", "goto", "go_back", "noop", "submit")
 """What a spec without `tools` offers; BrowserGym's other actions (dblclick, drag_and_drop, …) are offered
 when `tools` names them: each schema lengthens every prompt."""
 
 
-class BrowserKind:
+class BrowserKind(Kind):
     name = "browser"
     default_weights = {"page": 1.0, "site_state": 1.0}
     """A MiniWoB++ page's raw reward (`page`) or a site's state check (`site_state`): a task has one of them."""
+    config_model = BrowserSettings
+    formats = ("crucible", *GENERATED_FORMATS)
+    example = '{"family": "miniwob", "name": "click-button", "seed": 0}'
+
+    @staticmethod
+    def default_instruction(task: BrowserTask) -> str:
+        return task.goal or f"MiniWoB++ task {task.name} (seed {task.seed}); the page states the goal."
 
     def __init__(self, spec: EnvironmentSpec) -> None:
         self.spec = spec
         self.tool_names = spec.tools or list(DEFAULT_TOOLS)  # a subset: the spec checks (environments/spec.py)
-        self.settings = spec.browser or BrowserSettings()
+        self.settings: BrowserSettings = spec.kind_config or BrowserSettings()
         self._session: Any = None
         self._opening: dict[str, Any] = {}
         self.page_done = False

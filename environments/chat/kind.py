@@ -24,7 +24,16 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from environments.base import LayerResult, OpenSandbox, Sandbox, ToolCall, ToolResult, Verdict, tool_error
+from environments.base import (
+    Kind,
+    LayerResult,
+    OpenSandbox,
+    Sandbox,
+    ToolCall,
+    ToolResult,
+    Verdict,
+    tool_error,
+)
 from environments.rewards import layer_weights, weighted_sum
 from environments.spec import EnvironmentSpec
 
@@ -45,11 +54,18 @@ class ChatTask(BaseModel):
     """What the user says after each of the agent's replies, in order (the instruction is the first message)."""
 
 
-class ChatKind:
+class ChatKind(Kind):
     name = "chat"
     default_weights = {"judge": 1.0, "reward_model": 1.0}
     """The judge's and the reward model's layers are the reward unless `verifier.weights` says otherwise
     (the `dialogue` layer records how far the dialogue got)."""
+    example = '{"follow_ups": ["And in French?"]}'
+
+    @classmethod
+    def check_spec(cls, spec: EnvironmentSpec) -> None:
+        if spec.verifier.judge is None and spec.verifier.reward_model is None:
+            raise ValueError("verifier.judge: expected a judge or a reward_model for kind chat (only a learned "
+                             "reward scores a dialogue), got neither")
 
     def __init__(self, spec: EnvironmentSpec) -> None:
         self.spec = spec

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Sequence
 from typing import Any
 
 from core.renderers import HERMES_CALL
-from environments.base import GraderFault, OpenSandbox, Sandbox, ToolCall, ToolResult, ToolStatus, Verdict
+from environments.base import (
+    GraderFault,
+    Kind,
+    OpenImage,
+    OpenSandbox,
+    Sandbox,
+    ToolCall,
+    ToolResult,
+    ToolStatus,
+    Verdict,
+)
 from environments.code_repo import verifier
 from environments.code_repo.repo import export_image_repo, install_repo
 from environments.code_repo.task import CodeRepoTask, ImageRepo, RepoSnapshot
@@ -28,9 +37,11 @@ SYSTEM_PROMPT = (
 )
 
 
-class CodeRepoKind:
+class CodeRepoKind(Kind):
     name = "code_repo"
     default_weights = verifier.DEFAULT_WEIGHTS
+    formats = ("crucible", "swebench")
+    task_images = True
 
     def __init__(self, spec: EnvironmentSpec) -> None:
         self.spec = spec
@@ -48,7 +59,7 @@ class CodeRepoKind:
         return CodeRepoTask.model_validate(payload)
 
     @staticmethod
-    def prepare(*, task: CodeRepoTask, open_image: Callable[[str], AbstractContextManager[Sandbox]]) -> CodeRepoTask:
+    def prepare(*, task: CodeRepoTask, open_image: OpenImage) -> CodeRepoTask:
         """Before any sandbox of the episode: a task whose repository lives in its own image gets that
         repository's checked export (repo.export_image_repo), made in a sandbox of the image no agent uses
         (`open_image`, which hides nothing) and kept for the next episodes of the same image and commit.

@@ -7,9 +7,10 @@
   rootfs tarball (and the downloaded .debs) are cached under `<data_dir>/images/`. With
   CRUCIBLE_SANDBOX_BASE_IMAGE set, that local image is the base instead.
 * environments: every `environments/images/<name>/Dockerfile`, built with `BASE_IMAGE=<base tag>`
-  on the host network -> `crucible/<name>:<hash>`. An image may take files from outside its folder
-  (EXTRA_CONTEXT: the browser image takes the in-sandbox browser driver and the MiniWoB++ pages of
-  the installed `miniwob` package); they are copied into the build context and hashed with it.
+  on the host network -> `crucible/<name>:<hash>`. An image may take files from outside its folder,
+  listed in its folder's `context.json` (the browser image takes the in-sandbox browser driver and the
+  MiniWoB++ pages of the installed `miniwob` package); they are copied into the build context and
+  hashed with it.
 
 A tag's hash covers every input (debootstrap arguments and setup script; the base tag and every
 file of the build context), so an unchanged image is never rebuilt: a second build is a no-op.
@@ -70,26 +71,41 @@ class BuiltImage:
         return asdict(self)
 
 
-def _browser_extras() -> dict[str, Path]:
+CONTEXT_FILE = "context.json"
+"""An image folder's list of files from elsewhere: {folder in the build context: source}, a source being
+`crucible:<folder of this project>` or `package:<installed package>/<folder in it>`."""
+
+
+def _extras(context: Path) -> dict[str, Path]:
+    """The folders an image's CONTEXT_FILE names, as {folder in the build context: source folder}."""
     import importlib.util
 
-    found = importlib.util.find_spec("miniwob")
-    if found is None or not found.submodule_search_locations:
-        raise ImageBuildError("browser image: expected the `miniwob` package (pip install miniwob==1.1.0), got none")
-    html = Path(next(iter(found.submodule_search_locations))) / "html"
-    return {"crucible_browser": IMAGES_DIR.parent / "browser" / "sandbox", "miniwob": html}
-
-
-EXTRA_CONTEXT = {"browser": _browser_extras}
-"""Image name -> {folder in the build context: source folder}, for files that live elsewhere."""
+    listed = context / CONTEXT_FILE
+    if not listed.is_file():
+        return {}
+    folders: dict[str, Path] = {}
+    for folder, source in json.loads(listed.read_text()).items():
+        scheme, _, where = source.partition(":")
+        if scheme == "crucible":
+            folders[folder] = IMAGES_DIR.parents[1] / where
+        elif scheme == "package":
+            package, _, inner = where.partition("/")
+            found = importlib.util.find_spec(package)
+            if found is None or not found.submodule_search_locations:
+                raise ImageBuildError(f"{context.name} image: expected the installed package {package!r} "
+                                      f"({listed.name} names it), got none")
+            folders[folder] = Path(next(iter(found.submodule_search_locations))) / inner
+        else:
+            raise ImageBuildError(f"{listed}: {folder}: expected crucible:<folder> or package:<name>/<folder>, "
+                                  f"got {source!r}")
+    return folders
 
 
 def _context_files(context: Path) -> list[tuple[str, Path]]:
     """(path in the build context, source) for every file of an image's context, its extras included."""
     files = [(p.relative_to(context).as_posix(), p) for p in context.rglob("*")
-             if p.is_file() and "__pycache__" not in p.parts]
-    extras = EXTRA_CONTEXT.get(context.name)
-    for folder, source in (extras() if extras else {}).items():
+             if p.is_file() and "__pycache__" not in p.parts and p != context / CONTEXT_FILE]
+    for folder, source in _extras(context).items():
         files += [(f"{folder}/{p.relative_to(source).as_posix()}", p) for p in source.rglob("*")
                   if p.is_file() and "__pycache__" not in p.parts]
     return sorted(files)

@@ -30,6 +30,7 @@ from typing import Any
 from core.renderers import HERMES_CALL
 from environments.base import (
     GraderFault,
+    Kind,
     LayerResult,
     Opening,
     OpenSandbox,
@@ -41,6 +42,7 @@ from environments.base import (
     Verdict,
     tool_error,
 )
+from environments.openenv.config import OpenEnvSettings
 from environments.openenv.task import OpenEnvTask
 from environments.rewards import layer_weights, weighted_sum
 from environments.spec import EnvironmentSpec
@@ -55,15 +57,28 @@ MAX_ACTION_BYTES = 64 * 1024
 MAX_FIELD_CHARS = 16_000
 
 
-class OpenEnvKind:
+class OpenEnvKind(Kind):
     name = "openenv"
     default_weights = {"openenv": 1.0}
+    config_model = OpenEnvSettings
+    example = '{"seed": 3, "options": {}}'
+
+    @classmethod
+    def check_spec(cls, spec: EnvironmentSpec) -> None:
+        if spec.kind_config is None:
+            raise ValueError("openenv: expected a section naming the environment's server (app: module:attribute) "
+                             "for kind openenv, got none")
+
+    @staticmethod
+    def default_instruction(task: OpenEnvTask) -> str:
+        """The environment's first observation follows it."""
+        return "Act in the environment." if task.seed is None else f"Act in the environment (instance {task.seed})."
 
     def __init__(self, spec: EnvironmentSpec) -> None:
-        if spec.openenv is None:  # the spec refuses it at registration; a hand-made one gets the same words
+        if not isinstance(spec.kind_config, OpenEnvSettings):  # the spec refuses it at registration
             raise GraderFault("openenv: expected the spec's openenv section, got none")
         self.spec = spec
-        self.settings = spec.openenv
+        self.settings = spec.kind_config
         self._session: Any = None
         self._tool: dict[str, Any] | None = None
         """The one tool, made from the environment's action schema at setup (action_tool)."""

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from environments.base import (
+    Kind,
     LayerResult,
     OpenSandbox,
     Sandbox,
@@ -27,7 +28,7 @@ from environments.base import (
     Verdict,
     tool_error,
 )
-from environments.read_number.task import ReadNumberTask
+from environments.read_number.task import ReadNumberTask, instruction_for
 from environments.rewards import layer_weights, weighted_sum
 from environments.spec import EnvironmentSpec
 
@@ -43,9 +44,14 @@ TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
 }
 
 
-class ReadNumberKind:
+class ReadNumberKind(Kind):
     name = "read_number"
     default_weights = {"answer": 1.0}
+    example = '{"path": "number.txt", "number": "42"}'
+
+    @staticmethod
+    def default_instruction(task: ReadNumberTask) -> str:
+        return instruction_for(task)
 
     def __init__(self, spec: EnvironmentSpec) -> None:
         self.spec = spec

@@ -27,12 +27,13 @@ from core.models import Environment, Episode, EpisodeGroup, EpisodeRegrade, Run,
 from core.regrades import Regraded, changed_steps
 from environments.base import GraderFault, ToolCall
 from environments.code_repo import repo
+from environments.code_repo.kind import CodeRepoKind
 from environments.registry import get_kind
 from environments.service import spec_of
 from task_workers.episode.persist import layer_record
 from task_workers.episode.runner import SandboxProvider, prepare_task
 
-_GRADER_SOURCES = Path(__file__).parents[2] / "environments" / "code_repo"
+_GRADER_SOURCES = Path(repo.__file__).parent
 
 
 def grader_version() -> str:
@@ -101,7 +102,7 @@ def _regrade(session: Session, episode: Episode, *, sandboxes: SandboxProvider,
              report: RegradeReport) -> EpisodeRegrade | None:
     env_row = session.get(Environment, episode.environment_id)
     task_row = session.get(Task, episode.task_id)
-    if env_row is None or task_row is None or env_row.kind != "code_repo":
+    if env_row is None or task_row is None or env_row.kind != CodeRepoKind.name:
         report.skipped["not a code_repo episode"] += 1
         return None
     if not episode.final_diff:

@@ -30,7 +30,16 @@ from core.models import Environment, Episode, Task
 from core.schemas.run import Sampling, stored_checkpoint, stored_policy_urls, stored_sampling, stored_seed
 from core.seeds import episode_seed
 from core.termination import RunPurpose, TerminationReason
-from environments.base import Artifact, GraderFault, LayerResult, Sandbox, TaskRefused, ToolCall, Verdict
+from environments.base import (
+    Artifact,
+    EnvironmentKind,
+    GraderFault,
+    LayerResult,
+    Sandbox,
+    TaskRefused,
+    ToolCall,
+    Verdict,
+)
 from environments.judge import LAYER as JUDGE_LAYER
 from environments.judge import Judge, LearnedRewardUnavailable, flag_injection, transcript_of
 from environments.registry import get_kind
@@ -215,21 +224,18 @@ def run_episode(
     return EpisodeOutcome(episode_id, stored, trajectory.termination, verdict.reward)
 
 
-def prepare_task(kind: Any, task: Any, *, spec: EnvironmentSpec, sandboxes: SandboxProvider, run_id: int | None,
-                 episode_id: int | None) -> tuple[Any, EnvironmentSpec]:
+def prepare_task(kind: EnvironmentKind, task: Any, *, spec: EnvironmentSpec, sandboxes: SandboxProvider,
+                 run_id: int | None, episode_id: int | None) -> tuple[Any, EnvironmentSpec]:
     """The task as its episode's sandboxes need it, and the spec they run under (EnvironmentSpec.for_task).
-    A kind with a `prepare` step (code_repo: export the repository a task's own image holds) runs it, in
-    sandboxes of the image that hide nothing and that no agent uses. ConfigError when the environment does
-    not allow the image the task names: checked first, so no sandbox of such an image is made."""
+    The kind's `prepare` step (code_repo: export the repository a task's own image holds) runs in sandboxes
+    of an image that hide nothing and that no agent uses. ConfigError when the environment does not allow
+    the image the task names: checked first, so no sandbox of such an image is made."""
     episode_spec = spec.for_task(task)
-    prepare = getattr(kind, "prepare", None)
-    if prepare is None or getattr(task, "image", None) is None:
-        return task, episode_spec
 
     def open_image(image: str) -> AbstractContextManager[Sandbox]:
         return sandboxes.fresh(spec=spec.on_image(image), run_id=run_id, episode_id=episode_id)
 
-    return prepare(task=task, open_image=open_image), episode_spec
+    return kind.prepare(task=task, open_image=open_image), episode_spec
 
 
 def _learned(loaded: _Loaded, trajectory: Trajectory, verdict: Verdict) -> Verdict:

@@ -112,3 +112,16 @@ def test_import_errors_name_the_line(db_session: Session, tmp_path: Path) -> Non
         import_tasks(db_session, environment="calc", path=tasks)
     with pytest.raises(NotFound, match="no environment named 'nope'"):
         import_tasks(db_session, environment="nope", path=tasks)
+
+
+def test_specs_stored_before_kinds_owned_their_sections_parse_to_the_same_hash() -> None:
+    """Dumps made at a97b139, when every spec carried a `browser` and an `openenv` field (null for the other
+    kinds): they parse, and keep the content hash runs pinned them by."""
+    stored = json.loads((Path(__file__).parent / "stored_specs.json").read_text())
+    for name, record in stored.items():
+        spec = parse_spec(record["dump"])
+        assert spec.content_hash() == record["content_hash"], name
+        assert parse_spec(spec.model_dump(mode="json")).content_hash() == record["content_hash"], name
+    assert parse_spec(stored["browser"]["dump"]).kind_config.viewport == (640, 480)
+    with pytest.raises(ConfigError, match="openenv: expected this section only for kind openenv, got kind 'browser'"):
+        parse_spec({**stored["browser"]["dump"], "openenv": stored["openenv"]["dump"]["openenv"]})
