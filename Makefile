@@ -52,11 +52,13 @@ docs:
 	scripts/setup.sh
 	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict
 
-# ruff over everything; mypy over every package ([tool.mypy] files in pyproject.toml); shellcheck over the bash
-# programs that run in sandboxes (*/sandbox/*.sh). `make test` runs it first.
+# ruff over everything; mypy over every package ([tool.mypy] files in pyproject.toml), and --strict over the two
+# packages everything stands on (core, sandboxes); shellcheck over the bash programs that run in sandboxes
+# (*/sandbox/*.sh). `make test` runs it first.
 lint:
 	.venv/bin/ruff check .
 	.venv/bin/mypy
+	.venv/bin/mypy --strict core sandboxes
 	shellcheck $$(find . -path ./.venv -prune -o -path '*/sandbox/*.sh' -print)
 
 bench:

@@ -45,10 +45,10 @@ from environments.code_repo.grader import _pytest, _report, reference_run
 from environments.code_repo.repo import WORKSPACE, forget_history, install_repo
 from environments.code_repo.task import CodeRepoTask, Solution, TestSpec
 from environments.images import build_images
+from environments.sandboxes import DockerSandboxes, package_sandboxes
 from environments.spec import EnvironmentSpec
 from recipes.factory import PACKAGES
 from sandboxes import InMemoryEventSink, make_backend
-from task_workers.context import DockerSandboxes, package_sandboxes
 
 _CANARY = re.compile(r"(^|/)test_[0-9a-f]{12}\.py::test_[0-9a-f]{12}$")
 """The grader's own canary tests (random names) in a run's report."""

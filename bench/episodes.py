@@ -53,10 +53,10 @@ from core.store import insert_episode  # noqa: E402
 from core.termination import DropReason, GroupStatus  # noqa: E402
 from environments.code_repo.task import CodeRepoTask, TestSpec, pack_directory  # noqa: E402
 from environments.parsing import hermes_call  # noqa: E402
+from environments.sandboxes import DockerSandboxes  # noqa: E402
 from environments.service import register_environment  # noqa: E402
 from environments.spec import parse_spec  # noqa: E402
 from sandboxes import InMemoryEventSink, make_backend  # noqa: E402
-from task_workers.context import DockerSandboxes  # noqa: E402
 from task_workers.episode.runner import run_episode  # noqa: E402
 from task_workers.policy.client import PolicyClient  # noqa: E402
 from task_workers.policy.scripted import serve_in_process, tokenize  # noqa: E402
@@ -125,7 +125,7 @@ def orchestration(*, image: str, tmp: Path, episodes: int, concurrency: int, tur
 
             with session_scope() as session:
                 env_spec = spec_of(get_environment(session, name="bench"))
-            sandboxes.pool_for(env_spec).wait_ready(timeout=120)
+            sandboxes.pool_for(env_spec).wait_ready(timeout_s=120)
             started = time.monotonic()
             with ThreadPoolExecutor(concurrency) as pool:
                 list(pool.map(lambda i: run_episode(i, policy=client, sandboxes=sandboxes, worker="bench"), ids))
@@ -386,7 +386,7 @@ def _tail_run(*, mode: str, label: str, image: str, tasks: int, url: str, slots:
                             name=f"bench-{label}")
     try:
         with session_scope() as session:
-            sandboxes.pool_for(spec_of(get_environment(session, name="tail"))).wait_ready(timeout=180)
+            sandboxes.pool_for(spec_of(get_environment(session, name="tail"))).wait_ready(timeout_s=180)
         started = time.monotonic()
         threading.Thread(target=trainer.run, daemon=True).start()
         while not trainer.done.is_set():

@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from environments.code_repo.factory import FactoryOptions, run_factory
 from environments.images import build_images
+from environments.sandboxes import DockerSandboxes, package_sandboxes
 from environments.spec import EnvironmentSpec
 from recipes.factory import PACKAGES
 from sandboxes import InMemoryEventSink, make_backend
-from task_workers.context import DockerSandboxes, package_sandboxes
 
 
 def main() -> None:

@@ -75,10 +75,10 @@ def bench_steps(backend: SandboxBackend, spec: SandboxSpec) -> dict[str, Any]:
 
 def bench_acquire(backend: SandboxBackend, spec: SandboxSpec) -> dict[str, Any]:
     with SandboxPool(spec=spec, backend=backend, min_size=2, max_size=4) as pool:
-        pool.wait_ready(timeout=120)
+        pool.wait_ready(timeout_s=120)
         warm = []
         for _ in range(40):
-            pool.wait_ready(timeout=120)
+            pool.wait_ready(timeout_s=120)
             start = time.perf_counter()
             sandbox = pool.acquire()
             warm.append(time.perf_counter() - start)

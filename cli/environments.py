@@ -108,9 +108,9 @@ def serve(
 
     import uvicorn
 
+    from environments.sandboxes import DockerSandboxes
     from sandboxes import make_backend
     from sandboxes.db_events import DbEventSink
-    from task_workers.context import DockerSandboxes
     from task_workers.openenv_server import create_app, load_served
 
     with readable_errors():
@@ -219,10 +219,10 @@ def factory(
     from environments.code_repo.factory import FactoryOptions, run_factory
     from environments.code_repo.factory.requirements import check_requirements
     from environments.code_repo.kind import CodeRepoKind
+    from environments.sandboxes import DockerSandboxes, package_sandboxes
     from environments.spec import EnvironmentSpec
     from sandboxes import make_backend
     from sandboxes.db_events import DbEventSink
-    from task_workers.context import DockerSandboxes, package_sandboxes
 
     _quiet_http()
     with readable_errors():
@@ -288,9 +288,9 @@ def calibrate_(
     from core.db import get_engine
     from core.settings import get_settings
     from core.termination import MEASURED_BUCKETS
+    from environments.sandboxes import DockerSandboxes
     from sandboxes import make_backend
     from sandboxes.db_events import DbEventSink
-    from task_workers.context import DockerSandboxes
     from task_workers.policy.client import PolicyClient, PolicyError, local_tokenizers
 
     _quiet_http()

@@ -108,9 +108,9 @@ def regrade(
     """Re-score a run's stored submissions with the current grader in fresh sandboxes; the new verdicts are
     stored beside the old (never over them), and the training steps that consumed changed rewards are named."""
     from core.db import session_scope
+    from environments.sandboxes import DockerSandboxes
     from sandboxes import make_backend
     from sandboxes.db_events import DbEventSink
-    from task_workers.context import DockerSandboxes
     from task_workers.episode.regrade import parse_steps, regrade_run
 
     with readable_errors():

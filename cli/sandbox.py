@@ -156,7 +156,7 @@ def exec_(
         command = command[1:] if command and command[0] == "--" else command
         text = command[0] if len(command) == 1 else shlex.join(command)
         try:
-            result = sandbox.step(text, timeout=timeout)
+            result = sandbox.step(text, timeout_s=timeout)
         finally:
             sandbox.close_session()
     if output is OutputFormat.json:

@@ -376,7 +376,7 @@ def read_turns(archived: Archived, *, episode_ids: Sequence[int], columns: Seque
     if "logprobs" in names:  # a REAL as Postgres prints it: the shortest decimal, not the float32's double
         decimal = pc.cast(pc.cast(table["logprobs"], pa.list_(pa.string())), pa.list_(pa.float64()))
         table = table.set_column(names.index("logprobs"), "logprobs", decimal)
-    turns = table.to_pylist()
+    turns: list[dict[str, Any]] = table.to_pylist()
     for row in turns:
         if "tool_call" in row and row["tool_call"] is not None:
             row["tool_call"] = json.loads(row["tool_call"])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import codecs
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -117,11 +118,12 @@ class _LimitedSafeLoader(yaml.SafeLoader):
         super().__init__(stream)
         self._depth = 0
 
-    def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        peek: Callable[[], Any] = self.peek_event  # untyped in PyYAML's stubs
         if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
+            event = peek()
             raise DataLimitError(f"expected YAML without aliases, got *{event.anchor} at line {event.start_mark.line + 1}")
-        event = self.peek_event()
+        event = peek()
         if getattr(event, "anchor", None):
             raise DataLimitError(f"expected YAML without anchors, got &{event.anchor} at line {event.start_mark.line + 1}")
         self._depth += 1

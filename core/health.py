@@ -6,6 +6,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import httpx
 from sqlalchemy import Engine
@@ -52,14 +53,15 @@ def check_database(settings: Settings) -> tuple[CheckResult, str | None]:
 
 
 def check_broker(settings: Settings, database_url: str | None) -> CheckResult:
-    from kombu import Connection
+    from kombu.connection import Connection
 
     if settings.broker_url is None and database_url is None:
         return CheckResult("broker", False, True, "no database, so no SQLAlchemy broker", "fix the database first")
     url = broker_url_for(settings, database_url or "")
     shown = "SQLAlchemy transport on the database" if settings.broker_url is None else mask(url)
     try:
-        with Connection(url, connect_timeout=3) as connection:
+        connect: Any = Connection  # kombu's constructor is untyped
+        with connect(url, connect_timeout=3) as connection:
             connection.ensure_connection(max_retries=1, timeout=3)
     except Exception as error:  # kombu raises transport-specific errors
         return CheckResult(

@@ -249,7 +249,7 @@ class EnvironmentSpec(BaseModel):
         return self.on_image(image, masked=getattr(task, "masked_paths", ()))
 
     def on_image(self, image: str, *, masked: tuple[str, ...] = ()) -> EnvironmentSpec:
-        """This spec on another image, whose sandboxes no pool keeps (task_workers.context.DockerSandboxes):
+        """This spec on another image, whose sandboxes no pool keeps (environments.sandboxes.DockerSandboxes):
         a task's own image, or a factory package's; `masked`: directories of it every sandbox hides. Not
         checked against task_images: see for_task."""
         sandbox = {**self.sandbox, "masked_paths": [*self.sandbox.get("masked_paths", ()), *masked]} if masked else self.sandbox

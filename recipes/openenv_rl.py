@@ -120,10 +120,10 @@ def look(spec: dict[str, Any], *, resets: int) -> Seen:
     kind), to render the warm-up's demonstrations exactly as its episodes will be stored."""
     from environments.openenv.kind import OpenEnvKind, observation_text
     from environments.openenv.task import OpenEnvTask
+    from environments.sandboxes import DockerSandboxes
     from environments.spec import parse_spec
     from sandboxes import make_backend
     from sandboxes.events import InMemoryEventSink
-    from task_workers.context import DockerSandboxes
 
     parsed = parse_spec(spec)
     sandboxes = DockerSandboxes(backend=make_backend("docker"), events=InMemoryEventSink(), worker="openenv-rl",

@@ -5,7 +5,7 @@
     spec = SandboxSpec(image="crucible/code-repo:latest", workspace_seed="/opt/seed")
     with SandboxPool(spec=spec, backend=make_backend("docker"), min_size=2) as pool:
         with pool.lease(run_id=1, episode_id=7) as sandbox:
-            result = sandbox.step("python3 -m pytest -q", timeout=60)
+            result = sandbox.step("python3 -m pytest -q", timeout_s=60)
             print(result.status, result.exit_code, result.stdout)
 
 Modules: spec (SandboxSpec), backend (protocol + registry), docker_backend, shell + driver (the

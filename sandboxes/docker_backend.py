@@ -148,7 +148,8 @@ class DockerBackend:
 
         def exit_code() -> int | None:
             try:
-                return api.exec_inspect(exec_id).get("ExitCode")
+                code = api.exec_inspect(exec_id).get("ExitCode")
+                return None if code is None else int(code)
             except APIError:
                 return None
 

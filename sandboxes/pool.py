@@ -98,12 +98,13 @@ class SandboxPool:
             self._maintainer.start()
 
     # -- public ---------------------------------------------------------------------------------
-    def acquire(self, *, run_id: int | None = None, episode_id: int | None = None, timeout: float | None = None) -> Sandbox:
+    def acquire(self, *, run_id: int | None = None, episode_id: int | None = None,
+                timeout_s: float | None = None) -> Sandbox:
         """A ready sandbox leased to (run_id, episode_id). Raises AcquireTimeout or PoolClosed."""
         started = time.perf_counter()
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            sandbox = self._take_idle_or_reserve(deadline, timeout)
+            sandbox = self._take_idle_or_reserve(deadline, timeout_s)
             warm = sandbox is not None
             if sandbox is None:
                 sandbox = self._create_reserved()
@@ -137,8 +138,9 @@ class SandboxPool:
         self._retire(sandbox, "pool_closed")
 
     @contextmanager
-    def lease(self, *, run_id: int | None = None, episode_id: int | None = None, timeout: float | None = None) -> Iterator[Sandbox]:
-        sandbox = self.acquire(run_id=run_id, episode_id=episode_id, timeout=timeout)
+    def lease(self, *, run_id: int | None = None, episode_id: int | None = None,
+              timeout_s: float | None = None) -> Iterator[Sandbox]:
+        sandbox = self.acquire(run_id=run_id, episode_id=episode_id, timeout_s=timeout_s)
         try:
             yield sandbox
         finally:
@@ -161,10 +163,10 @@ class SandboxPool:
                 warm_acquires=self._counts["warm"], cold_acquires=self._counts["cold"],
             )
 
-    def wait_ready(self, *, idle: int | None = None, timeout: float = 60.0) -> bool:
-        """Block until at least `idle` (default min_size) sandboxes are idle; False on timeout."""
+    def wait_ready(self, *, idle: int | None = None, timeout_s: float = 60.0) -> bool:
+        """Block until at least `idle` (default min_size) sandboxes are idle; False after `timeout_s`."""
         want = self.min_size if idle is None else idle
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + timeout_s
         with self._cond:
             while len(self._idle) < want:
                 remaining = deadline - time.monotonic()
@@ -199,7 +201,7 @@ class SandboxPool:
     def _total(self) -> int:
         return len(self._idle) + len(self._leased) + self._creating + self._recycling
 
-    def _take_idle_or_reserve(self, deadline: float | None, timeout: float | None) -> Sandbox | None:
+    def _take_idle_or_reserve(self, deadline: float | None, timeout_s: float | None) -> Sandbox | None:
         """Pop a usable idle sandbox (None = a create slot was reserved for the caller)."""
         stale: list[Sandbox] = []
         try:
@@ -220,7 +222,7 @@ class SandboxPool:
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if remaining is not None and remaining <= 0:
                         raise AcquireTimeout(
-                            f"acquire: expected a free sandbox within {timeout}s, got none "
+                            f"acquire: expected a free sandbox within {timeout_s}s, got none "
                             f"({self.max_size} of max_size {self.max_size} in use)"
                         )
                     self._cond.wait(remaining)

@@ -1,7 +1,7 @@
 """Sandbox: one container and its persistent shell — create → ready → step → reset → recycle/destroy.
 
     sandbox = create_sandbox(backend=make_backend(), spec=spec, events=sink)
-    result = sandbox.step("pytest -q", timeout=120)     # StepResult, never raises for the command's fault
+    result = sandbox.step("pytest -q", timeout_s=120)     # StepResult, never raises for the command's fault
     sandbox.reset()                                     # ResetFailed -> destroy and replace
     sandbox.destroy(reason="done")                      # idempotent
 
@@ -110,9 +110,10 @@ class Sandbox:
         return time.time() - self.created_at
 
     # -- commands -------------------------------------------------------------------------------
-    def step(self, command: str | bytes, *, timeout: float | None = None) -> StepResult:
-        """Run one command in the persistent shell (cwd and env persist); `timeout` in seconds."""
-        timeout = timeout or self.spec.command_timeout_s
+    def step(self, command: str | bytes, *, timeout_s: float | None = None) -> StepResult:
+        """Run one command in the persistent shell (cwd and env persist); `timeout_s` in seconds (default: the
+        spec's command_timeout_s)."""
+        timeout = timeout_s or self.spec.command_timeout_s
         started = time.perf_counter()
         with self._lock:
             if self._destroyed:
@@ -298,7 +299,7 @@ class Sandbox:
 
     def health_check(self) -> bool:
         """True if a trivial command runs in the shell; emits health_fail otherwise."""
-        result = self.step("true", timeout=10)
+        result = self.step("true", timeout_s=10)
         ok = result.status is StepStatus.OK and result.exit_code == 0 and not result.shell_restarted
         if not ok:
             self.healthy = False

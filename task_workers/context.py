@@ -8,88 +8,19 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from core.errors import ConfigError
-from environments.spec import EnvironmentSpec
-from sandboxes import PoolSet, Reaper, SandboxBackend, SandboxSpec, make_backend
+from environments.sandboxes import DockerSandboxes
+from sandboxes import Reaper, SandboxBackend, make_backend
 from sandboxes.db_events import DbEventSink
-from sandboxes.errors import SandboxDead
 from sandboxes.events import EventSink
 from sandboxes.reaper import start_reaper
 from task_workers.policy.client import PolicyClient, local_tokenizers
 from task_workers.policy.pool import PolicyPool
 
 logger = logging.getLogger(__name__)
-
-
-def sandbox_spec_for(spec: EnvironmentSpec) -> SandboxSpec:
-    """The sandbox an environment asks for; `image` names one of environments/images or any tag."""
-    image = spec.image
-    if ":" not in image and "/" not in image:
-        from environments.images.build import image_tag
-
-        image = image_tag(image)
-    limits = {"command_timeout_s": spec.limits.tool_timeout_s, **spec.sandbox}
-    return SandboxSpec.from_mapping({"image": image, **limits})
-
-
-def package_sandboxes(sandboxes: DockerSandboxes, spec: EnvironmentSpec, *,
-                      importing: bool = False) -> Callable[[str, list[str]], tuple[str, Any]]:
-    """The task factory's maker of package images (factory.pipeline.PackageSandbox): each one `spec`'s image
-    plus the package's requirements, its sandboxes fresh ones of `sandboxes` that no pool keeps. `importing`:
-    the tasks go into `spec`'s environment, so its task_images must allow the image (checked before any is
-    built, not after the factory's whole run)."""
-    from environments.images.packages import REPOSITORY, package_image
-
-    base = sandbox_spec_for(spec).image
-
-    def make(package: str, requirements: list[str]) -> tuple[str, Any]:
-        if importing and not spec.allows_task_image(f"{REPOSITORY}/{package.lower()}:0"):
-            raise ConfigError(f"its tests need {', '.join(requirements)}, so its tasks run on an image of its own, "
-                              f"and environment {spec.name!r} does not allow it: expected task_images to match "
-                              f"{REPOSITORY}/*, got {spec.task_images}")
-        tag = package_image(base, package, requirements)
-        on = spec.on_image(tag)
-        return tag, lambda: sandboxes.fresh(spec=on, run_id=None, episode_id=None)
-
-    return make
-
-
-class DockerSandboxes:
-    """The episode runner's SandboxProvider over warm pools (one per distinct spec)."""
-
-    def __init__(self, *, backend: SandboxBackend, events: EventSink, worker: str, min_size: int, max_size: int) -> None:
-        self._pools = PoolSet(backend=backend, events=events, worker=worker, min_size=min_size, max_size=max_size)
-
-    def pool_for(self, spec: EnvironmentSpec) -> Any:
-        return self._pools.pool(sandbox_spec_for(spec))
-
-    @contextmanager
-    def lease(self, *, spec: EnvironmentSpec, run_id: int | None, episode_id: int | None) -> Iterator[Any]:
-        if spec.task_image is not None:  # a task's own image: one sandbox, made for this episode, kept by no pool
-            with self._pools.fresh(sandbox_spec_for(spec)) as sandbox:
-                if not sandbox.assign(run_id=run_id, episode_id=episode_id):
-                    raise SandboxDead(f"sandbox {sandbox.id} of {spec.image} died before its episode began")
-                yield sandbox
-            return
-        with self.pool_for(spec).lease(run_id=run_id, episode_id=episode_id) as sandbox:
-            yield sandbox
-
-    @contextmanager
-    def fresh(self, *, spec: EnvironmentSpec, run_id: int | None, episode_id: int | None) -> Iterator[Any]:
-        if spec.task_image is not None:
-            with self._pools.fresh(sandbox_spec_for(spec)) as sandbox:
-                yield sandbox
-            return
-        with self.pool_for(spec).open_fresh() as sandbox:
-            yield sandbox
-
-    def close(self) -> None:
-        self._pools.close()
 
 
 @dataclass

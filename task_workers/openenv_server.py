@@ -52,9 +52,9 @@ from core.termination import TerminationReason
 from environments.base import EnvironmentKind, GraderFault, Sandbox, ToolCall, ToolResult, ToolStatus
 from environments.openenv.kind import OpenEnvKind
 from environments.registry import get_kind, kind_names
+from environments.sandboxes import DockerSandboxes
 from environments.service import get_environment, spec_of
 from environments.spec import EnvironmentSpec
-from task_workers.context import DockerSandboxes
 from task_workers.episode.loop import cap_text, episode_end
 from task_workers.episode.runner import prepare_task
 

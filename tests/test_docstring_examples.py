@@ -149,8 +149,8 @@ def test_every_docstring_example_calls_what_exists_as_it_is_called() -> None:
 
 
 @pytest.mark.parametrize(("source", "wrong"), [
-    ('"""\n    sandbox.step("ls", timeout_s=1)\n"""', True),
-    ('"""\n    sandbox.step("ls", timeout=1)\n"""', False),
+    ('"""\n    sandbox.step("ls", timeout=1)\n"""', True),
+    ('"""\n    sandbox.step("ls", timeout_s=1)\n"""', False),
     ('"""\n    create_sandbox(backend=b, spec=s, colour="red")\n"""', True),
 ])
 def test_a_stale_example_is_caught(source: str, wrong: bool) -> None:

@@ -66,9 +66,9 @@ class SubmissionError(RuntimeError):
     workspace, a tree that cannot be unpacked): scored 0 with this message, never retried."""
 
 
-def _run(sandbox: Sandbox, command: str, *, timeout: float = 120) -> str:
+def _run(sandbox: Sandbox, command: str, *, timeout_s: float = 120) -> str:
     # A subshell: the agent's persistent shell keeps its own HOME and variables.
-    step = sandbox.step(f"(export {GIT_ENV}; {command})", timeout=timeout)
+    step = sandbox.step(f"(export {GIT_ENV}; {command})", timeout_s=timeout_s)
     if step.exit_code != 0:
         raise SetupError(f"`{command}` exited {step.exit_code} ({step.status}): {step.output[-800:]}")
     return str(step.output)

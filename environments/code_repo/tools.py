@@ -85,10 +85,10 @@ def _dispatch(*, sandbox: Sandbox, call: ToolCall, task: CodeRepoTask, timeout_s
     if call.name == "bash":
         timeout = call.arguments.get("timeout")
         limit = min(float(timeout), timeout_s) if isinstance(timeout, int | float) and timeout > 0 else timeout_s
-        return _from_step(sandbox.step(_argument(call, "command"), timeout=limit))
+        return _from_step(sandbox.step(_argument(call, "command"), timeout_s=limit))
     if call.name == "read_file":
         path = workspace_path(_argument(call, "path"))
-        return _from_step(sandbox.step(f"cat -- {shlex.quote(path)}", timeout=timeout_s))
+        return _from_step(sandbox.step(f"cat -- {shlex.quote(path)}", timeout_s=timeout_s))
     if call.name == "write_file":
         path = workspace_path(_argument(call, "path"))
         content = _argument(call, "content")
@@ -100,7 +100,7 @@ def _dispatch(*, sandbox: Sandbox, call: ToolCall, task: CodeRepoTask, timeout_s
         if task.public_tests is None:
             return ToolResult(observation="this task has no public tests", status=ToolStatus.ERROR)
         return _from_step(sandbox.step(task.public_tests.agent_command(),
-                                       timeout=min(task.public_tests.timeout_s, timeout_s)))
+                                       timeout_s=min(task.public_tests.timeout_s, timeout_s)))
     if call.name == "submit":
         return ToolResult(observation="submitted", exit_code=0, ends_episode=True)
     raise ToolInputError(f"tool: expected one of {', '.join(TOOL_SCHEMAS)}, got {call.name!r}")
@@ -118,7 +118,7 @@ def write_file(sandbox: Sandbox, path: str, data: bytes, *, timeout_s: float) ->
     encoded = base64.b64encode(data).decode()
     quoted = shlex.quote(path)
     step = sandbox.step(f"mkdir -p -- \"$(dirname -- {quoted})\" && printf %s {encoded} | base64 -d > {quoted}",
-                        timeout=timeout_s)
+                        timeout_s=timeout_s)
     if step.exit_code != 0:
         raise ToolInputError(f"cannot write {path}: {step.output.strip()[-300:]}")
 
@@ -126,7 +126,7 @@ def write_file(sandbox: Sandbox, path: str, data: bytes, *, timeout_s: float) ->
 def read_file(sandbox: Sandbox, path: str, *, timeout_s: float) -> bytes:
     quoted = shlex.quote(path)
     step = sandbox.step(f"test -f {quoted} || exit 3; [ $(stat -c %s -- {quoted}) -le {SHELL_TRANSFER_MAX} ] "
-                        f"|| exit 4; base64 -w0 -- {quoted}", timeout=timeout_s)
+                        f"|| exit 4; base64 -w0 -- {quoted}", timeout_s=timeout_s)
     if step.exit_code == 3:
         raise FileNotFoundError(path)
     if step.exit_code == 4 or (step.exit_code == 0 and step.truncated_bytes):

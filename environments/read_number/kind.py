@@ -78,7 +78,7 @@ class ReadNumberKind(Kind):
             command = call.arguments.get("command")
             if not isinstance(command, str) or not command.strip():
                 return tool_error("bash: expected a non-empty string argument 'command'", prefix="")
-            step = sandbox.step(command, timeout=self.spec.limits.tool_timeout_s)
+            step = sandbox.step(command, timeout_s=self.spec.limits.tool_timeout_s)
             return ToolResult(observation=step.output, output=step.output, exit_code=step.exit_code,
                               status=ToolStatus.of_step(step.status), duration_s=step.duration_s,
                               truncated_bytes=step.truncated_bytes)

@@ -165,7 +165,7 @@ def test_a_toy_kind_is_a_folder_and_a_registry_line(parrot: object, db_session: 
     assert stored["p-2"].split == "test"
     with pytest.raises(ConfigError, match=r':1: payload: expected a parrot task object like \{"word": "hello"\}'):
         import_uploaded(db_session, environment=env.name, lines=[json.dumps({"id": "p-3", "payload": "cat"})])
-    with pytest.raises(ConfigError, match=":1: payload.word: String should match pattern"):
+    with pytest.raises(ConfigError, match=r":1: payload\.word: String should match pattern"):
         import_uploaded(db_session, environment=env.name, lines=[json.dumps({"id": "p-3", "payload": {"word": "Cat"}})])
     with pytest.raises(ConfigError, match="format: expected crucible for 'parrot-env'"):
         import_uploaded(db_session, environment=env.name, lines=lines, format="swebench")

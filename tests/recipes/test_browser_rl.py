@@ -112,8 +112,14 @@ def test_rl_trains_on_browser_episodes_end_to_end(tmp_path: Path, db_session: Se
 
     assert json.loads((tmp_path / "result.json").read_text()) == result
     assert [point["step"] for point in result["curve"]] == [1, 2], out.getvalue()[-3000:]
-    assert all(0.0 <= point["success"] <= 1.0 for point in result["curve"])
-    assert 0.0 <= result["held_out_success_before"] <= 1.0 and 0.0 <= result["held_out_success_after"] <= 1.0
+    # The figures are the store's, recounted here from the episodes (a figure made up, or read from the
+    # wrong run or step, differs): pass@1 over held-out tasks, and each step's share of solved episodes.
+    for key, eval_run in (("held_out_success_before", result["eval_run_ids"][0]),
+                          ("held_out_success_after", result["eval_run_ids"][-1])):
+        assert result[key] == pytest.approx(_pass_at_1(db_session, eval_run), abs=1e-9), key
+    for point in result["curve"]:
+        assert point["success"] == pytest.approx(_step_success(db_session, result["run_id"], point["step"]),
+                                                 abs=1e-6), point  # the metric is rounded to 6 places
 
     run = db_session.get(Run, result["run_id"])
     assert run is not None and run.purpose == "train"
@@ -179,3 +185,28 @@ def test_by_page_counts_what_crucible_eval_counts(db_session: Session) -> None:
         "click-link": {"tasks": 1, "success": 0.5, "interval": [0.5, 0.5]},
         "click-test": {"tasks": 1, "success": 1.0, "interval": [1.0, 1.0]},
     }
+
+
+def _pass_at_1(session: Session, run_id: int) -> float:
+    """The mean over tasks of the share of a task's completed episodes solved (reward ≥ SOLVED_AT)."""
+    from collections import defaultdict
+
+    from environments.rewards import SOLVED_AT
+
+    by_task: dict[int, list[bool]] = defaultdict(list)
+    for task_id, reward in session.execute(select(Episode.task_id, Episode.reward)
+                                           .where(Episode.run_id == run_id, Episode.status == "completed")):
+        by_task[task_id].append(reward is not None and reward >= SOLVED_AT)
+    assert by_task, f"eval run {run_id} has no completed episode"
+    return sum(sum(solved) / len(solved) for solved in by_task.values()) / len(by_task)
+
+
+def _step_success(session: Session, run_id: int, step: int) -> float:
+    """The share of the episodes a training step consumed that were solved."""
+    from environments.rewards import SOLVED_AT
+
+    rewards = session.execute(select(Episode.reward).join(EpisodeGroup, Episode.group_id == EpisodeGroup.id)
+                              .where(EpisodeGroup.run_id == run_id, EpisodeGroup.consumed_step == step,
+                                     Episode.advantage.is_not(None))).scalars().all()
+    assert rewards, f"step {step} of run {run_id} consumed no episode"
+    return sum(reward >= SOLVED_AT for reward in rewards) / len(rewards)

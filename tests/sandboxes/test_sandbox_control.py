@@ -38,7 +38,7 @@ def test_500_steps_of_1mb_output_each_return_their_output_and_exit_code(sandbox:
     for i in range(500):
         marker = f"step-{i:03d}"
         command = f"printf '{marker}'; head -c {MB - 2 * len(marker)} /dev/zero | tr '\\0' x; printf '{marker}'; (exit {i % 7})"
-        result = sandbox.step(command, timeout=60)
+        result = sandbox.step(command, timeout_s=60)
         assert (result.status, result.exit_code) == (StepStatus.OUTPUT_TRUNCATED, i % 7), (i, result.stdout[-300:])
         assert (result.output_bytes, result.truncated_bytes) == (MB, MB - head - tail), i
         assert result.stdout.startswith(marker + "x") and result.stdout.endswith("x" + marker), i

@@ -32,12 +32,12 @@ def pool(backend: SandboxBackend, base_spec: SandboxSpec, sink: InMemoryEventSin
 
 def run_fault(pool: SandboxPool, command: str, *, timeout: float = 10) -> tuple[StepResult, Sandbox]:
     """Run `command` in a leased sandbox, give it back, and check the next lease is healthy."""
-    sandbox = pool.acquire(run_id=None, episode_id=None, timeout=120)
+    sandbox = pool.acquire(run_id=None, episode_id=None, timeout_s=120)
     try:
-        result = sandbox.step(command, timeout=timeout)
+        result = sandbox.step(command, timeout_s=timeout)
     finally:
         pool.release(sandbox)
-    with pool.lease(timeout=120) as fresh:
+    with pool.lease(timeout_s=120) as fresh:
         assert fresh.health_check()
         check = fresh.step("pwd; ls -A /workspace /tmp; ps -u agent -o comm= | grep -cvxE 'bash|ps|grep'")
         assert check.status is StepStatus.OK

@@ -48,7 +48,7 @@ def make_pool(backend: SandboxBackend, base_spec: SandboxSpec, events: InMemoryE
 
 def test_refills_to_min_size_and_acquires_warm(make_pool, events: InMemoryEventSink) -> None:
     pool = make_pool(min_size=2, max_size=3)
-    assert pool.wait_ready(timeout=60)
+    assert pool.wait_ready(timeout_s=60)
     warm_ids = {s.id for s in pool._idle}
     sandbox = pool.acquire(run_id=None, episode_id=None)
     assert sandbox.id in warm_ids  # handed out from the warm set, no create on this path
@@ -71,7 +71,7 @@ def test_a_sandbox_is_retired_after_max_uses(make_pool, events: InMemoryEventSin
     again = pool.acquire()
     assert again is first and again.uses == 2
     pool.release(again)
-    third = pool.acquire(timeout=60)
+    third = pool.acquire(timeout_s=60)
     assert third.id != first.id
     assert retire_reasons(events, first.id) == ["max_uses"]
     assert first.destroyed
@@ -89,27 +89,27 @@ def test_dead_sandbox_is_retired_and_replaced(make_pool, backend: SandboxBackend
     pool.release(sandbox)
     wait_for(lambda: settled(pool), what="retirement")
     assert retire_reasons(events, sandbox.id) == ["unhealthy"]
-    with pool.lease(timeout=60) as fresh:
+    with pool.lease(timeout_s=60) as fresh:
         assert fresh.health_check()
 
 
 def test_idle_sandbox_that_died_is_skipped_on_acquire(make_pool, backend: SandboxBackend) -> None:
     pool = make_pool(min_size=1, max_size=2)
-    assert pool.wait_ready(timeout=60)
+    assert pool.wait_ready(timeout_s=60)
     victim = pool._idle[0]
     backend.remove(victim.container_id)
-    sandbox = pool.acquire(timeout=60)
+    sandbox = pool.acquire(timeout_s=60)
     assert sandbox.id != victim.id and sandbox.step("true").exit_code == 0
     pool.release(sandbox)
 
 
 def test_failed_reset_retires(make_pool, repo_spec: SandboxSpec, events: InMemoryEventSink) -> None:
     pool = make_pool(spec=repo_spec, min_size=1, max_size=1)
-    sandbox = pool.acquire(timeout=60)
+    sandbox = pool.acquire(timeout_s=60)
     assert sandbox.is_repo
     sandbox.step("rm -rf .git")
     pool.release(sandbox)
-    fresh = pool.acquire(timeout=60)
+    fresh = pool.acquire(timeout_s=60)
     assert retire_reasons(events, sandbox.id) == ["reset_failed"]
     assert fresh.step("git status --porcelain && git log --format=%s").stdout == "seed\n"
     pool.release(fresh)
@@ -117,9 +117,9 @@ def test_failed_reset_retires(make_pool, repo_spec: SandboxSpec, events: InMemor
 
 def test_acquire_times_out_when_full_and_close_stops_it(make_pool) -> None:
     pool = make_pool(min_size=0, max_size=1)
-    held = pool.acquire(timeout=60)
+    held = pool.acquire(timeout_s=60)
     with pytest.raises(AcquireTimeout, match=r"expected a free sandbox within 0\.2s"):
-        pool.acquire(timeout=0.2)
+        pool.acquire(timeout_s=0.2)
     pool.close()
     assert held.destroyed  # close destroys leased sandboxes too
     with pytest.raises(PoolClosed):
@@ -138,7 +138,7 @@ def test_concurrent_leases(make_pool, backend: SandboxBackend) -> None:
         nonlocal peak
         try:
             for _ in range(3):
-                with pool.lease(run_id=1, episode_id=n, timeout=120) as sandbox:
+                with pool.lease(run_id=1, episode_id=n, timeout_s=120) as sandbox:
                     with lock:
                         assert sandbox.id not in held  # never leased twice at once
                         held.add(sandbox.id)
@@ -184,7 +184,7 @@ def test_a_closed_pool_set_leaves_no_container_even_one_the_engine_would_not_rem
     other = PoolSet(backend=backend, worker="same", min_size=0, max_size=1)
     try:
         pool = leaking.pool(base_spec)
-        assert pool.wait_ready(timeout=120)
+        assert pool.wait_ready(timeout_s=120)
         kept = other.pool(base_spec).acquire()
         leased = pool.acquire()
         ours = {info.sandbox_id for info in backend.list(labels={POOLS: leaking.id})}

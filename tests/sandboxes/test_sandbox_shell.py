@@ -79,7 +79,7 @@ def test_output_is_capped_head_and_tail_with_the_truncated_count(sandbox: Sandbo
 
 def test_timeout_kills_the_command_and_restores_cwd_and_exports(sandbox: Sandbox) -> None:
     sandbox.step("cd /tmp && export KEPT=yes")
-    result = sandbox.step("(sleep 300 &); sleep 300", timeout=1)
+    result = sandbox.step("(sleep 300 &); sleep 300", timeout_s=1)
     assert (result.status, result.exit_code, result.shell_restarted) == (StepStatus.TIMEOUT, 124, True)
     assert "timed out after 1s" in result.stdout
     after = sandbox.step('pwd; echo "$KEPT"; ps -u agent -o comm= | grep -c "^sleep$"')
@@ -87,7 +87,7 @@ def test_timeout_kills_the_command_and_restores_cwd_and_exports(sandbox: Sandbox
 
 
 def test_a_builtin_busy_loop_times_out_too(sandbox: Sandbox) -> None:
-    result = sandbox.step("while :; do :; done", timeout=1)
+    result = sandbox.step("while :; do :; done", timeout_s=1)
     assert result.status is StepStatus.TIMEOUT
     assert sandbox.step("echo alive").stdout == "alive\n"
 
@@ -101,7 +101,7 @@ def test_an_exit_code_line_split_by_the_drivers_read_timer_is_reassembled(sandbo
     # split. The shell's own "<seq> <token> 0" line follows; a driver that reassembles lines answers 42.
     answer = '"$__crucible_seq $__crucible_tok"'
     split = f"printf %s {answer} >&11; sleep 1; printf ' 42\\n' >&11"
-    result = sandbox.step(split, timeout=20)
+    result = sandbox.step(split, timeout_s=20)
     assert (result.status, result.exit_code, result.shell_restarted) == (StepStatus.OK, 42, False)
     assert sandbox.step("echo next").stdout == "next\n"  # the late "<seq> <token> 0" line is skipped
 

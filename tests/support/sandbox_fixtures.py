@@ -22,7 +22,7 @@ from sandboxes import InMemoryEventSink, SandboxBackend, make_backend
 from sandboxes.errors import BackendUnavailable
 
 if TYPE_CHECKING:
-    from task_workers.context import DockerSandboxes
+    from environments.sandboxes import DockerSandboxes
 
 
 @pytest.fixture(scope="session")
@@ -64,7 +64,7 @@ def events() -> InMemoryEventSink:
 def sandboxes(backend: SandboxBackend, events: InMemoryEventSink) -> Iterator[DockerSandboxes]:
     """A worker's sandbox provider (no warm pool, at most 4), new for each test and closed after it; what it
     does is recorded in the test's `events`."""
-    from task_workers.context import DockerSandboxes
+    from environments.sandboxes import DockerSandboxes
 
     provider = DockerSandboxes(backend=backend, events=events, worker="test", min_size=0, max_size=4)
     yield provider
@@ -77,7 +77,7 @@ def module_sandboxes(request: pytest.FixtureRequest, backend: SandboxBackend,
     """One provider (at most 2) for a whole module, whose tests reuse its sandboxes: the worker named by the
     module's SANDBOX_WORKER. Only the code-repo image is built (a no-op when it is current)."""
     from environments.images import build_images
-    from task_workers.context import DockerSandboxes
+    from environments.sandboxes import DockerSandboxes
 
     build_images(names=["code-repo"], data_dir=image_cache)
     provider = DockerSandboxes(backend=backend, events=InMemoryEventSink(), worker=request.module.SANDBOX_WORKER,

@@ -322,10 +322,10 @@ def test_two_training_runs_on_one_pool(
     from core.models import Episode, EpisodeGroup, Task, Turn
     from core.store import insert_episode
     from environments.images import build_images
+    from environments.sandboxes import DockerSandboxes
     from environments.service import register_environment
     from environments.spec import parse_spec
     from sandboxes import InMemoryEventSink, make_backend
-    from task_workers.context import DockerSandboxes
     from task_workers.episode.errors import PolicyFault
     from task_workers.episode.runner import run_episode
     from task_workers.policy.client import PolicyClient

@@ -23,13 +23,13 @@ from core.models import Episode, Task
 from environments.code_repo.factory import FactoryOptions, build_tasks
 from environments.images.packages import package_image
 from environments.parsing import hermes_call
+from environments.sandboxes import DockerSandboxes
 from environments.service import register_environment
 from environments.spec import parse_spec
 from sandboxes import InMemoryEventSink
 from sandboxes import labels as L
 from sandboxes.docker_client import docker_api
 from sandboxes.events import EventKind
-from task_workers.context import DockerSandboxes
 from task_workers.episode.runner import run_episode
 from tests import factories
 from tests.environments.code_repo.test_factory import _broken, _installed, _spec

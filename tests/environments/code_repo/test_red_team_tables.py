@@ -23,10 +23,10 @@ from core.models import Episode as EpisodeRow
 from environments.code_repo.factory import FactoryOptions
 from environments.code_repo.factory.pipeline import build_tasks
 from environments.parsing import hermes_call
+from environments.sandboxes import DockerSandboxes
 from environments.service import register_environment
 from environments.spec import parse_spec
 from sandboxes import InMemoryEventSink, make_backend
-from task_workers.context import DockerSandboxes
 from task_workers.episode.runner import run_episode
 from tests import factories
 

@@ -12,9 +12,9 @@ from core.models import Episode, EpisodeGroup, Run, Task, Turn
 from core.store import insert_episode
 from environments.parsing import hermes_call
 from environments.read_number.task import make_tasks
+from environments.sandboxes import DockerSandboxes
 from environments.service import register_environment
 from environments.spec import parse_spec
-from task_workers.context import DockerSandboxes
 from task_workers.episode.runner import run_episode
 from task_workers.policy.client import PolicyClient
 from task_workers.policy.scripted import ScriptedPolicy, serve

@@ -21,9 +21,9 @@ from controller.dispatcher import RecordingDispatcher
 from controller.evaluation import launch_eval
 from controller.loop import Controller
 from environments.parsing import hermes_call
+from environments.sandboxes import DockerSandboxes
 from environments.service import register_environment
 from environments.spec import parse_spec
-from task_workers.context import DockerSandboxes
 from task_workers.episode.runner import run_episode
 from task_workers.policy.client import PolicyClient
 from task_workers.policy.scripted import ScriptedPolicy, serve

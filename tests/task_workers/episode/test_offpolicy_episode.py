@@ -24,9 +24,9 @@ from core.models import Episode, EpisodeGroup, Run, Task, Turn
 from core.store import insert_episode
 from core.versions import Label, LabelState, parse_label, settle
 from environments.parsing import hermes_call
+from environments.sandboxes import DockerSandboxes
 from environments.service import register_environment
 from environments.spec import EnvironmentSpec, parse_spec
-from task_workers.context import DockerSandboxes
 from task_workers.episode.errors import PolicyFault
 from task_workers.episode.runner import run_episode
 from task_workers.policy.client import PolicyClient
