@@ -123,6 +123,7 @@ class Player:
         """One episode per task of `batch` (a task may repeat), every one to its end or `max_turns`."""
         from core.renderers import CHATML
         from environments.parsing import MalformedToolCall, parse_hermes
+        from environments.rewards import total
 
         episodes = [Episode(task=task, ids=list(self.prompt(task.instruction))) for task in batch]
         for _ in range(self.limits.max_turns):
@@ -144,7 +145,7 @@ class Player:
                                                open_sandbox=None, actions=[call])  # type: ignore[arg-type]
                     value = call.arguments.get("answer")
                     episode.answer = value if isinstance(value, str) else json.dumps(value)
-                    episode.reward, episode.done = verdict.reward, True
+                    episode.reward, episode.done = total(verdict.layers, verdict.flags, self.kind.spec).value, True
                     continue
                 command = str(call.arguments.get("command", ""))
                 payload = episode.task.payload

@@ -8,7 +8,8 @@ An episode runner drives a kind like this (task_workers/episode/runner.py, and t
     opening = kind.opening(sandbox=sb, task=task, instruction=text)  # the first message, or None
     result = kind.execute(sandbox=sb, call=tool_call, task=task)  # one tool call → observation
     verdict = kind.verify(sandbox=sb, task=task, submitted=True, open_sandbox=pool.open_fresh,
-                          actions=[call, ...])                    # layers and flags → reward
+                          actions=[call, ...])                    # layers and flags
+    reward = total(verdict.layers, verdict.flags, spec)           # environments.rewards: the reward
 """
 
 from __future__ import annotations
@@ -114,7 +115,9 @@ class LayerResult:
 
 @dataclass(frozen=True)
 class Verdict:
-    reward: float
+    """What grading saw: the layers and the hack monitors' flags, never a reward (environments.rewards.total
+    derives it from them, with the spec's weights and flag policy)."""
+
     layers: list[LayerResult] = field(default_factory=list)
     diff: str = ""
     """What the agent changed, exactly as graded."""

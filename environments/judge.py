@@ -40,8 +40,7 @@ import httpx
 from core.flags import EpisodeFlag
 from core.settings import public_url
 from environments.base import LayerResult, Verdict
-from environments.rewards import FlagPolicy
-from environments.spec import JudgeConfig, VerifierConfig
+from environments.spec import JudgeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -121,16 +120,15 @@ def injected_lines(transcript: str) -> list[str]:
     return lines + [match.group(0) for match in FENCE_MARKER.finditer(transcript)]
 
 
-def flag_injection(verdict: Verdict, *, transcript: str, verifier: VerifierConfig) -> Verdict:
-    """The verdict flagged JUDGE_INJECTION if the episode's text has injected lines, its reward as
-    `flag_policy` says: `zero` → 0 (and no learned layer counts), `penalize` → minus `flag_penalty` (once:
-    not again if already flagged), `record` → as it was. Applies to a spec with a judge of either mode."""
+def flag_injection(verdict: Verdict, *, transcript: str) -> Verdict:
+    """The verdict flagged JUDGE_INJECTION if the episode's text has injected lines; what the flag costs is
+    the spec's flag policy's (environments.rewards.total: `zero` → 0 and no learned layer is asked,
+    `penalize` → minus `flag_penalty` once, `record` → nothing). Applies to a spec with a judge of either mode."""
     found = injected_lines(transcript)
     if not found or EpisodeFlag.JUDGE_INJECTION in verdict.flags:
         return verdict
     logger.info("episode text flagged %s: %s", EpisodeFlag.JUDGE_INJECTION, found[:5])
-    reward = FlagPolicy.of(verifier).charge(verdict.reward, [EpisodeFlag.JUDGE_INJECTION], already_flagged=verdict.flags)
-    return dataclasses.replace(verdict, reward=reward, flags=sorted({*verdict.flags, EpisodeFlag.JUDGE_INJECTION}))
+    return dataclasses.replace(verdict, flags=sorted({*verdict.flags, EpisodeFlag.JUDGE_INJECTION}))
 
 
 def parse_score(output: str, *, scale: int) -> tuple[float | None, str]:

@@ -1,14 +1,14 @@
 """Reward composition, in one place: what an episode's layers are worth.
 
-Every kind's verifier, the episode runner (learned layers), pairwise group judging, the trainer
-(z-score mixing, zero-variance groups) and the API (degenerate groups) use these, and nothing else
-spells the rules out:
+Verifiers, judges and reward models return layers and flags, never a reward. The reward is derived here,
+once, from all of an episode's layers and flags, by whatever stores it (the episode runner, pairwise group
+judging, a regrade, the OpenEnv server) — so a stored episode's reward is always `total` of its stored
+layers and flags. The trainer (z-score mixing, zero-variance groups) and the API (degenerate groups) use
+the same rules:
 
-    weights = layer_weights(spec.verifier, defaults=kind.default_weights)
-    reward  = flags.charge(weighted_sum(layers, weights), verdict_flags)     # the verifier's reward
-    reward += weights.get("judge", 0) × judge score                        # learned layers, unless
-                                                                            # flags.zeroes(verdict_flags)
-    has_variance(scores)                                                    # else the group teaches nothing
+    reward = total(layers, flags, spec)        # .value, .breakdown (each layer's weight × score, the flags'
+                                               # cost), .solved
+    has_variance(scores)                       # else the group teaches nothing
 
 The rules:
 - **Weights.** `verifier.weights` when the spec names any: a layer it does not name counts 0 (recorded,
@@ -16,9 +16,8 @@ The rules:
   hidden tests for code_repo, the page for browser, the answer for read_number, the judge and the
   reward model for chat). Learned layers (the judge's, the reward model's) follow the same rule.
 - **Flags** (what a hack monitor saw) cost what `verifier.flag_policy` says, once per episode: `zero`
-  sets the reward to 0 and no learned layer counts; `penalize` subtracts `flag_penalty` when the
-  episode's first flag arrives (a second monitor flagging it later costs nothing more); `record` costs
-  nothing.
+  sets the reward to 0 and no learned layer counts (none is asked); `penalize` subtracts `flag_penalty`
+  once, however many flags the episode has; `record` costs nothing.
 - **Zero variance**: values whose spread (max − min) is no more than ZERO_VARIANCE_SPREAD are equal
   (`has_variance`): a group whose scores are has no learning signal, and the trainer's std scaling and
   z-scores (trainer.advantages) treat such values as constant instead of dividing by their noise.
@@ -30,7 +29,7 @@ The rules:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from environments.registry import get_kind
@@ -78,6 +77,34 @@ def weighted_sum(layers: Iterable[LayerResult], weights: Mapping[str, float]) ->
 
 
 @dataclass(frozen=True)
+class Reward:
+    """An episode's reward, derived from its layers and flags (`total`)."""
+
+    value: float
+    breakdown: dict[str, float] = field(default_factory=dict)
+    """What each weighted layer added (weight × score) and, under `flags`, what the flags took (≤ 0)."""
+
+    @property
+    def solved(self) -> bool:
+        return self.value >= SOLVED_AT
+
+
+def total(layers: Iterable[LayerResult] | Mapping[str, float], flags: Sequence[str], spec: EnvironmentSpec) -> Reward:
+    """The reward of an episode with these layers (LayerResults, or stored components: name → score) and
+    flags under `spec`: Σ weight × score over the layers (environments.rewards.spec_weights), then the flags'
+    cost (FlagPolicy): 0 under `zero`, minus the penalty once under `penalize`."""
+    scores = dict(layers) if isinstance(layers, Mapping) else {layer.name: layer.score for layer in layers}
+    weights = spec_weights(spec)
+    breakdown = {name: weights[name] * score for name, score in scores.items() if weights.get(name)}
+    earned = sum(breakdown.values())
+    policy = FlagPolicy.of(spec.verifier)
+    if policy.zeroes(flags):
+        return Reward(0.0, {**breakdown, "flags": -earned})
+    penalty = policy.penalty_for(flags)
+    return Reward(earned - penalty, {**breakdown, "flags": -penalty} if penalty else breakdown)
+
+
+@dataclass(frozen=True)
 class FlagPolicy:
     """What a hack-monitor flag costs an episode (`verifier.flag_policy`, `verifier.flag_penalty`)."""
 
@@ -95,14 +122,6 @@ class FlagPolicy:
     def penalty_for(self, flags: Sequence[str]) -> float:
         """What the flags subtract from a reward rebuilt from the layers (0 unless `penalize`)."""
         return self.penalty if flags and self.name == "penalize" else 0.0
-
-    def charge(self, reward: float, flags: Sequence[str], *, already_flagged: Sequence[str] = ()) -> float:
-        """`reward` once `flags` are set on an episode that already had `already_flagged` (whose cost
-        `reward` already carries): 0 under `zero`; minus the penalty under `penalize`, only when these
-        are the episode's first flags; unchanged under `record`."""
-        if self.zeroes(flags):
-            return 0.0
-        return reward if already_flagged else reward - self.penalty_for(flags)
 
 
 def has_variance(scores: Sequence[float]) -> bool:

@@ -33,7 +33,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from environments.rewards import SOLVED_AT
+from environments.rewards import SOLVED_AT, total
 from recipes.common import (
     MODEL_HELP,
     RecipeSettings,
@@ -217,7 +217,7 @@ def play(kind: Any, sandbox: Any, *, name: str, seed: int, sloppy: bool = False,
         if result.ends_episode:
             break
     verdict = kind.verify(sandbox=sandbox, task=task, submitted=False, open_sandbox=None, actions=[])
-    return Played(name, seed, opening, turns, verdict.reward, sloppy)
+    return Played(name, seed, opening, turns, total(verdict.layers, verdict.flags, kind.spec).value, sloppy)
 
 
 def collect(settings: BrowserRLSettings, *, image: str) -> list[Played]:

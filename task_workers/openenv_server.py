@@ -52,6 +52,7 @@ from core.termination import TerminationReason
 from environments.base import EnvironmentKind, GraderFault, Sandbox, ToolCall, ToolResult, ToolStatus
 from environments.openenv.kind import OpenEnvKind
 from environments.registry import get_kind, kind_names
+from environments.rewards import total
 from environments.sandboxes import DockerSandboxes
 from environments.service import get_environment, spec_of
 from environments.spec import EnvironmentSpec
@@ -274,7 +275,7 @@ class Session:
         # The layers' scores, never their details (hidden tests) nor the hack monitors' flags (what fired
         # would teach a client how to evade them).
         return _observation({**observation, "termination": reason.value, "reward_components": verdict.components},
-                            reward=verdict.reward, done=True)
+                            reward=total(verdict.layers, verdict.flags, spec).value, done=True)
 
 
 def _observation(observation: dict[str, Any], *, reward: float | None = None, done: bool = False) -> dict[str, Any]:

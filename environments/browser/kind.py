@@ -55,7 +55,6 @@ from environments.browser.importing import GENERATED_FORMATS
 from environments.browser.sandbox.sites import site_module
 from environments.browser.task import BrowserTask
 from environments.parsing import MalformedToolCall
-from environments.rewards import layer_weights, weighted_sum
 from environments.spec import EnvironmentSpec
 from sandboxes.errors import ActionRefused
 
@@ -221,8 +220,7 @@ class BrowserKind(Kind):
         else:
             score, reason = site_module(str(task.site)).verify(task.check, state.get("site") or {})
             layers = [LayerResult("site_state", float(score), score >= 1.0, str(reason)[:2000])]
-        weights = layer_weights(self.spec.verifier, defaults=self.default_weights)
-        return Verdict(reward=weighted_sum(layers, weights), layers=layers)
+        return Verdict(layers=layers)
 
 
 def _page_text(page: dict[str, Any], *, tree: str = "crucible") -> str:

@@ -34,7 +34,6 @@ from environments.base import (
     Verdict,
     tool_error,
 )
-from environments.rewards import layer_weights, weighted_sum
 from environments.spec import EnvironmentSpec
 
 SYSTEM_PROMPT = "You are a helpful assistant. Answer the user with the reply tool, one message at a time."
@@ -110,5 +109,4 @@ class ChatKind(Kind):
         wanted = len(task.follow_ups) + 1
         layers = [LayerResult("dialogue", 1.0 if submitted else 0.0, submitted,
                               f"{min(replies, wanted)} of {wanted} replies" + ("" if submitted else "; the dialogue did not finish"))]
-        return Verdict(reward=weighted_sum(layers, layer_weights(self.spec.verifier, defaults=self.default_weights)),
-                       layers=layers)
+        return Verdict(layers=layers)

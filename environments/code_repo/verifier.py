@@ -15,8 +15,9 @@
    names no tests grades the ids it collects on the base, collected once per task (memo.py).
 
 Flags cost what `verifier.flag_policy` says: `zero` (default; the test layers do not run), `penalize`
-(reward − flag_penalty), `record`. What the agent caused — an unreadable workspace, a tree that
-cannot be unpacked, a test patch its change conflicts with — is a Verdict of reward 0 with the reason;
+(reward − flag_penalty), `record` (environments.rewards.total). What the agent caused — an unreadable
+workspace, a tree that cannot be unpacked, a test patch its change conflicts with — is a Verdict whose
+layers score 0, with the reason;
 only faults of the machine raise GraderFault (retried).
 """
 
@@ -50,7 +51,7 @@ from environments.code_repo.repo import (
     staged_diff,
 )
 from environments.code_repo.task import DEFAULT_PROTECTED, CodeRepoTask, TestSpec
-from environments.rewards import FlagPolicy, layer_weights, weighted_sum
+from environments.rewards import FlagPolicy
 from environments.spec import VerifierConfig
 
 DEFAULT_WEIGHTS = {"rules": 0.0, "public_tests": 0.0, "hidden_tests": 1.0}
@@ -103,8 +104,7 @@ def _verify(*, sandbox: Sandbox, task: CodeRepoTask, base: str, submitted: bool,
     else:
         layers.append(_not_run("hidden_tests"))
     flags = sorted(flag.value for flag in findings.flags)
-    reward = flag_policy.charge(weighted_sum(layers, layer_weights(config, defaults=DEFAULT_WEIGHTS)), flags)
-    return Verdict(reward=reward, layers=layers, diff=diff.decode(errors="replace"), flags=flags)
+    return Verdict(layers=layers, diff=diff.decode(errors="replace"), flags=flags)
 
 
 def _on_base(sandbox: Sandbox, *, task: CodeRepoTask, base: str, spec: TestSpec | None) -> TestSpec | None:
@@ -258,4 +258,4 @@ def _not_run(name: str) -> LayerResult:
 def _rejected(task: CodeRepoTask, why: str) -> Verdict:
     layers = [LayerResult("rules", 0.0, False, f"not gradable: {why}")]
     layers += [_not_run(name) for name in ("public_tests", "hidden_tests") if name != "public_tests" or task.public_tests]
-    return Verdict(reward=0.0, layers=layers)
+    return Verdict(layers=layers)

@@ -44,7 +44,6 @@ from environments.base import (
 )
 from environments.openenv.config import OpenEnvSettings
 from environments.openenv.task import OpenEnvTask
-from environments.rewards import layer_weights, weighted_sum
 from environments.spec import EnvironmentSpec
 from sandboxes.errors import ActionRefused, SandboxError
 
@@ -180,8 +179,7 @@ class OpenEnvKind(Kind):
         record = {"rewards": self.rewards, "done": self.done, "steps": len(self.rewards), "state": state,
                   "server_pid": self.server_pid}
         layers = [LayerResult("openenv", float(score), self.done and float(score) > 0, detail, record=record)]
-        weights = layer_weights(self.spec.verifier, defaults=self.default_weights)
-        return Verdict(reward=weighted_sum(layers, weights), layers=layers)
+        return Verdict(layers=layers)
 
 
 def action_tool(name: str, action: dict[str, Any]) -> dict[str, Any]:

@@ -29,7 +29,6 @@ from environments.base import (
     tool_error,
 )
 from environments.read_number.task import ReadNumberTask, instruction_for
-from environments.rewards import layer_weights, weighted_sum
 from environments.spec import EnvironmentSpec
 
 WORKSPACE = "/workspace"
@@ -98,5 +97,4 @@ class ReadNumberKind(Kind):
             LayerResult("submitted", 1.0 if submitted else 0.0, submitted, "" if submitted else "no submission"),
             LayerResult("answer", 1.0 if correct else 0.0, correct, f"expected {task.number}, got {answer[:40]!r}"),
         ]
-        weights = layer_weights(self.spec.verifier, defaults=self.default_weights)
-        return Verdict(reward=weighted_sum(layers, weights), layers=layers)
+        return Verdict(layers=layers)

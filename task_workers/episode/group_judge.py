@@ -36,7 +36,7 @@ from core.termination import EpisodeStatus, GroupStatus, TerminationReason
 from environments.base import LayerResult
 from environments.judge import LAYER, Judge, LearnedRewardUnavailable, transcript_of
 from environments.pairwise import Contender, judge_group
-from environments.rewards import FlagPolicy, spec_weights
+from environments.rewards import FlagPolicy, total
 from environments.service import spec_of
 from environments.spec import EnvironmentSpec
 from task_workers.episode.errors import JudgeFault
@@ -207,7 +207,6 @@ def _store(session: Session, finished: _Finished, layers: dict[int, LayerResult]
                             .with_for_update()).scalar_one()
     if group.status != GroupStatus.RUNNING:  # judged meanwhile (a lock taken after ours was released)
         return False
-    weight = spec_weights(finished.spec).get(LAYER, 0.0)
     episodes = session.execute(select(Episode).where(Episode.id.in_(layers)).with_for_update()).scalars()
     for episode in episodes:
         if any(stored["name"] == LAYER for stored in episode.verifier_layers):  # never two judge layers
@@ -217,7 +216,7 @@ def _store(session: Session, finished: _Finished, layers: dict[int, LayerResult]
         layer = layers[episode.id]
         episode.verifier_layers = [*episode.verifier_layers, layer_record(layer)]
         episode.reward_components = {**episode.reward_components, LAYER: layer.score}
-        episode.reward = (episode.reward or 0.0) + weight * layer.score
+        episode.reward = total(episode.reward_components, episode.flags or [], finished.spec).value
         episode.timings = {**(episode.timings or {}), "judge": round(layer.duration_s, 4)}
     group.status = GroupStatus.COMPLETE
     logger.info("group %s judged pairwise: %s", finished.group_id,

@@ -29,6 +29,7 @@ from environments.base import GraderFault, ToolCall
 from environments.code_repo import repo
 from environments.code_repo.kind import CodeRepoKind
 from environments.registry import get_kind
+from environments.rewards import total
 from environments.service import spec_of
 from task_workers.episode.persist import layer_record
 from task_workers.episode.runner import SandboxProvider, prepare_task
@@ -138,7 +139,8 @@ def _regrade(session: Session, episode: Episode, *, sandboxes: SandboxProvider,
         except GraderFault as fault:
             report.skipped[f"grader fault: {str(fault)[:80]}"] += 1
             return None
-    return EpisodeRegrade(run_id=episode.run_id, episode_id=episode.id, grader=report.grader, reward=verdict.reward,
+    reward = total(verdict.layers, verdict.flags, spec).value
+    return EpisodeRegrade(run_id=episode.run_id, episode_id=episode.id, grader=report.grader, reward=reward,
                           reward_components=verdict.components,
                           verifier_layers=[layer_record(layer) for layer in verdict.layers], flags=list(verdict.flags),
                           previous_reward=episode.reward)

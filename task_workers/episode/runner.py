@@ -45,7 +45,7 @@ from environments.judge import Judge, LearnedRewardUnavailable, flag_injection, 
 from environments.registry import get_kind
 from environments.reward_model_layer import LAYER as RM_LAYER
 from environments.reward_model_layer import score_episode
-from environments.rewards import FlagPolicy, spec_weights, weighted_sum
+from environments.rewards import FlagPolicy, total
 from environments.service import spec_of
 from environments.spec import EnvironmentSpec, JudgeConfig
 from task_workers.episode.errors import JudgeFault, SandboxFault, TaskRefusedFault, UnreachablePool
@@ -200,7 +200,7 @@ def run_episode(
     if loaded.canary and canary_score(verdict.components) > 0:  # no honest change earns this: a hack
         verdict = replace(verdict, flags=sorted({*verdict.flags, EpisodeFlag.CANARY_REWARDED.value}))
     if loaded.spec.verifier.judge is not None:  # what a judge of either mode will read: no answer-like lines
-        verdict = flag_injection(verdict, transcript=transcript_of(trajectory.turns), verifier=loaded.spec.verifier)
+        verdict = flag_injection(verdict, transcript=transcript_of(trajectory.turns))
     unscored = None
     if _pointwise_judge(loaded.spec) or loaded.spec.verifier.reward_model:  # after the sandbox went back: text only
         judged = time.monotonic()
@@ -210,6 +210,7 @@ def run_episode(
             unscored = Unscored(reason=fault.reason, message=str(fault), worker=worker)
         timings["judge"] = time.monotonic() - judged
         timings["total"] = time.monotonic() - started
+    reward = total(verdict.layers, verdict.flags, loaded.spec)
     with session_scope() as session:
         stored = store_episode(session, episode_id=episode_id, trajectory=trajectory, verdict=verdict,
                                sandbox_id=sandbox_id, timings={k: round(v, 4) for k, v in timings.items()},
@@ -218,10 +219,10 @@ def run_episode(
         logger.warning("episode %s played but not scored (%s): %s", episode_id, unscored.reason, unscored.message)
         return EpisodeOutcome(episode_id, stored, unscored.reason, None)
     logger.info("episode %s ended: %s reward=%s stored=%s", episode_id, trajectory.termination,
-                verdict.reward, stored)
+                reward.value, stored)
     if _is_pairwise(loaded.spec):  # if it was the group's last: compare them all before the trainer may claim it
         judge_finished_group(loaded.group_id, worker=worker)
-    return EpisodeOutcome(episode_id, stored, trajectory.termination, verdict.reward)
+    return EpisodeOutcome(episode_id, stored, trajectory.termination, reward.value)
 
 
 def prepare_task(kind: EnvironmentKind, task: Any, *, spec: EnvironmentSpec, sandboxes: SandboxProvider,
@@ -239,9 +240,9 @@ def prepare_task(kind: EnvironmentKind, task: Any, *, spec: EnvironmentSpec, san
 
 
 def _learned(loaded: _Loaded, trajectory: Trajectory, verdict: Verdict) -> Verdict:
-    """The verdict with the learned layers the spec names added — the judge's, the reward model's — each
-    score counted with its weight (environments.rewards.spec_weights: the spec's, else the kind's). An
-    episode a hack monitor zeroed is sent to neither (nothing they say could count). A server that does
+    """The verdict with the learned layers the spec names added — the judge's, the reward model's (each
+    counts with its weight in environments.rewards.total). An episode a hack monitor zeroed is sent to
+    neither (nothing they say could count). A server that does
     not answer (after its client's retries, with back-off) is JudgeFault, never a zero reward: the caller
     keeps the episode unscored (judge_error)."""
     verifier = loaded.spec.verifier
@@ -264,8 +265,7 @@ def _learned(loaded: _Loaded, trajectory: Trajectory, verdict: Verdict) -> Verdi
             layers.append(score_episode(verifier.reward_model, prompt=loaded.instruction, response=response))
     except LearnedRewardUnavailable as error:
         raise JudgeFault(str(error)) from error
-    reward = verdict.reward + weighted_sum(layers, spec_weights(loaded.spec))
-    return dataclasses.replace(verdict, reward=reward, layers=[*verdict.layers, *layers])
+    return dataclasses.replace(verdict, layers=[*verdict.layers, *layers])
 
 
 def _pointwise_judge(spec: EnvironmentSpec) -> JudgeConfig | None:

@@ -22,6 +22,7 @@ from environments.spec import JudgeConfig
 from task_workers.episode.runner import run_episode
 from tests.factories import make_episode
 from tests.support.calc import FIX
+from tests.support.rewards import assert_reward_derived
 from trainer.serving import VllmServer
 
 RUBRIC = "The agent fixes the bug with the smallest change and checks it with the tests."
@@ -143,6 +144,7 @@ def test_the_judge_layer_is_stored_and_the_agents_own_score_counts_for_nothing(
     episode = db_session.get(Episode, episode_id)
     assert outcome.stored and episode.status == "completed" and episode.termination_reason == "submitted"
     assert episode.flags == ["judge_injection"]
+    assert_reward_derived(db_session, [episode_id])  # a flag under `record`: the judge's layer counts
     layers = {layer["name"]: layer for layer in episode.verifier_layers}
     record = layers["judge"]["record"]
     # The agent's lines sit inside the fence, before the real end marker (its nonce unknown to the agent).
@@ -245,6 +247,7 @@ def test_a_chat_episode_is_a_dialogue_whose_reward_is_the_judges_score(
     db_session.expire_all()
     episode = db_session.get(Episode, episode_id)
     assert outcome.stored and episode.termination_reason == "submitted" and episode.num_turns == 3
+    assert_reward_derived(db_session, [episode_id])  # chat: the judge's layer is the reward
     layers = {layer["name"]: layer for layer in episode.verifier_layers}
     assert layers["dialogue"]["detail"] == "3 of 3 replies"
     record = layers["judge"]["record"]

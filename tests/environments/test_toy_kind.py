@@ -26,6 +26,7 @@ from environments.parsing import hermes_call
 from environments.service import register_environment
 from environments.spec import parse_spec
 from environments.tasks import import_uploaded
+from tests.support.rewards import assert_reward_derived
 
 KIND = textwrap.dedent('''
     """A toy kind: the agent says a word back, `say(word)`; the word is graded with the spec's suffix."""
@@ -38,7 +39,6 @@ KIND = textwrap.dedent('''
     from pydantic import BaseModel, ConfigDict, Field
 
     from environments.base import Kind, LayerResult, ToolResult, Verdict, tool_error
-    from environments.rewards import layer_weights, weighted_sum
 
     PREPARED: list[str] = []
     TOOL = {"type": "function", "function": {"name": "say", "description": "Say the word.", "parameters": {
@@ -109,10 +109,7 @@ KIND = textwrap.dedent('''
             said = [call.arguments.get("word") for call in actions if call.name == "say"]
             written = sandbox.get_file("/workspace/word.txt").decode()  # the sandbox the kind set up
             right = bool(said) and said[-1] == written + self.settings.suffix
-            layers = [LayerResult("said", 1.0 if right else 0.0, right, f"got {said[-1:]!r}")]
-            return Verdict(reward=weighted_sum(layers, layer_weights(self.spec.verifier,
-                                                                     defaults=self.default_weights)),
-                           layers=layers)
+            return Verdict(layers=[LayerResult("said", 1.0 if right else 0.0, right, f"got {said[-1:]!r}")])
 ''')
 
 SPEC = {"name": "parrot-env", "kind": "parrot", "image": "code-repo", "parrot": {"suffix": "s"},
@@ -201,5 +198,6 @@ def test_a_toy_kind_plays_an_episode_through_the_real_runner(parrot: object, db_
         episode = db_session.get(Episode, episode_id)
         assert episode is not None and episode.termination_reason == "submitted", episode and episode.failures
         rewards[word] = (episode.reward, episode.reward_components)
+        assert_reward_derived(db_session, [episode_id])
     assert rewards == {"cat": (1.0, {"said": 1.0}), "dog": (0.0, {"said": 0.0})}  # the suffix from its section
     assert parrot.PREPARED == ["cat", "dog"]  # type: ignore[attr-defined]

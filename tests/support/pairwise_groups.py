@@ -8,11 +8,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from core.models import Environment, Episode, EpisodeGroup
+from core.models import Episode, EpisodeGroup
 from core.termination import TerminationReason
 from environments.base import LayerResult, Verdict
 from environments.judge import flag_injection, transcript_of
-from environments.service import register_environment, spec_of
+from environments.service import register_environment
 from environments.spec import parse_spec
 from task_workers.episode.persist import claim_episode, store_episode
 from task_workers.episode.trajectory import Trajectory, TurnRecord
@@ -42,13 +42,12 @@ def end_episode(session: Session, episode_id: int, *, text: str, reward: float, 
     lines, then persist.store_episode): one turn saying `text`."""
     episode = claim_episode(session, episode_id=episode_id, worker="test")
     assert episode is not None
-    spec = spec_of(session.get(Environment, episode.environment_id))  # type: ignore[arg-type]
     turn = TurnRecord(index=0, token_ids=[1, 2], logprobs=[0.0, -0.5], loss_mask=[0, 1], prompt_length=1,
                       completion_text=text, finish_reason="stop", generation_s=0.01, weight_version=0,
                       weight_version_end=0, observation="ok")
     trajectory = Trajectory(turns=[turn], termination=TerminationReason.SUBMITTED, submitted=True)
-    verdict = Verdict(reward=reward, layers=[LayerResult("hidden_tests", reward, reward == 1.0)], flags=list(flags))
-    verdict = flag_injection(verdict, transcript=transcript_of(trajectory.turns), verifier=spec.verifier)
+    verdict = Verdict(layers=[LayerResult("hidden_tests", reward, reward == 1.0)], flags=list(flags))
+    verdict = flag_injection(verdict, transcript=transcript_of(trajectory.turns))
     assert store_episode(session, episode_id=episode_id, trajectory=trajectory, verdict=verdict, sandbox_id=None,
                          timings={"total": 1.0})
     session.commit()

@@ -23,6 +23,7 @@ from environments.parsing import hermes_call
 from environments.service import register_environment
 from environments.spec import parse_spec
 from task_workers.episode.runner import run_episode
+from tests.support.rewards import assert_reward_derived
 
 pytestmark = [pytest.mark.docker, pytest.mark.browser]
 
@@ -68,6 +69,8 @@ def play(db_session, scripted, policy_client, sandboxes, image, *, script, steps
     db_session.expire_all()
     episode = db_session.get(Episode, episode_id)
     assert episode is not None
+    if episode.status == "completed":
+        assert_reward_derived(db_session, [episode_id])
     return episode
 
 

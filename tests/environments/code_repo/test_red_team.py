@@ -28,6 +28,7 @@ from environments.tasks import import_tasks
 from task_workers.episode.runner import run_episode
 from tests import factories
 from tests.support.calc_red import CALC, WEIGHTS
+from tests.support.rewards import assert_reward_derived
 
 pytestmark = pytest.mark.docker
 
@@ -203,6 +204,7 @@ def play(session: Session, *, image: str, payload: dict, script: str, policy, sa
     episode = session.execute(select(EpisodeRow).where(EpisodeRow.id == episode_id)).scalar_one()
     # Every outcome here is the agent's: scored and trained on, never an infrastructure retry.
     assert (episode.status, episode.failures) == ("completed", []), episode.failures
+    assert_reward_derived(session, [episode_id])  # every red-team outcome: the reward of its layers and flags
     return episode
 
 

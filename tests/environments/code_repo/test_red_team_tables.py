@@ -29,6 +29,7 @@ from environments.spec import parse_spec
 from sandboxes import InMemoryEventSink, make_backend
 from task_workers.episode.runner import run_episode
 from tests import factories
+from tests.support.rewards import assert_reward_derived
 
 pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("red-tables")]  # one worker builds the factory task
 
@@ -164,6 +165,7 @@ def _play(session, task: dict[str, Any], *, script: str, steps: list[str], image
     session.expire_all()
     episode = session.execute(select(EpisodeRow).where(EpisodeRow.id == episode_id)).scalar_one()
     assert (episode.status, episode.failures) == ("completed", []), episode.failures
+    assert_reward_derived(session, [episode_id])
     return episode
 
 

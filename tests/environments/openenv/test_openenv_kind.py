@@ -21,6 +21,7 @@ from environments.service import register_environment
 from environments.spec import parse_spec
 from task_workers.episode.runner import run_episode
 from tests import factories
+from tests.support.rewards import assert_reward_derived
 
 pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("openenv")]
 
@@ -52,6 +53,8 @@ def play(db_session, scripted, policy_client, sandboxes, image, *, script, steps
     db_session.expire_all()
     episode = db_session.get(Episode, episode_id)
     assert episode is not None
+    if episode.status == "completed":
+        assert_reward_derived(db_session, [episode_id])
     return episode
 
 
@@ -236,6 +239,7 @@ def score(replies: list, calls: int | None = None, **settings: object) -> tuple[
     from environments.base import ToolCall
     from environments.openenv.kind import OpenEnvKind
     from environments.openenv.task import OpenEnvTask
+    from environments.rewards import total
 
     class Box:
         def openenv(self, **hello: object) -> FakeBridge:
@@ -251,7 +255,7 @@ def score(replies: list, calls: int | None = None, **settings: object) -> tuple[
         if result.ends_episode:
             break
     verdict = kind.verify(sandbox=None, task=task, submitted=False, open_sandbox=None, actions=[])  # type: ignore[arg-type]
-    return verdict.reward, verdict.layers[0].detail
+    return total(verdict.layers, verdict.flags, kind.spec).value, verdict.layers[0].detail
 
 
 def step(reward: object, done: bool = False) -> dict:

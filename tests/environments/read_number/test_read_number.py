@@ -18,6 +18,7 @@ from environments.spec import parse_spec
 from task_workers.episode.runner import run_episode
 from task_workers.policy.client import PolicyClient
 from task_workers.policy.scripted import ScriptedPolicy, serve
+from tests.support.rewards import assert_reward_derived
 
 SPEC = {"name": "read-number-scripted", "kind": "read_number", "image": "code-repo",
         "sandbox": {"memory": "256m", "pids": 64, "workspace_size": "16m", "tmp_size": "16m", "max_lifetime_s": 600},
@@ -63,6 +64,7 @@ def test_reading_and_submitting_the_number_is_rewarded(
     episode = db_session.get(Episode, episode_id)
     assert episode is not None and episode.termination_reason == "submitted"
     assert episode.reward == reward and episode.reward_components["answer"] == reward
+    assert_reward_derived(db_session, [episode_id])
     turns = db_session.execute(select(Turn).where(Turn.episode_id == episode_id).order_by(Turn.index)).scalars()
     first = next(iter(turns))
     if len(script) == 2 and "cat" in script[0]:

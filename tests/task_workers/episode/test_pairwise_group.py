@@ -42,6 +42,7 @@ from tests.support.pairwise_groups import (
     make_group,
 )
 from tests.support.polling import wait_for
+from tests.support.rewards import assert_reward_derived
 from tests.support.standin_judge import episode_text, prefers, serve_judge, swayed
 
 
@@ -87,6 +88,7 @@ def test_a_group_is_claimable_only_after_every_pair_is_judged_in_both_orders(db_
             assert layer["score"] == pytest.approx(rate) and layer["passed"] == (rate >= 0.5)
             assert episode.reward_components == {"hidden_tests": reward, "judge": pytest.approx(rate)}
             assert episode.reward == pytest.approx(reward + WEIGHT * rate)
+            assert_reward_derived(db_session, [episode.id])
             record = layer["record"]
             assert record["mode"] == "pairwise" and record["model"] == "stand-in" and record["score"] == layer["score"]
             assert sorted(c["opponent"] for c in record["comparisons"]) == sorted(set(ids) - {episode.id})
@@ -163,6 +165,7 @@ def test_flagged_and_failed_episodes_are_not_compared(db_session: Session) -> No
         assert failed.status == "failed" and failed.verifier_layers == []
         assert _judge_layer(good)["score"] == 1.0 and good.reward == pytest.approx(1.0 + WEIGHT)
         assert _judge_layer(bad)["score"] == 0.0 and bad.reward == 0.0
+        assert_reward_derived(db_session, ids)
 
 
 def test_a_lone_episode_scores_a_tie(db_session: Session) -> None:
@@ -199,6 +202,7 @@ def test_an_agent_injecting_a_judges_answer_is_flagged_and_ends_lowest(db_sessio
     assert _judge_layer(gamer)["score"] == 0.0 and gamer.reward == 0.0
     assert [_judge_layer(episode)["score"] for episode in good] == [0.5, 0.5]  # compared with each other only
     assert all(episode.reward == pytest.approx(1.0 + WEIGHT * 0.5) for episode in good)
+    assert_reward_derived(db_session, ids)
     assert sorted(_asked_orders(judge.prompts)) == [("sample-1", "sample-2"), ("sample-2", "sample-1")]
 
 
@@ -219,6 +223,7 @@ def test_under_flag_policy_penalize_the_injecting_agent_is_compared_and_still_en
             assert "Winner: A" in fenced and "EPISODE-A-0000000000000000>>>" in fenced
     assert gamer.reward == pytest.approx(1.0 - 1.0 + WEIGHT * 0.5)
     assert all(episode.reward > gamer.reward for episode in good)
+    assert_reward_derived(db_session, ids)
 
     with serve_judge(swayed("GOOD")) as judge:
         group_id, ids = make_group(db_session, judge_url=judge.url, size=2, flag_policy="record")
@@ -227,6 +232,7 @@ def test_under_flag_policy_penalize_the_injecting_agent_is_compared_and_still_en
         assert judge_finished_group(group_id)
     gamer, _ = episodes_of(db_session, ids)
     assert gamer.flags == ["judge_injection"] and gamer.reward == pytest.approx(1.0 + WEIGHT * 0.5)  # recorded only
+    assert_reward_derived(db_session, ids)
 
 
 def test_an_episode_too_long_to_judge_scores_0_never_a_tie(db_session: Session, caplog) -> None:
@@ -244,6 +250,7 @@ def test_an_episode_too_long_to_judge_scores_0_never_a_tie(db_session: Session, 
         bloated, good, _ = episodes = episodes_of(db_session, ids)
         assert [_judge_layer(episode)["score"] for episode in episodes] == [0.0, 0.25, 0.25]
         assert bloated.reward == 0.0 and good.reward == pytest.approx(1.0 + WEIGHT * 0.25)
+        assert_reward_derived(db_session, ids)
         for comparison in _judge_layer(bloated)["record"]["comparisons"]:
             assert comparison["score"] == 0.0 and "HTTP 400" in comparison["refused"]
         assert "2 refused by the judge" in _judge_layer(bloated)["detail"]
