@@ -49,15 +49,16 @@ from sqlalchemy import select
 from core.errors import ConfigError, CrucibleError
 from core.models import Task
 from core.termination import TerminationReason
-from environments.base import EnvironmentKind, GraderFault, Sandbox, ToolCall, ToolResult, ToolStatus
+from environments.base import EnvironmentKind, ToolCall, ToolResult, ToolStatus
 from environments.openenv.kind import OpenEnvKind
 from environments.registry import get_kind, kind_names
 from environments.rewards import total
 from environments.sandboxes import DockerSandboxes
 from environments.service import get_environment, spec_of
 from environments.spec import EnvironmentSpec
+from task_workers.episode.driver import EpisodeDriver
+from task_workers.episode.errors import InfrastructureFault
 from task_workers.episode.loop import cap_text, episode_end
-from task_workers.episode.runner import prepare_task
 
 log = logging.getLogger(__name__)
 
@@ -152,16 +153,14 @@ class Session:
         self.kind = served.kind
         self.tool_names = {tool["function"]["name"] for tool in self.kind.tools()}
         self._stack: ExitStack | None = None
-        self.sandbox: Sandbox | None = None
-        self.task: Any = None
+        self.driver: EpisodeDriver | None = None
+        """The episode's driver while one is open (task_workers/episode/driver.py, as the Celery runner's)."""
         self.task_id: str | None = None
         self.episode_id: str | None = None
         self.actions: list[ToolCall] = []
         self.tool_errors = 0
         self.deadline = 0.0
         self.done = False
-        self.spec = served.spec
-        """The episode's spec: the environment's, on the task's own image if it names one."""
 
     # -- the protocol's three calls ------------------------------------------------------------------
     def reset(self, data: dict[str, Any]) -> dict[str, Any]:
@@ -171,30 +170,23 @@ class Session:
             raise ProtocolError(f"reset.episode_id: expected a string of at most {MAX_TASK_ID_CHARS} characters, "
                                 f"got {str(episode_id)[:80]!r}")
         chosen = self.served.pick(task_id=data.get("task_id"), seed=data.get("seed"))
-        task = self.kind.parse_task(chosen.payload)
+        driver = EpisodeDriver(self.kind, spec=self.served.spec, sandboxes=self.sandboxes, run_id=None, episode_id=None)
         stack = ExitStack()
         try:
-            task, spec = prepare_task(self.kind, task, spec=self.served.spec, sandboxes=self.sandboxes, run_id=None,
-                                      episode_id=None)  # a task's own image is never pooled: one sandbox per episode
-            sandbox = stack.enter_context(self.sandboxes.fresh(spec=spec, run_id=None, episode_id=None)
-                                          if spec.task_image else self.sandboxes.pool_for(spec).lease())
-            self.kind.setup(sandbox=sandbox, task=task)
-            opening = self.kind.opening(sandbox=sandbox, task=task, instruction=chosen.instruction)
-        except (RuntimeError, CrucibleError) as error:
+            opened = stack.enter_context(driver.open(chosen.payload, instruction=chosen.instruction))
+        except InfrastructureFault as error:
             stack.close()
             raise ProtocolError(f"the sandbox could not be set up: {str(error)[:300]}", code="sandbox_error") from None
         except BaseException:
             stack.close()
             raise
-        self._stack, self.sandbox, self.task, self.task_id = stack, sandbox, task, chosen.external_id
-        self.spec = spec
+        self._stack, self.driver, self.task_id = stack, driver, chosen.external_id
         self.episode_id, self.actions, self.tool_errors, self.done = episode_id, [], 0, False
         self.deadline = time.monotonic() + self.served.spec.limits.episode_timeout_s
-        text = opening.text if opening is not None else chosen.instruction
-        return _observation({"text": text, "tools": self.kind.tools(), "task_id": chosen.external_id})
+        return _observation({"text": opened.text, "tools": self.kind.tools(), "task_id": chosen.external_id})
 
     def step(self, data: dict[str, Any]) -> dict[str, Any]:
-        if self.sandbox is None:
+        if self.driver is None:
             raise ProtocolError("step: the episode has ended (or never began): reset first", code="no_episode")
         call = self._call(data)
         if time.monotonic() > self.deadline:  # too late to act: the episode ends as the agent loop ends it
@@ -202,7 +194,7 @@ class Session:
                 "text": f"the episode's time limit ({self.served.spec.limits.episode_timeout_s:g} s) has passed: "
                         f"{call.name} was not run", "status": "timeout", "exit_code": None})
         try:
-            result = self.kind.execute(sandbox=self.sandbox, call=call, task=self.task)
+            result = self.driver.step(call)
         except CrucibleError as error:
             self.release()
             raise ProtocolError(f"the sandbox failed while running {call.name}: {str(error)[:300]}; reset to play "
@@ -223,7 +215,7 @@ class Session:
 
     def seconds_left(self) -> float | None:
         """The episode's time left; None between episodes."""
-        return None if self.sandbox is None else max(0.0, self.deadline - time.monotonic())
+        return None if self.driver is None else max(0.0, self.deadline - time.monotonic())
 
     def state(self) -> dict[str, Any]:
         return {"episode_id": self.episode_id, "task_id": self.task_id, "step_count": len(self.actions),
@@ -231,7 +223,7 @@ class Session:
 
     def release(self) -> None:
         """Give the sandbox back to its pool (it is reset there before another lease)."""
-        stack, self._stack, self.sandbox = self._stack, None, None
+        stack, self._stack, self.driver = self._stack, None, None
         if stack is not None:
             stack.close()
 
@@ -259,14 +251,11 @@ class Session:
 
     def _end(self, reason: TerminationReason, observation: dict[str, Any]) -> dict[str, Any]:
         """The verifier's verdict on the episode; the sandbox goes back either way."""
-        assert self.sandbox is not None
-        spec = self.spec
+        assert self.driver is not None
+        spec = self.driver.spec  # on the task's own image, if it names one
         try:
-            verdict = self.kind.verify(sandbox=self.sandbox, task=self.task,
-                                       submitted=reason is TerminationReason.SUBMITTED,
-                                       open_sandbox=lambda: self.sandboxes.fresh(spec=spec, run_id=None, episode_id=None),
-                                       actions=self.actions)
-        except (GraderFault, CrucibleError) as error:
+            verdict = self.driver.verdict(submitted=reason is TerminationReason.SUBMITTED, actions=self.actions)
+        except InfrastructureFault as error:
             raise ProtocolError(f"grading failed for a reason of the machine ({str(error)[:200]}); the episode is "
                                 "not scored: reset to play again", code="grader_error") from None
         finally:

@@ -31,8 +31,8 @@ from environments.code_repo.kind import CodeRepoKind
 from environments.registry import get_kind
 from environments.rewards import total
 from environments.service import spec_of
+from task_workers.episode.driver import SandboxProvider, prepare_task
 from task_workers.episode.persist import layer_record
-from task_workers.episode.runner import SandboxProvider, prepare_task
 
 _GRADER_SOURCES = Path(repo.__file__).parent
 

@@ -1,7 +1,7 @@
 """One episode, end to end:
 
-    claim → lease a sandbox → set the task up → agent loop → verify → store episode + turns in ONE
-    transaction → the sandbox is reset and returned to its pool (or destroyed).
+    claim → open (prepare, lease a sandbox, set the task up: driver.py) → agent loop → verdict → store
+    episode + turns in ONE transaction → the sandbox is reset and returned to its pool (or destroyed).
 
 Infrastructure faults (sandbox, policy) propagate as InfrastructureFault for the Celery task to
 retry; the agent's own outcomes are stored. Running the same episode twice stores one copy. Under a
@@ -15,28 +15,23 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, ExitStack
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy import select
 
 from core.canaries import canary_score, is_canary
 from core.db import session_scope
 from core.episode_text import render_turns
-from core.errors import ConfigError, CrucibleError
 from core.flags import EpisodeFlag
 from core.models import Environment, Episode, Task
 from core.schemas.run import Sampling, stored_checkpoint, stored_policy_urls, stored_sampling, stored_seed
 from core.seeds import episode_seed
 from core.termination import RunPurpose, TerminationReason
 from environments.base import (
-    Artifact,
     EnvironmentKind,
-    GraderFault,
     LayerResult,
-    Sandbox,
-    TaskRefused,
     ToolCall,
     Verdict,
 )
@@ -48,24 +43,16 @@ from environments.reward_model_layer import score_episode
 from environments.rewards import FlagPolicy, total
 from environments.service import spec_of
 from environments.spec import EnvironmentSpec, JudgeConfig
-from task_workers.episode.errors import JudgeFault, SandboxFault, TaskRefusedFault, UnreachablePool
+from task_workers.episode.driver import EpisodeDriver, Opened, SandboxProvider
+from task_workers.episode.errors import JudgeFault, UnreachablePool
 from task_workers.episode.group_judge import group_of, judge_finished_group
 from task_workers.episode.loop import LoopContext, initial_prompt, run_agent_loop
 from task_workers.episode.persist import Unscored, claim_episode, store_episode
 from task_workers.episode.trajectory import ArtifactRecord, Trajectory
 from task_workers.policy.client import PolicyClient
-from task_workers.policy.pool import PolicyPool
+from task_workers.policy.pool import EpisodePolicy, PolicyPool
 
 logger = logging.getLogger(__name__)
-
-
-class SandboxProvider(Protocol):
-    """Where episodes get sandboxes: a leased one for the agent, a fresh one for grading."""
-
-    def lease(self, *, spec: EnvironmentSpec, run_id: int, episode_id: int) -> AbstractContextManager[Any]: ...
-
-    def fresh(self, *, spec: EnvironmentSpec, run_id: int | None,
-              episode_id: int | None) -> AbstractContextManager[Sandbox]: ...
 
 
 @dataclass(frozen=True)
@@ -145,98 +132,92 @@ def run_episode(
     started = time.monotonic()
     loaded = _load(episode_id, worker=worker, incarnation=incarnation)
     if loaded is None:
-        group_id = group_of(episode_id)
-        grouped = group_id is not None and judge_finished_group(group_id, worker=worker)  # a retry after an outage
-        logger.info("episode %s already ended; %s", episode_id, f"judged group {group_id}" if grouped else "nothing to do")
-        return EpisodeOutcome(episode_id, False, None, None)
-    if loaded.policy_urls is not None:
-        if pools is None:
-            raise UnreachablePool(f"run {loaded.run_id} samples from servers of its own ({', '.join(loaded.policy_urls[:3])}); "
-                              "expected a worker that reaches them (task_workers.context.WorkerContext.pool)")
-        policy = pools(loaded.policy_urls)
+        return _already_ended(episode_id, worker=worker)
     kind = get_kind(loaded.spec.kind)(loaded.spec)
-    task = kind.parse_task(loaded.payload)
-    try:  # a task may name its own image (a SWE-bench instance's): every sandbox of the episode is of it
-        task, spec = prepare_task(kind, task, spec=loaded.spec, sandboxes=sandboxes, run_id=loaded.run_id,
-                                  episode_id=episode_id)
-        loaded = replace(loaded, spec=spec)
-    except (TaskRefused, ConfigError) as error:
-        raise TaskRefusedFault(f"task refused: {error}") from error
-    except (RuntimeError, CrucibleError) as error:
-        raise SandboxFault(f"task preparation failed: {error}") from error
+    driver = EpisodeDriver(kind, spec=loaded.spec, sandboxes=sandboxes, run_id=loaded.run_id, episode_id=episode_id)
     with ExitStack() as stack:
-        episode_policy = stack.enter_context(policy.episode()) if isinstance(policy, PolicyPool) else policy
-        try:
-            sandbox = stack.enter_context(sandboxes.lease(spec=loaded.spec, run_id=loaded.run_id, episode_id=episode_id))
-        except CrucibleError as error:
-            raise SandboxFault(f"no sandbox: {error}") from error
-        leased = time.monotonic()
-        try:
-            kind.setup(sandbox=sandbox, task=task)
-        except TaskRefused as error:
-            raise TaskRefusedFault(f"task refused: {error}") from error
-        except (RuntimeError, CrucibleError) as error:
-            raise SandboxFault(f"task setup failed: {error}") from error
-        set_up = time.monotonic()
-        instruction = loaded.instruction
-        opening_artifacts: tuple[Artifact, ...] = ()
-        try:  # a browser's first message comes from its sandbox (the goal and the first page)
-            opening = kind.opening(sandbox=sandbox, task=task, instruction=loaded.instruction)
-        except (RuntimeError, CrucibleError) as error:
-            raise SandboxFault(f"the first observation failed: {error}") from error
-        if opening is not None:
-            instruction, opening_artifacts = opening.text, opening.artifacts
-        ctx = LoopContext(kind=kind, task=task, sandbox=sandbox, policy=episode_policy, limits=loaded.spec.limits,
-                          sampling=loaded.sampling, tool_parser=loaded.spec.tool_parser, seed=loaded.seed,
-                          require_version=loaded.training or loaded.expect_version is not None,
-                          run=loaded.run_id if loaded.training else None, expect_version=loaded.expect_version)
-        trajectory = run_agent_loop(ctx, prompt_ids=initial_prompt(ctx, instruction=instruction))
-        trajectory.artifacts[:0] = [ArtifactRecord(None, art.name, art.media_type, art.data)
-                                    for art in opening_artifacts]
-        verdict, verify_s = _verify(kind, sandbox, task, trajectory, sandboxes, loaded)
-        sandbox_id = getattr(sandbox, "id", None)
-    timings = {**trajectory.timings, "lease": leased - started, "setup": set_up - leased, "verify": verify_s,
-               "total": time.monotonic() - started}
+        served = _policy_of(loaded, policy, pools)
+        episode_policy = stack.enter_context(served.episode()) if isinstance(served, PolicyPool) else served
+        opened = stack.enter_context(driver.open(loaded.payload, instruction=loaded.instruction))
+        loaded = replace(loaded, spec=driver.spec)  # on the task's own image, if it names one
+        trajectory = _play(loaded, kind, opened, episode_policy)
+        verifying = time.monotonic()
+        verdict = driver.verdict(submitted=trajectory.submitted, actions=[
+            ToolCall(turn.tool_call["name"], turn.tool_call.get("arguments", {}))
+            for turn in trajectory.turns if turn.tool_call])
+        timings = {**trajectory.timings, **opened.timings, "verify": time.monotonic() - verifying}
+        sandbox_id = getattr(opened.sandbox, "id", None)
+    verdict, unscored = _screened(loaded, trajectory, verdict, worker=worker, timings=timings)
+    timings["total"] = time.monotonic() - started
+    return _stored(loaded, trajectory, verdict, unscored, sandbox_id=sandbox_id, timings=timings, worker=worker)
+
+
+def _already_ended(episode_id: int, *, worker: str) -> EpisodeOutcome:
+    """A redelivered episode that has ended: its group is judged if that is still to do (after an outage)."""
+    group_id = group_of(episode_id)
+    grouped = group_id is not None and judge_finished_group(group_id, worker=worker)
+    logger.info("episode %s already ended; %s", episode_id, f"judged group {group_id}" if grouped else "nothing to do")
+    return EpisodeOutcome(episode_id, False, None, None)
+
+
+def _policy_of(loaded: _Loaded, policy: PolicyClient | PolicyPool,
+               pools: Callable[[list[str]], PolicyPool] | None) -> PolicyClient | PolicyPool:
+    """The worker's policy, or the pool of the run's own servers."""
+    if loaded.policy_urls is None:
+        return policy
+    if pools is None:
+        raise UnreachablePool(f"run {loaded.run_id} samples from servers of its own ({', '.join(loaded.policy_urls[:3])}); "
+                              "expected a worker that reaches them (task_workers.context.WorkerContext.pool)")
+    return pools(loaded.policy_urls)
+
+
+def _play(loaded: _Loaded, kind: EnvironmentKind, opened: Opened, policy: PolicyClient | EpisodePolicy) -> Trajectory:
+    """The agent loop from the opening message; the opening's artifacts lead the trajectory's."""
+    ctx = LoopContext(kind=kind, task=opened.task, sandbox=opened.sandbox, policy=policy, limits=loaded.spec.limits,
+                      sampling=loaded.sampling, tool_parser=loaded.spec.tool_parser, seed=loaded.seed,
+                      require_version=loaded.training or loaded.expect_version is not None,
+                      run=loaded.run_id if loaded.training else None, expect_version=loaded.expect_version)
+    trajectory = run_agent_loop(ctx, prompt_ids=initial_prompt(ctx, instruction=opened.text))
+    trajectory.artifacts[:0] = [ArtifactRecord(None, art.name, art.media_type, art.data) for art in opened.artifacts]
+    return trajectory
+
+
+def _screened(loaded: _Loaded, trajectory: Trajectory, verdict: Verdict, *, worker: str,
+              timings: dict[str, float]) -> tuple[Verdict, Unscored | None]:
+    """The verdict with the platform's own flags (a rewarded canary, a judge's answer in the episode's text)
+    and the learned layers; Unscored when a learned layer's server never answered."""
     if loaded.canary and canary_score(verdict.components) > 0:  # no honest change earns this: a hack
         verdict = replace(verdict, flags=sorted({*verdict.flags, EpisodeFlag.CANARY_REWARDED.value}))
     if loaded.spec.verifier.judge is not None:  # what a judge of either mode will read: no answer-like lines
         verdict = flag_injection(verdict, transcript=transcript_of(trajectory.turns))
-    unscored = None
-    if _pointwise_judge(loaded.spec) or loaded.spec.verifier.reward_model:  # after the sandbox went back: text only
-        judged = time.monotonic()
-        try:
-            verdict = _learned(loaded, trajectory, verdict)
-        except JudgeFault as fault:  # asked again by its client, with back-off; playing again would not help
-            unscored = Unscored(reason=fault.reason, message=str(fault), worker=worker)
+    if not (_pointwise_judge(loaded.spec) or loaded.spec.verifier.reward_model):
+        return verdict, None
+    judged = time.monotonic()  # after the sandbox went back: text only
+    try:
+        return _learned(loaded, trajectory, verdict), None
+    except JudgeFault as fault:  # asked again by its client, with back-off; playing again would not help
+        return verdict, Unscored(reason=fault.reason, message=str(fault), worker=worker)
+    finally:
         timings["judge"] = time.monotonic() - judged
-        timings["total"] = time.monotonic() - started
-    reward = total(verdict.layers, verdict.flags, loaded.spec)
+
+
+def _stored(loaded: _Loaded, trajectory: Trajectory, verdict: Verdict, unscored: Unscored | None, *,
+            sandbox_id: str | None, timings: dict[str, float], worker: str) -> EpisodeOutcome:
+    """Store the episode (its reward derived there: environments.rewards.total); under a pairwise judge,
+    judge the group if this was its last episode, before the trainer may claim it."""
     with session_scope() as session:
-        stored = store_episode(session, episode_id=episode_id, trajectory=trajectory, verdict=verdict,
+        stored = store_episode(session, episode_id=loaded.episode_id, trajectory=trajectory, verdict=verdict,
                                sandbox_id=sandbox_id, timings={k: round(v, 4) for k, v in timings.items()},
                                unscored=unscored)
     if unscored is not None:
-        logger.warning("episode %s played but not scored (%s): %s", episode_id, unscored.reason, unscored.message)
-        return EpisodeOutcome(episode_id, stored, unscored.reason, None)
-    logger.info("episode %s ended: %s reward=%s stored=%s", episode_id, trajectory.termination,
-                reward.value, stored)
-    if _is_pairwise(loaded.spec):  # if it was the group's last: compare them all before the trainer may claim it
+        logger.warning("episode %s played but not scored (%s): %s", loaded.episode_id, unscored.reason,
+                       unscored.message)
+        return EpisodeOutcome(loaded.episode_id, stored, unscored.reason, None)
+    reward = total(verdict.layers, verdict.flags, loaded.spec).value
+    logger.info("episode %s ended: %s reward=%s stored=%s", loaded.episode_id, trajectory.termination, reward, stored)
+    if _is_pairwise(loaded.spec):
         judge_finished_group(loaded.group_id, worker=worker)
-    return EpisodeOutcome(episode_id, stored, trajectory.termination, reward.value)
-
-
-def prepare_task(kind: EnvironmentKind, task: Any, *, spec: EnvironmentSpec, sandboxes: SandboxProvider,
-                 run_id: int | None, episode_id: int | None) -> tuple[Any, EnvironmentSpec]:
-    """The task as its episode's sandboxes need it, and the spec they run under (EnvironmentSpec.for_task).
-    The kind's `prepare` step (code_repo: export the repository a task's own image holds) runs in sandboxes
-    of an image that hide nothing and that no agent uses. ConfigError when the environment does not allow
-    the image the task names: checked first, so no sandbox of such an image is made."""
-    episode_spec = spec.for_task(task)
-
-    def open_image(image: str) -> AbstractContextManager[Sandbox]:
-        return sandboxes.fresh(spec=spec.on_image(image), run_id=run_id, episode_id=episode_id)
-
-    return kind.prepare(task=task, open_image=open_image), episode_spec
+    return EpisodeOutcome(loaded.episode_id, stored, trajectory.termination, reward)
 
 
 def _learned(loaded: _Loaded, trajectory: Trajectory, verdict: Verdict) -> Verdict:
@@ -275,22 +256,3 @@ def _pointwise_judge(spec: EnvironmentSpec) -> JudgeConfig | None:
 
 def _is_pairwise(spec: EnvironmentSpec) -> bool:
     return spec.verifier.judge is not None and spec.verifier.judge.mode == "pairwise"
-
-
-def _verify(kind: Any, sandbox: Sandbox, task: Any, trajectory: Trajectory, sandboxes: SandboxProvider,
-            loaded: _Loaded) -> tuple[Verdict, float]:
-    started = time.monotonic()
-
-    def open_fresh() -> AbstractContextManager[Sandbox]:
-        return sandboxes.fresh(spec=loaded.spec, run_id=loaded.run_id, episode_id=loaded.episode_id)
-
-    # What the agent did is scored by the verifier; only the machine's faults (GraderFault, a sandbox
-    # layer error) are infrastructure faults, retried and never trained on.
-    actions = [ToolCall(turn.tool_call["name"], turn.tool_call.get("arguments", {}))
-               for turn in trajectory.turns if turn.tool_call]
-    try:
-        verdict = kind.verify(sandbox=sandbox, task=task, submitted=trajectory.submitted, open_sandbox=open_fresh,
-                              actions=actions)
-    except (GraderFault, CrucibleError) as error:
-        raise SandboxFault(f"verification failed: {error}") from error
-    return verdict, time.monotonic() - started
