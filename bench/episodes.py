@@ -36,7 +36,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -68,6 +68,9 @@ from trainer.store import (  # noqa: E402
     nothing_more_to_come,
     oldest_waiting_version,
 )
+
+if TYPE_CHECKING:
+    from controller.loop import Controller
 
 
 def _task_payload(tmp: Path) -> dict[str, Any]:
@@ -324,15 +327,11 @@ BOUND = ("critical-path bound L = max(ideal pipeline, slowest trained episode + 
          "step_s (the last update cannot overlap generation; the first batch cannot overlap training)")
 
 
-def _tail_run(*, mode: str, label: str, image: str, tasks: int, url: str, slots: int, consume: str,
-              group_size: int, batch_size: int, updates: int, step_s: float, staleness: int,
-              max_token_staleness: int | None) -> dict[str, Any]:
-    from controller.config import ControllerConfig
-    from controller.loop import Controller
+def _seed_tail_run(*, mode: str, label: str, image: str, tasks: int, group_size: int, batch_size: int,
+                   updates: int, staleness: int) -> tuple[int, int]:
+    """Register the `tail` environment and its tasks (once) and create this run; return its id and staleness bound."""
     from controller.runs import create_run
-    from core.db import get_engine
     from core.schemas import RunConfig
-    from environments.service import get_environment, spec_of
 
     with session_scope() as session:
         if session.execute(select(Task).where(Task.environment_name == "tail")).first() is None:
@@ -348,7 +347,36 @@ def _tail_run(*, mode: str, label: str, image: str, tasks: int, url: str, slots:
         run = create_run(session, config=RunConfig(
             name=f"tail-{label}", model="scripted", mode=mode, max_staleness=staleness, group_size=group_size,
             batch_size=batch_size, environments=[{"name": "tail"}], seed=0, max_groups=updates * batch_size))
-        run_id, bound = run.id, run.max_staleness
+        return run.id, run.max_staleness
+
+
+def _drive_tail_run(*, controller: Controller, trainer: StandInTrainer, sandboxes: DockerSandboxes,
+                    run_id: int) -> tuple[float, float]:
+    """Wait for a warm sandbox, then step the controller until the trainer's last update; return (start, wall)."""
+    from environments.service import get_environment, spec_of
+
+    with session_scope() as session:
+        sandboxes.pool_for(spec_of(get_environment(session, name="tail"))).wait_ready(timeout_s=180)
+    started = time.monotonic()
+    threading.Thread(target=trainer.run, daemon=True).start()
+    while not trainer.done.is_set():
+        controller.step()
+        trainer.done.wait(0.02)
+    wall = trainer.finished_at - started
+    with session_scope() as session:
+        session.execute(sql_update(Run).where(Run.id == run_id).values(status="stopped"))
+    return started, wall
+
+
+def _tail_run(*, mode: str, label: str, image: str, tasks: int, url: str, slots: int, consume: str,
+              group_size: int, batch_size: int, updates: int, step_s: float, staleness: int,
+              max_token_staleness: int | None) -> dict[str, Any]:
+    from controller.config import ControllerConfig
+    from controller.loop import Controller
+    from core.db import get_engine
+
+    run_id, bound = _seed_tail_run(mode=mode, label=label, image=image, tasks=tasks, group_size=group_size,
+                                   batch_size=batch_size, updates=updates, staleness=staleness)
     backend = make_backend("docker")
     sandboxes = DockerSandboxes(backend=backend, events=InMemoryEventSink(), worker=f"bench-{label}",
                                 min_size=slots, max_size=slots)
@@ -385,16 +413,7 @@ def _tail_run(*, mode: str, label: str, image: str, tasks: int, url: str, slots:
     controller = Controller(engine=get_engine(), dispatcher=LocalDispatcher(), settings=ControllerConfig(),
                             name=f"bench-{label}")
     try:
-        with session_scope() as session:
-            sandboxes.pool_for(spec_of(get_environment(session, name="tail"))).wait_ready(timeout_s=180)
-        started = time.monotonic()
-        threading.Thread(target=trainer.run, daemon=True).start()
-        while not trainer.done.is_set():
-            controller.step()
-            trainer.done.wait(0.02)
-        wall = trainer.finished_at - started
-        with session_scope() as session:
-            session.execute(sql_update(Run).where(Run.id == run_id).values(status="stopped"))
+        started, wall = _drive_tail_run(controller=controller, trainer=trainer, sandboxes=sandboxes, run_id=run_id)
     finally:
         controller.close()
         pool.shutdown(wait=True)
@@ -472,64 +491,28 @@ def sync_vs_async(*, image: str, pairs: int, slots: int, updates: int, staleness
 
     with serve_in_process(scripts, generate=True) as url:  # per-token version spans, as vLLM's
         runs = interleave(pairs=pairs, sides={"sync": side("sync"), "async": side("async")})
+    summary = _paired_speedup(runs)
+    same = _same_work(runs)
+    _record_policy_delays(runs, delays)
     for run in runs["sync"] + runs["async"]:
-        run["speed"] = 1.0 / run["wall_s"]
-    summary = paired_summary(runs["async"], runs["sync"], key="speed")
-    same_tasks = all(a["task_order"] == s["task_order"] for a, s in zip(runs["async"], runs["sync"], strict=True))
-    same_task_multiset = all(sorted(a["task_order"]) == sorted(s["task_order"])
-                             for a, s in zip(runs["async"], runs["sync"], strict=True))
-    with session_scope() as session:  # task id → its scripted policy delay: what each run trained on
-        delay_of = {task_id: delays[int(external.removeprefix("tail-"))] for task_id, external in session.execute(
-            select(Task.id, Task.external_id).where(Task.environment_name == "tail")).all()}
-    for run in runs["sync"] + runs["async"]:
-        run["trained_policy_delay_mean_s"] = round(statistics.fmean(delay_of[t] for t in run["task_order"]), 3)
-    same_samples = all(a["samples_trained"] == s["samples_trained"]
-                       for a, s in zip(runs["async"], runs["sync"], strict=True))
-    for run in runs["sync"] + runs["async"]:
-        run.pop("speed")
         run["task_order"] = run["task_order"][:8] + (["…"] if len(run["task_order"]) > 8 else [])
-
-    def p50(mode: str, key: str) -> float:
-        return round(statistics.median(r[key] for r in runs[mode]), 3)
-
     return {
         "window": ("wall-clock from the first dispatch to the end of the last update, on both sides; the same "
                    "controller, worker slots, tasks (same dispatch order), number of updates and drop rule"),
         "consumption": (CONSUMPTION[consume]),
         "staleness_bound": {"sync": 0, "async": staleness,
                             "note": "sync mode is the bound 0 by definition; both enforce it with the same rule"},
-        "same_tasks_in_same_order": same_tasks, "same_tasks_in_any_order": same_task_multiset,
-        "same_samples_trained": same_samples,
-        "bias": {"trained_policy_delay_mean_s": {mode: p50(mode, "trained_policy_delay_mean_s")
-                                                 for mode in ("sync", "async")},
-                 "dropped_stale_groups": {mode: p50(mode, "dropped_stale_groups") for mode in ("sync", "async")},
-                 "trained_over_examined_seconds": {mode: p50(mode, "trained_over_examined_seconds")
-                                                   for mode in ("sync", "async")},
-                 "contrast_groups_lost": {mode: sum(r["contrast_groups_lost"] for r in runs[mode])
-                                          for mode in ("sync", "async")},
-                 "note": "p50 over runs of the mean scripted policy delay of the groups each trained on (equal "
-                         "in both modes when the same tasks are trained; lower in async = biased to fast tasks); "
-                         "p50 over runs of the trained samples' mean episode seconds ÷ the examined samples' "
-                         "(1 = no bias within groups); groups with a reward contrast not trained, all runs"},
+        **same,
+        "bias": _tail_bias(runs),
         "speedup": {"metric": "sync wall ÷ async wall to the same trained samples, per pair",
                     "median": summary["ratio_median"], "min": summary["ratio_min"], "max": summary["ratio_max"],
                     "per_pair": summary["ratios"], "pairs": summary["pairs"]},
-        "p50": {mode: {key: p50(mode, key) for key in ("wall_s", "generation_idle_s", "trainer_idle_s", "bound_s",
-                                                       "fraction_of_bound", "masked_token_frac")}
+        "p50": {mode: {key: _p50(runs, mode, key) for key in ("wall_s", "generation_idle_s", "trainer_idle_s",
+                                                              "bound_s", "fraction_of_bound", "masked_token_frac")}
                 for mode in ("sync", "async")},
         "async_token_lag_hist": _summed_hist(runs["async"]),
         "bound": BOUND,
-        "checks": {
-            "zero_stale_drops": all(r["dropped_stale_groups"] == 0 for r in runs["sync"] + runs["async"]),
-            "zero_contrast_groups_lost": all(r["contrast_groups_lost"] == 0 for r in runs["sync"] + runs["async"]),
-            "trained_over_examined_seconds_within_5pct": all(
-                r["trained_over_examined_seconds"] is not None and abs(r["trained_over_examined_seconds"] - 1) <= 0.05
-                for r in runs["sync"] + runs["async"]),
-            "same_task_set": same_task_multiset and same_samples,
-            "speedup_at_least_3": summary["ratio_median"] >= 3.0,
-            "async_at_least_80pct_of_bound": p50("async", "fraction_of_bound") >= 0.8,
-            "masked_at_most_2pct": all(r["masked_token_frac"] <= 0.02 for r in runs["async"]),
-        },
+        "checks": _tail_checks(runs, summary=summary, same=same),
         "runs": runs,
         "workload": {"policy_delay_s": {"task": _ms_like(delays), "sample": _ms_like(sample_delays)}, "tasks": tasks,
                      **settings,
@@ -537,6 +520,70 @@ def sync_vs_async(*, image: str, pairs: int, slots: int, updates: int, staleness
                                 "real episode runner and Docker sandboxes, the real trainer's claim, pacing and "
                                 "staleness mask"},
         "targets": {"speedup": 3.0, "fraction_of_bound": 0.8, "masked_token_frac": 0.02},
+    }
+
+
+def _paired_speedup(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Each pair's async speed over its sync speed (speed = 1 / wall), summarised by bench.pairs."""
+    for run in runs["sync"] + runs["async"]:
+        run["speed"] = 1.0 / run["wall_s"]
+    summary = paired_summary(runs["async"], runs["sync"], key="speed")
+    for run in runs["sync"] + runs["async"]:
+        run.pop("speed")
+    return summary
+
+
+def _same_work(runs: dict[str, list[dict[str, Any]]]) -> dict[str, bool]:
+    """Whether each pair's two modes dispatched the same tasks (in order, in any order) and trained as many samples."""
+    paired = list(zip(runs["async"], runs["sync"], strict=True))
+    return {"same_tasks_in_same_order": all(a["task_order"] == s["task_order"] for a, s in paired),
+            "same_tasks_in_any_order": all(sorted(a["task_order"]) == sorted(s["task_order"]) for a, s in paired),
+            "same_samples_trained": all(a["samples_trained"] == s["samples_trained"] for a, s in paired)}
+
+
+def _record_policy_delays(runs: dict[str, list[dict[str, Any]]], delays: list[float]) -> None:
+    """Add to each run the mean scripted policy delay of the tasks it trained on."""
+    with session_scope() as session:  # task id → its scripted policy delay: what each run trained on
+        delay_of = {task_id: delays[int(external.removeprefix("tail-"))] for task_id, external in session.execute(
+            select(Task.id, Task.external_id).where(Task.environment_name == "tail")).all()}
+    for run in runs["sync"] + runs["async"]:
+        run["trained_policy_delay_mean_s"] = round(statistics.fmean(delay_of[t] for t in run["task_order"]), 3)
+
+
+def _p50(runs: dict[str, list[dict[str, Any]]], mode: str, key: str) -> float:
+    """The median of one figure over a mode's runs, to 3 places."""
+    return round(statistics.median(r[key] for r in runs[mode]), 3)
+
+
+def _tail_bias(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Whether either mode leaned to fast tasks or fast samples: delays, drops and lost contrast per mode."""
+    return {"trained_policy_delay_mean_s": {mode: _p50(runs, mode, "trained_policy_delay_mean_s")
+                                            for mode in ("sync", "async")},
+            "dropped_stale_groups": {mode: _p50(runs, mode, "dropped_stale_groups") for mode in ("sync", "async")},
+            "trained_over_examined_seconds": {mode: _p50(runs, mode, "trained_over_examined_seconds")
+                                              for mode in ("sync", "async")},
+            "contrast_groups_lost": {mode: sum(r["contrast_groups_lost"] for r in runs[mode])
+                                     for mode in ("sync", "async")},
+            "note": "p50 over runs of the mean scripted policy delay of the groups each trained on (equal "
+                    "in both modes when the same tasks are trained; lower in async = biased to fast tasks); "
+                    "p50 over runs of the trained samples' mean episode seconds ÷ the examined samples' "
+                    "(1 = no bias within groups); groups with a reward contrast not trained, all runs"}
+
+
+def _tail_checks(runs: dict[str, list[dict[str, Any]]], *, summary: dict[str, Any],
+                 same: dict[str, bool]) -> dict[str, bool]:
+    """The benchmark's targets, each true or false."""
+    every = runs["sync"] + runs["async"]
+    return {
+        "zero_stale_drops": all(r["dropped_stale_groups"] == 0 for r in every),
+        "zero_contrast_groups_lost": all(r["contrast_groups_lost"] == 0 for r in every),
+        "trained_over_examined_seconds_within_5pct": all(
+            r["trained_over_examined_seconds"] is not None and abs(r["trained_over_examined_seconds"] - 1) <= 0.05
+            for r in every),
+        "same_task_set": same["same_tasks_in_any_order"] and same["same_samples_trained"],
+        "speedup_at_least_3": summary["ratio_median"] >= 3.0,
+        "async_at_least_80pct_of_bound": _p50(runs, "async", "fraction_of_bound") >= 0.8,
+        "masked_at_most_2pct": all(r["masked_token_frac"] <= 0.02 for r in every),
     }
 
 

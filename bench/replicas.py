@@ -50,7 +50,8 @@ from bench.pairs import interleave, paired_summary  # noqa: E402
 from core.schemas.run import Sampling  # noqa: E402
 from task_workers.policy.client import PolicyClient  # noqa: E402
 from task_workers.policy.pool import PolicyPool  # noqa: E402
-from trainer.serving import VllmServer, copy_model_dir, replica_plan, start_all, stop_all  # noqa: E402
+from trainer.replicas import ReplicaPlan, copy_model_dir, replica_plan, start_all, stop_all  # noqa: E402
+from trainer.serving import VllmServer  # noqa: E402
 from trainer.tiny_model import TinyModelSpec, make_tiny_model  # noqa: E402
 
 SAMPLING = Sampling(temperature=1.0)
@@ -123,7 +124,8 @@ def routing_side(workload: Workload, clients: list[PolicyClient], *, affinity: b
     return lambda: workload.run(episode)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The benchmark's options: pairs, the two workloads' sizes and the model's."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--episodes", type=int, default=16)
@@ -137,50 +139,52 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--tool-tokens", type=int, default=128, help="Tool output appended after each turn.")
     parser.add_argument("--hidden", type=int, default=512, help="The model's hidden size (heads: hidden / 64).")
     parser.add_argument("--layers", type=int, default=4, help="The model's decoder layers.")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    with tempfile.TemporaryDirectory(prefix="crucible-bench-replicas-") as tmp:
-        # Larger than the tests' tiny model, so that each replica's time goes to the model, not to HTTP.
-        spec = TinyModelSpec(hidden=args.hidden, layers=args.layers, heads=args.hidden // 64,
-                             kv_heads=max(1, args.hidden // 128), intermediate=2 * args.hidden)
-        model = make_tiny_model(out_dir=Path(tmp) / "model", seed=0, spec=spec).path
-        plans = replica_plan(model_dir=model, replicas=2, port=0, cores=sorted(os.sched_getaffinity(0))[:2])
-        servers = []
-        for plan in plans:
-            copy_model_dir(model, plan.model_dir)
-            servers.append(VllmServer(model_dir=plan.model_dir, port=plan.port, served_model_name="tiny",
-                                      max_model_len=4096, cpus=plan.cpus,
-                                      log_path=Path(tempfile.gettempdir()) / f"crucible-bench-replica-{plan.index}.log",
-                                      startup_timeout_s=600))
-        start_all(servers)
-        try:
-            urls = [server.api_url for server in servers]
-            from transformers import AutoTokenizer
 
-            vocab = len(AutoTokenizer.from_pretrained(model))
-            workload = Workload(episodes=args.episodes, turns=args.turns, max_tokens=args.max_tokens,
-                                prompt_tokens=args.prompt_tokens, tool_tokens=args.tool_tokens, slots=args.slots,
-                                vocab=vocab)
+def _replica_servers(args: argparse.Namespace, tmp: Path) -> tuple[Path, list[ReplicaPlan], list[VllmServer]]:
+    """Write the model under `tmp` and plan two vLLM servers on it, one core each (not started yet)."""
+    # Larger than the tests' tiny model, so that each replica's time goes to the model, not to HTTP.
+    spec = TinyModelSpec(hidden=args.hidden, layers=args.layers, heads=args.hidden // 64,
+                         kv_heads=max(1, args.hidden // 128), intermediate=2 * args.hidden)
+    model = make_tiny_model(out_dir=tmp / "model", seed=0, spec=spec).path
+    plans = replica_plan(model_dir=model, replicas=2, port=0, cores=sorted(os.sched_getaffinity(0))[:2])
+    servers = []
+    for plan in plans:
+        copy_model_dir(model, plan.model_dir)
+        servers.append(VllmServer(model_dir=plan.model_dir, port=plan.port, served_model_name="tiny",
+                                  max_model_len=4096, cpus=plan.cpus,
+                                  log_path=Path(tempfile.gettempdir()) / f"crucible-bench-replica-{plan.index}.log",
+                                  startup_timeout_s=600))
+    return model, plans, servers
 
-            def client(url: str) -> PolicyClient:
-                return PolicyClient(base_url=url, retries=1, backoff_s=0.1)
 
-            one, two = PolicyPool(urls[:1], client_factory=client), PolicyPool(urls, client_factory=client)
-            clients = [client(url) for url in urls]
-            throughput_side(workload, two)()  # warm-up (not reported): both servers, every code path
-            throughput = interleave(pairs=args.pairs, sides={"two": throughput_side(workload, two),
-                                                             "one": throughput_side(workload, one)})
-            sequential = copy.copy(workload)
-            sequential.slots, sequential.episodes = args.routing_slots, min(args.routing_episodes, args.episodes)
-            routing = interleave(pairs=args.pairs, sides={
-                "random": routing_side(sequential, clients, affinity=False, pool=two),
-                "affinity": routing_side(sequential, clients, affinity=True, pool=two)})
-            for pool in (one, two):
-                pool.close()
-            for c in clients:
-                c.close()
-        finally:
-            stop_all(servers)
+def _compare_sides(args: argparse.Namespace, workload: Workload,
+                   urls: list[str]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[dict[str, Any]]]]:
+    """Run both parts' interleaved pairs on the started servers: (throughput runs, routing runs)."""
+    def client(url: str) -> PolicyClient:
+        return PolicyClient(base_url=url, retries=1, backoff_s=0.1)
+
+    one, two = PolicyPool(urls[:1], client_factory=client), PolicyPool(urls, client_factory=client)
+    clients = [client(url) for url in urls]
+    throughput_side(workload, two)()  # warm-up (not reported): both servers, every code path
+    throughput = interleave(pairs=args.pairs, sides={"two": throughput_side(workload, two),
+                                                     "one": throughput_side(workload, one)})
+    sequential = copy.copy(workload)
+    sequential.slots, sequential.episodes = args.routing_slots, min(args.routing_episodes, args.episodes)
+    routing = interleave(pairs=args.pairs, sides={
+        "random": routing_side(sequential, clients, affinity=False, pool=two),
+        "affinity": routing_side(sequential, clients, affinity=True, pool=two)})
+    for pool in (one, two):
+        pool.close()
+    for c in clients:
+        c.close()
+    return throughput, routing
+
+
+def _report(args: argparse.Namespace, *, plans: list[ReplicaPlan], throughput: dict[str, list[dict[str, Any]]],
+            routing: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The one JSON object: the servers, the workload, and each part's paired ratios."""
     speed = paired_summary(throughput["two"], throughput["one"], key="tokens_per_s")
     ttft = paired_summary(routing["random"], routing["affinity"], key="ttft_p50_ms")
     return {
@@ -207,6 +211,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         for side in ("affinity", "random")},
         },
     }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = _parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="crucible-bench-replicas-") as tmp:
+        model, plans, servers = _replica_servers(args, Path(tmp))
+        start_all(servers)
+        try:
+            urls = [server.api_url for server in servers]
+            from transformers import AutoTokenizer
+
+            vocab = len(AutoTokenizer.from_pretrained(model))
+            workload = Workload(episodes=args.episodes, turns=args.turns, max_tokens=args.max_tokens,
+                                prompt_tokens=args.prompt_tokens, tool_tokens=args.tool_tokens, slots=args.slots,
+                                vocab=vocab)
+            throughput, routing = _compare_sides(args, workload, urls)
+        finally:
+            stop_all(servers)
+    return _report(args, plans=plans, throughput=throughput, routing=routing)
 
 
 if __name__ == "__main__":

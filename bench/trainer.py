@@ -265,7 +265,8 @@ def _describe(model_dir: Path) -> dict[str, Any]:
             "path": str(model_dir) if model_dir.is_relative_to(Path.cwd()) else model_dir.name}
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def _parser() -> argparse.ArgumentParser:
+    """The benchmark's options: pairs, the batch shape, torch threads, the model, the profile switch."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=5, help="Interleaved (ours, TRL) measurements.")
     parser.add_argument("--steps", type=int, default=6, help="Timed updates per measurement (after one warm-up).")
@@ -279,6 +280,39 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              "default: a tiny model made for the run.")
     parser.add_argument("--no-profile", dest="profile", action="store_false",
                         help="skip the profiled update per side (`profile` in the output)")
+    return parser
+
+
+def _report(*, argv: list[str] | None, args: argparse.Namespace, shape: dict[str, int], model: dict[str, Any],
+            runs: dict[str, list[dict[str, Any]]], profile: dict[str, Any] | None) -> dict[str, Any]:
+    """The one JSON object: machine, model, shape, the paired speedup and the same-work check (which exits on
+    unequal work)."""
+    check = _same_work(runs["ours"], runs["trl"])
+    summary = paired_summary(runs["ours"], runs["trl"], key="tokens_per_s")
+    import trl
+
+    return {
+        "benchmark": "trainer_update_vs_trl_grpo",
+        "command": "bench/trainer.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+                    "trl": trl.__version__, "python": platform.python_version()},
+        "model": model,
+        "shape": {**shape, "tokens_per_update": args.prompts * args.group * (args.prompt_len + args.completion_len)},
+        "window": WINDOW,
+        "order": "interleaved in one process: pair 0 ours then TRL, pair 1 TRL then ours, alternating",
+        "speedup": {"metric": "ours tokens/s ÷ TRL tokens/s, per pair", "median": summary["ratio_median"],
+                    "min": summary["ratio_min"], "max": summary["ratio_max"], "per_pair": summary["ratios"],
+                    "pairs": summary["pairs"]},
+        "ours_tokens_per_s_p50": round(summary["a_p50"], 1), "trl_tokens_per_s_p50": round(summary["b_p50"], 1),
+        "ours_tokens_per_s": [round(r["tokens_per_s"], 1) for r in runs["ours"]],
+        "trl_tokens_per_s": [round(r["tokens_per_s"], 1) for r in runs["trl"]],
+        "same_work_check": check,
+        "profile": profile,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = _parser()
     args = parser.parse_args(argv)
     for name in ("pairs", "steps", "prompts", "group", "prompt_len", "completion_len", "threads"):
         least = 2 if name == "group" else 1  # a group of one has no relative advantage
@@ -303,28 +337,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                                    "trl": lambda: measure_trl(model_dir, batches)})
         profile = profile_both(model_dir, batches) if args.profile else None
         model = _describe(model_dir)
-    check = _same_work(runs["ours"], runs["trl"])
-    summary = paired_summary(runs["ours"], runs["trl"], key="tokens_per_s")
-    import trl
-
-    out = {
-        "benchmark": "trainer_update_vs_trl_grpo",
-        "command": "bench/trainer.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-                    "trl": trl.__version__, "python": platform.python_version()},
-        "model": model,
-        "shape": {**shape, "tokens_per_update": args.prompts * args.group * (args.prompt_len + args.completion_len)},
-        "window": WINDOW,
-        "order": "interleaved in one process: pair 0 ours then TRL, pair 1 TRL then ours, alternating",
-        "speedup": {"metric": "ours tokens/s ÷ TRL tokens/s, per pair", "median": summary["ratio_median"],
-                    "min": summary["ratio_min"], "max": summary["ratio_max"], "per_pair": summary["ratios"],
-                    "pairs": summary["pairs"]},
-        "ours_tokens_per_s_p50": round(summary["a_p50"], 1), "trl_tokens_per_s_p50": round(summary["b_p50"], 1),
-        "ours_tokens_per_s": [round(r["tokens_per_s"], 1) for r in runs["ours"]],
-        "trl_tokens_per_s": [round(r["tokens_per_s"], 1) for r in runs["trl"]],
-        "same_work_check": check,
-        "profile": profile,
-    }
+    out = _report(argv=argv, args=args, shape=shape, model=model, runs=runs, profile=profile)
     sys.stdout.write(json.dumps(out) + "\n")
     return out
 

@@ -122,7 +122,8 @@ def measure(model_dir: Path, batches: list[list[Sample]], *, option: str | None)
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "first_loss": first_loss}
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def _parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """The benchmark's options, checked (argparse exits on a bad one), and the speed options to compare."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3, help="timed updates per measurement, after one warm-up")
@@ -142,6 +143,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unknown = [o for o in options if o not in OPTIONS]
     if unknown or not options:
         parser.error(f"--options: expected some of {', '.join(OPTIONS)}, got {args.options!r}")
+    return args, options
+
+
+def _compare(option: str, *, model_dir: Path, batches: list[list[Sample]], pairs: int) -> dict[str, Any]:
+    """`pairs` interleaved (default, option) measurements: the paired speedup and the first updates' loss gap."""
+    sides: dict[str, Callable[[], dict[str, Any]]] = {
+        "default": lambda: measure(model_dir, batches, option=None),
+        option: lambda: measure(model_dir, batches, option=option)}
+    runs = interleave(pairs=pairs, sides=sides)
+    unequal = [(a["tokens"], b["tokens"]) for a, b in zip(runs[option], runs["default"], strict=True)
+               if a["tokens"] != b["tokens"]]
+    if unequal:
+        raise SystemExit(f"{option}: unequal work (option, default tokens): {unequal}")
+    summary = paired_summary(runs[option], runs["default"], key="tokens_per_s")
+    return {
+        "speedup": {"median": summary["ratio_median"], "min": summary["ratio_min"],
+                    "max": summary["ratio_max"], "per_pair": summary["ratios"]},
+        "pays": summary["ratio_min"] > 1.0,
+        "option_tokens_per_s_p50": round(summary["a_p50"], 1),
+        "default_tokens_per_s_p50": round(summary["b_p50"], 1),
+        "loss_abs_diff": abs(runs[option][0]["first_loss"] - runs["default"][0]["first_loss"]),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args, options = _parse_args(argv)
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
@@ -151,23 +178,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         batches = make_batches(count=args.steps + 1, samples=args.samples, prompt_len=args.prompt_len,
                                completions=(args.min_completion, args.max_completion), vocab=info.vocab_size)
         for option in options:
-            sides: dict[str, Callable[[], dict[str, Any]]] = {
-                "default": lambda: measure(info.path, batches, option=None),
-                option: lambda option=option: measure(info.path, batches, option=option)}  # type: ignore[misc]
-            runs = interleave(pairs=args.pairs, sides=sides)
-            unequal = [(a["tokens"], b["tokens"]) for a, b in zip(runs[option], runs["default"], strict=True)
-                       if a["tokens"] != b["tokens"]]
-            if unequal:
-                raise SystemExit(f"{option}: unequal work (option, default tokens): {unequal}")
-            summary = paired_summary(runs[option], runs["default"], key="tokens_per_s")
-            results[option] = {
-                "speedup": {"median": summary["ratio_median"], "min": summary["ratio_min"],
-                            "max": summary["ratio_max"], "per_pair": summary["ratios"]},
-                "pays": summary["ratio_min"] > 1.0,
-                "option_tokens_per_s_p50": round(summary["a_p50"], 1),
-                "default_tokens_per_s_p50": round(summary["b_p50"], 1),
-                "loss_abs_diff": abs(runs[option][0]["first_loss"] - runs["default"][0]["first_loss"]),
-            }
+            results[option] = _compare(option, model_dir=info.path, batches=batches, pairs=args.pairs)
     lengths = [len(s.token_ids) for s in batches[0]]
     out = {
         "benchmark": "trainer_options_vs_default_update",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.json import JSON
@@ -22,6 +23,10 @@ from environments.service import get_environment, list_environments, register_en
 from environments.spec import check_network_policy, check_reward_servers, load_spec_file
 from environments.task_lines import check_split
 from environments.tasks import TaskFormat, import_generated, import_tasks
+
+if TYPE_CHECKING:  # imported where they are used: the CLI starts fast
+    from environments.spec import EnvironmentSpec
+    from task_workers.policy.client import PolicyClient
 
 env_app = typer.Typer(help="Environments: register versioned specs, list and show them.", no_args_is_help=True)
 tasks_app = typer.Typer(help="Tasks: import them into an environment and list them.", no_args_is_help=True)
@@ -197,6 +202,44 @@ def import_(
                           f"task's share once graded)", highlight=False)
 
 
+def _factory_inputs(*, split: str, requirements: list[str], out: Path,
+                    environment: str | None) -> tuple[list[str], EnvironmentSpec]:
+    """Check `tasks factory`'s options (ConfigError on a bad one): the normalised --with requirements, and the
+    spec to validate in (--env's, which must be a code_repo environment, else the stock code_repo image)."""
+    from environments.code_repo.factory.requirements import check_requirements
+    from environments.code_repo.kind import CodeRepoKind
+    from environments.spec import EnvironmentSpec
+
+    check_split(split)
+    extra = check_requirements(requirements, where="--with")
+    if out.exists() and not out.is_file():
+        raise ConfigError(f"--out: expected a file to write, got {str(out)[:200]!r} (not a file)")
+    if environment is not None:
+        with session_scope() as session:
+            registered = get_environment(session, name=environment)
+            if registered.kind != CodeRepoKind.name:
+                raise ConfigError(f"--env: expected a code_repo environment, got {environment!r} (a "
+                                  f"{registered.kind} environment)")
+            spec = EnvironmentSpec.model_validate(registered.spec)
+    else:
+        spec = EnvironmentSpec.model_validate({"name": "task-factory", "kind": CodeRepoKind.name, "image": "code-repo"})
+    return extra, spec
+
+
+def _print_factory_report(reports: list[dict[str, Any]], *, written: int, out: Path, environment: str | None,
+                          imported: bool) -> None:
+    """The factory's summary as text: a row per package, then how many tasks went where."""
+    table = Table("package", "tests kept", "tried", "kept", "tasks", "s/task", "error")
+    for row in reports:
+        per_task = row["seconds_per_task"]
+        table.add_row(safe(row["package"]), str(row["tests_kept"]), str(sum(row["tried"].values())),
+                      str(sum(row["kept"].values())), str(row["tasks"]), "-" if per_task is None else str(per_task),
+                      safe(row["error"] or ""))
+    console.print(table)
+    console.print(f"{written} tasks in {safe(str(out))}" + (f", imported into [bold]{safe(environment)}[/]"
+                                                             if imported else ""), highlight=False)
+
+
 @tasks_app.command("factory")
 def factory(
     sources: list[str] = typer.Argument(..., help="Packages: pypi:NAME==VERSION, a directory, an sdist (.tar.gz, "
@@ -217,28 +260,13 @@ def factory(
     """Turn Python packages with tests into repair tasks: break one function at a time, keep each break some
     of the package's own tests catch while the rest pass (docs/environments/task-factory.md)."""
     from environments.code_repo.factory import FactoryOptions, run_factory
-    from environments.code_repo.factory.requirements import check_requirements
-    from environments.code_repo.kind import CodeRepoKind
     from environments.sandboxes import DockerSandboxes, package_sandboxes
-    from environments.spec import EnvironmentSpec
     from sandboxes import make_backend
     from sandboxes.db_events import DbEventSink
 
     _quiet_http()
     with readable_errors():
-        check_split(split)
-        extra = check_requirements(requirements, where="--with")
-        if out.exists() and not out.is_file():
-            raise ConfigError(f"--out: expected a file to write, got {str(out)[:200]!r} (not a file)")
-        if environment is not None:
-            with session_scope() as session:
-                registered = get_environment(session, name=environment)
-                if registered.kind != CodeRepoKind.name:
-                    raise ConfigError(f"--env: expected a code_repo environment, got {environment!r} (a "
-                                      f"{registered.kind} environment)")
-                spec = EnvironmentSpec.model_validate(registered.spec)
-        else:
-            spec = EnvironmentSpec.model_validate({"name": "task-factory", "kind": CodeRepoKind.name, "image": "code-repo"})
+        extra, spec = _factory_inputs(split=split, requirements=requirements, out=out, environment=environment)
     options = FactoryOptions(max_mutations=max_mutations, seed=seed, jobs=jobs, split=split, requirements=tuple(extra))
     sandboxes = DockerSandboxes(backend=make_backend("docker"), events=DbEventSink(), worker=f"task-factory-{os.getpid()}",
                                 min_size=0, max_size=jobs + 1)
@@ -255,17 +283,33 @@ def factory(
     if output is OutputFormat.json:
         print_json(summary)
     else:
-        table = Table("package", "tests kept", "tried", "kept", "tasks", "s/task", "error")
-        for row in reports:
-            per_task = row["seconds_per_task"]
-            table.add_row(safe(row["package"]), str(row["tests_kept"]), str(sum(row["tried"].values())),
-                          str(sum(row["kept"].values())), str(row["tasks"]), "-" if per_task is None else str(per_task),
-                          safe(row["error"] or ""))
-        console.print(table)
-        console.print(f"{written} tasks in {safe(str(out))}" + (f", imported into [bold]{safe(environment)}[/]"
-                                                                 if summary.get("imported") else ""), highlight=False)
+        _print_factory_report(reports, written=written, out=out, environment=environment,
+                              imported=bool(summary.get("imported")))
     if not written:
         raise typer.Exit(1)
+
+
+def _calibration_policy(policy: str) -> PolicyClient:
+    """A client for the policy server at --policy (ConfigError unless it is an http(s) URL answering GET
+    /models), on the model it serves, with the local tokenizers when the settings name one."""
+    import httpx
+
+    from task_workers.policy.client import PolicyClient, PolicyError, local_tokenizers
+
+    if not policy.startswith(("http://", "https://")) or any(c.isspace() for c in policy):
+        raise ConfigError(f"--policy: expected an http(s) URL such as http://127.0.0.1:8000/v1, got {policy[:200]!r}")
+    settings = get_settings()
+    tokenizer, plain = (local_tokenizers(str(settings.policy_tokenizer)) if settings.policy_tokenizer
+                        else (None, None))
+    probe = PolicyClient(base_url=policy, retries=0, timeout_s=30)
+    try:
+        model = probe.model()
+    except (httpx.HTTPError, PolicyError, KeyError, IndexError, TypeError, ValueError) as error:
+        raise ConfigError(f"--policy: expected a policy server answering GET {policy.rstrip('/')}/models, got "
+                          f"{str(error)[:200] or type(error).__name__}") from None
+    finally:
+        probe.close()
+    return PolicyClient(base_url=policy, model=model, tokenizer=tokenizer, plain_tokenizer=plain)
 
 
 @tasks_app.command("calibrate")
@@ -282,36 +326,19 @@ def calibrate_(
 ) -> None:
     """Measure each task's pass rate with POLICY (k episodes a task, played here) and store it with its
     difficulty bucket, which the curriculum's pass-rate band and bucket weights read."""
-    import httpx
-
     from controller.calibration import calibrate
     from core.db import get_engine
-    from core.settings import get_settings
     from core.termination import MEASURED_BUCKETS
     from environments.sandboxes import DockerSandboxes
     from sandboxes import make_backend
     from sandboxes.db_events import DbEventSink
-    from task_workers.policy.client import PolicyClient, PolicyError, local_tokenizers
 
     _quiet_http()
     with readable_errors():
         check_split(split)
         with session_scope() as session:
             get_environment(session, name=environment)
-        if not policy.startswith(("http://", "https://")) or any(c.isspace() for c in policy):
-            raise ConfigError(f"--policy: expected an http(s) URL such as http://127.0.0.1:8000/v1, got {policy[:200]!r}")
-        settings = get_settings()
-        tokenizer, plain = (local_tokenizers(str(settings.policy_tokenizer)) if settings.policy_tokenizer
-                            else (None, None))
-        probe = PolicyClient(base_url=policy, retries=0, timeout_s=30)
-        try:
-            model = probe.model()
-        except (httpx.HTTPError, PolicyError, KeyError, IndexError, TypeError, ValueError) as error:
-            raise ConfigError(f"--policy: expected a policy server answering GET {policy.rstrip('/')}/models, got "
-                              f"{str(error)[:200] or type(error).__name__}") from None
-        finally:
-            probe.close()
-        client = PolicyClient(base_url=policy, model=model, tokenizer=tokenizer, plain_tokenizer=plain)
+        client = _calibration_policy(policy)
         sandboxes = DockerSandboxes(backend=make_backend("docker"), events=DbEventSink(), worker="calibrate",
                                     min_size=0, max_size=jobs + 1)
         try:
@@ -327,6 +354,11 @@ def calibrate_(
         print_json({"run_id": run_id, "environment": environment, "split": split, "samples": samples,
                     "buckets": buckets, "tasks": rates})
         return
+    _print_calibration(run_id, rates=rates, buckets=buckets)
+
+
+def _print_calibration(run_id: int, *, rates: list[dict[str, Any]], buckets: dict[str, int]) -> None:
+    """Calibration's result as text: each task's pass rate and bucket, then the count per bucket."""
     table = Table("task", "pass rate", "samples", "difficulty")
     for rate in rates:
         shown = "-" if rate["pass_rate"] is None else f"{rate['pass_rate']:.2f}"

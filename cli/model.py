@@ -137,7 +137,8 @@ def _serve_pool(
 ) -> None:
     """`serve --replicas N`: N pinned servers of fresh copies of `model_dir`, one model name, until
     Ctrl-C/SIGTERM; one exiting stops them all (exit 1, its log tail)."""
-    from trainer.serving import VllmServer, copy_model_dir, format_cores, replica_plan, start_all
+    from trainer.replicas import copy_model_dir, replica_plan, start_all
+    from trainer.serving import VllmServer, format_cores
 
     with readable_errors():
         plans = replica_plan(model_dir=model_dir, replicas=replicas, port=port, host=host,
@@ -168,7 +169,7 @@ def _serve_pool(
 
 
 def _watch_pool(servers: list[VllmServer]) -> None:
-    from trainer.serving import stop_all, wait_first_exit
+    from trainer.replicas import stop_all, wait_first_exit
 
     exited: VllmServer | None = None
     code = None

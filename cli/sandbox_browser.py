@@ -35,8 +35,9 @@ from cli.console import (
 )
 from sandboxes import admin
 from sandboxes.backend import make_backend
+from sandboxes.create import create_sandbox
 from sandboxes.errors import SandboxError
-from sandboxes.sandbox import Sandbox, create_sandbox
+from sandboxes.sandbox import Sandbox
 from sandboxes.spec import SandboxSpec
 
 BROWSER_SANDBOX = {"memory": "2g", "pids": 1024}  # one Chromium: the episode tests' spec

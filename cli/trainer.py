@@ -116,10 +116,10 @@ def build_trainer(
     checkpoint_dir: Path | None, poll: float,
 ) -> Trainer:
     """The Trainer for `run_id`, wired to every policy replica in `policy_urls` (None: the run's pool,
-    core.schemas.run.stored_pool) by `build_publisher`. PoolHeld (trainer.loop.Trainer) when a live
+    core.schemas.run.StoredRun.pool) by `build_publisher`. PoolHeld (trainer.loop.Trainer) when a live
     trainer of another run holds one of them (core.pools)."""
     from core.db import session_scope
-    from core.schemas.run import stored_pool
+    from core.schemas.run import stored_run
     from core.settings import get_settings
     from trainer.loop import Trainer
     from trainer.store import get_run
@@ -127,7 +127,7 @@ def build_trainer(
     with session_scope() as session:
         run = get_run(session, run_id=run_id)
         model = run.model
-        policy_urls = policy_urls or stored_pool(run.config, run_id=run_id)
+        policy_urls = policy_urls or stored_run(run.config, run_id=run_id).pool
     publisher = build_publisher(model=model, policy_urls=policy_urls, policy_dirs=policy_dirs,
                                 fallback_dir=fallback_dir)
     root = checkpoint_dir or get_settings().data_dir / "checkpoints" / f"run-{run_id}"
@@ -196,12 +196,12 @@ def _check_ranks(run_id: int) -> None:
     """Several ranks shard the model with DeepSpeed ZeRO: the run must say so (clear error, before any launch)."""
     from core.db import session_scope
     from core.errors import ConfigError
-    from trainer.config import trainer_config
+    from core.schemas.run import stored_run
     from trainer.store import get_run
 
     with session_scope() as session:
         run = get_run(session, run_id=run_id)
-        config = trainer_config(run.config.get("trainer") or {}, source=f"run {run_id} config.trainer")
+        config = stored_run(run.config, run_id=run_id).trainer
     if config.deepspeed is None:
         raise ConfigError(f"--nproc: several trainer ranks shard the model with DeepSpeed ZeRO: expected run "
                           f"{run_id}'s config.trainer.deepspeed (e.g. {{stage: 3}}), got none")

@@ -73,6 +73,44 @@ class _PlayHere:
         self._executor.shutdown(wait=True, cancel_futures=True)
 
 
+def _episode_player(*, policy: Any, sandboxes: Any, worker: str) -> Callable[[int], None]:
+    """How this process plays one episode: the worker's episode runner, an infrastructure fault recorded as
+    a worker's last retry records it."""
+    def play(episode_id: int) -> None:
+        try:
+            run_episode(episode_id, policy=policy, sandboxes=sandboxes, worker=worker,
+                        incarnation=heartbeat.announced())
+        except InfrastructureFault as fault:  # as a worker's last retry records it: excluded from the rate
+            with session_scope() as session:
+                record_fault(session, episode_id=episode_id, message=str(fault), worker=worker, final=True,
+                             reason=getattr(fault, "reason", TerminationReason.WORKER_LOST))
+
+    return play
+
+
+def _launch_job(*, environment: str, policy: Any, samples: int, split: str, model: str | None, jobs: int,
+                thresholds: DifficultyThresholds | None, success_threshold: float,
+                component: str | None) -> tuple[int, int]:
+    """Launch the pass-rate job (on the policy's own model unless `model` names one): (its run id, its tasks)."""
+    with session_scope() as session:
+        # Groups in flight: enough to keep `jobs` threads busy, no more, so that no episode waits in
+        # this process's queue past the deadline the controller gave it.
+        run = launch_pass_rate_job(session, environment=environment, samples_per_task=samples,
+                                   model=model or policy.model(), split=split, thresholds=thresholds,
+                                   success_threshold=success_threshold, component=component,
+                                   max_inflight_groups=max(1, math.ceil(jobs / samples)))
+        return run.id, run.config["max_groups"]
+
+
+def _recorded_rates(*, environment: str, split: str) -> list[dict[str, Any]]:
+    """Each task of the split with its recorded pass rate, samples and difficulty bucket, in id order."""
+    with session_scope() as session:
+        rows = session.execute(select(Task).where(Task.environment_name == environment, Task.split == split)
+                               .order_by(Task.id)).scalars()
+        return [{"task_id": t.id, "external_id": t.external_id, "pass_rate": t.pass_rate,
+                 "samples": t.pass_rate_samples, "difficulty": t.difficulty} for t in rows]
+
+
 def calibrate(engine: Engine, *, environment: str, policy: Any, sandboxes: Any, samples: int, split: str = "train",
               model: str | None = None, jobs: int = 2, thresholds: DifficultyThresholds | None = None,
               success_threshold: float = 1.0, component: str | None = None,
@@ -96,25 +134,10 @@ def calibrate(engine: Engine, *, environment: str, policy: Any, sandboxes: Any, 
         # beats, so an episode running past its deadline is slow here, not lost and sent again.
         beating = heartbeat.Heartbeat(name=name, queues=[kind])
         beating.start()
-
-        def play(episode_id: int) -> None:
-            try:
-                run_episode(episode_id, policy=policy, sandboxes=sandboxes, worker=name,
-                            incarnation=heartbeat.announced())
-            except InfrastructureFault as fault:  # as a worker's last retry records it: excluded from the rate
-                with session_scope() as session:
-                    record_fault(session, episode_id=episode_id, message=str(fault), worker=name, final=True,
-                                 reason=getattr(fault, "reason", TerminationReason.WORKER_LOST))
-
-        dispatcher = _PlayHere(play, jobs)
-        with session_scope() as session:
-            # Groups in flight: enough to keep `jobs` threads busy, no more, so that no episode waits in
-            # this process's queue past the deadline the controller gave it.
-            run = launch_pass_rate_job(session, environment=environment, samples_per_task=samples,
-                                       model=model or policy.model(), split=split, thresholds=thresholds,
-                                       success_threshold=success_threshold, component=component,
-                                       max_inflight_groups=max(1, math.ceil(jobs / samples)))
-            run_id, tasks = run.id, run.config["max_groups"]
+        dispatcher = _PlayHere(_episode_player(policy=policy, sandboxes=sandboxes, worker=name), jobs)
+        run_id, tasks = _launch_job(environment=environment, policy=policy, samples=samples, split=split, model=model,
+                                    jobs=jobs, thresholds=thresholds, success_threshold=success_threshold,
+                                    component=component)
         progress(f"run {run_id}: {tasks} tasks × {samples} samples, {jobs} at a time")
         controller = Controller(engine=engine, dispatcher=dispatcher, settings=ControllerConfig(), name=name,
                                 lock=lock, runs=[run_id])
@@ -135,9 +158,4 @@ def calibrate(engine: Engine, *, environment: str, policy: Any, sandboxes: Any, 
         if beating is not None:
             beating.stop()
         lock.release()
-    with session_scope() as session:
-        rows = session.execute(select(Task).where(Task.environment_name == environment, Task.split == split)
-                               .order_by(Task.id)).scalars()
-        rates = [{"task_id": t.id, "external_id": t.external_id, "pass_rate": t.pass_rate,
-                  "samples": t.pass_rate_samples, "difficulty": t.difficulty} for t in rows]
-    return run_id, rates
+    return run_id, _recorded_rates(environment=environment, split=split)

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from core.db import live_trainers
 from core.errors import ConfigError, CrucibleError
 from core.models import Run
-from core.schemas.run import stored_pool
+from core.schemas.run import stored_run
 from core.settings import get_settings, same_servers
 
 
@@ -36,7 +36,7 @@ def check_pool_free(session: Session, *, urls: Sequence[str], run_id: int | None
     if not others:
         return
     for other, config in session.execute(select(Run.id, Run.config).where(Run.id.in_(others)).order_by(Run.id)):
-        if shared := same_servers(stored_pool(config, run_id=other), urls):
+        if shared := same_servers(stored_run(config, run_id=other).pool, urls):
             raise PoolHeld(
                 f"policy servers {', '.join(shared[:3])} are held by the live trainer of run {other}: a second "
                 "training run there would sample with that run's weights; give this run servers of its own "

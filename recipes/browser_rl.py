@@ -37,7 +37,6 @@ from environments.rewards import SOLVED_AT, total
 from recipes.common import (
     MODEL_HELP,
     RecipeSettings,
-    learn,
     model_option,
     policy_dir,
     prepare,
@@ -47,6 +46,7 @@ from recipes.common import (
     sft_in_two_stages,
     with_model,
 )
+from recipes.learning import learn
 
 ENV_NAME = "miniwob-rl"
 TASKS = ("click-test", "focus-text", "click-dialog", "click-test-2", "click-button")

@@ -26,8 +26,6 @@ from cli.console import console as default_console
 from recipes.common import (
     MODEL_HELP,
     RecipeSettings,
-    drop_reasons,
-    learn,
     model_option,
     policy_dir,
     prepare,
@@ -38,6 +36,7 @@ from recipes.common import (
     tokenizers,
     with_model,
 )
+from recipes.learning import drop_reasons, learn
 
 ENV_NAME = "read-number"
 ENV_SPEC: dict[str, Any] = {

@@ -16,7 +16,7 @@ files, so the file read is the one the instruction named. The other half are the
 episodes played blind: the file read is drawn from `NAMES` whatever the listing shows, right a fifth
 of the time. No demonstration's choice of file depends on the listing (`tests/recipes/test_discover.py`
 checks every one). Before RL the model guesses; RL has to discover that the listing tells it which
-file. Everything after the warm-up is the demo's (recipes/common.learn): held-out evaluation, async
+file. Everything after the warm-up is the demo's (recipes/learning.learn): held-out evaluation, async
 GRPO, held-out evaluation; `strategies` counts how often the episodes read the listed file, before
 and after.
 """
@@ -37,8 +37,6 @@ from cli.console import console as default_console
 from recipes.common import (
     MODEL_HELP,
     RecipeSettings,
-    drop_reasons,
-    learn,
     model_option,
     policy_dir,
     prepare,
@@ -49,6 +47,7 @@ from recipes.common import (
     sft_in_two_stages,
     with_model,
 )
+from recipes.learning import drop_reasons, learn
 
 ENV_NAME = "find-number"
 NAMES = ("data.txt", "notes.txt", "info.txt", "box.txt", "memo.txt")

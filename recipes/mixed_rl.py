@@ -43,7 +43,6 @@ from recipes.common import (
     MODEL_HELP,
     Processes,
     RecipeSettings,
-    launch_training,
     make_tiny,
     model_option,
     policy_dir,
@@ -53,9 +52,9 @@ from recipes.common import (
     settled,
     sft_in_two_stages,
     sized,
-    watch_training,
     with_model,
 )
+from recipes.learning import launch_training, watch_training
 
 CODE_ENV, CHAT_ENV = "mixed-code", "mixed-chat"
 CODE_TOOLS, CHAT_TOOLS = ["bash", "submit"], ["reply"]

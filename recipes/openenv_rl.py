@@ -37,7 +37,6 @@ from recipes.common import (
     MODEL_HELP,
     Processes,
     RecipeSettings,
-    launch_training,
     model_option,
     policy_dir,
     prepare,
@@ -45,9 +44,9 @@ from recipes.common import (
     settled,
     sft_in_two_stages,
     sized,
-    watch_training,
     with_model,
 )
+from recipes.learning import launch_training, watch_training
 
 ECHO_ENV, DIPG_ENV = "openenv-echo", "openenv-dipg"
 LIMITS = {"max_context_tokens": 1024, "max_response_tokens": 64, "episode_timeout_s": 180, "max_tool_errors": 2}

@@ -20,6 +20,7 @@ from sandboxes.backend import (
     make_backend,
     register_backend,
 )
+from sandboxes.create import create_sandbox
 from sandboxes.errors import (
     AcquireTimeout,
     BackendUnavailable,
@@ -39,9 +40,10 @@ from sandboxes.events import (
     NullEventSink,
     SandboxEventData,
 )
-from sandboxes.pool import PoolSet, PoolStats, SandboxPool
+from sandboxes.pool import PoolStats, SandboxPool
+from sandboxes.pool_set import PoolSet
 from sandboxes.reaper import Reaper, start_reaper
-from sandboxes.sandbox import Sandbox, create_sandbox
+from sandboxes.sandbox import Sandbox
 from sandboxes.shell import StepResult, StepStatus
 from sandboxes.spec import SandboxSpec
 

@@ -15,12 +15,13 @@ from typing import Any
 
 from sandboxes import labels as L
 from sandboxes.backend import ContainerInfo, SandboxBackend
+from sandboxes.create import create_sandbox
 from sandboxes.errors import SandboxError, SandboxNotFound
 from sandboxes.events import EventRecorder, EventSink, NullEventSink
 from sandboxes.layout import HISTORY_DIR, KEEPER_USER, LEASE_FILE
 from sandboxes.reaper import Reaper, Verdict
 from sandboxes.reset import PRISTINE_GIT
-from sandboxes.sandbox import Sandbox, create_sandbox
+from sandboxes.sandbox import Sandbox
 from sandboxes.spec import SandboxSpec
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")

@@ -275,6 +275,22 @@ def _error(message: str, code: str) -> str:
     return json.dumps({"type": "error", "data": {"message": message, "code": code}})
 
 
+def _schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """The JSON schemas of the action (one of `tools`), the observation and the state, as `/schema` serves them."""
+    return {
+        "action": {"type": "object", "required": ["tool"], "properties": {
+            "tool": {"type": "string", "enum": sorted(tool["function"]["name"] for tool in tools)},
+            "arguments": {"type": "object"}}, "tools": tools},
+        "observation": {"type": "object", "properties": {
+            "text": {"type": "string"}, "tools": {"type": "array"}, "task_id": {"type": "string"},
+            "status": {"type": "string"}, "exit_code": {"type": ["integer", "null"]},
+            "termination": {"type": "string"}, "reward_components": {"type": "object"}}},
+        "state": {"type": "object", "properties": {
+            "episode_id": {"type": ["string", "null"]}, "task_id": {"type": ["string", "null"]},
+            "step_count": {"type": "integer"}, "done": {"type": "boolean"}}},
+    }
+
+
 def create_app(served: Served, sandboxes: DockerSandboxes, *, max_sessions: int = 8,
                idle_timeout_s: float = IDLE_TIMEOUT_S) -> FastAPI:
     """The OpenEnv server for `served`; its sandboxes come from `sandboxes` (closed by the caller). Each
@@ -299,19 +315,7 @@ def create_app(served: Served, sandboxes: DockerSandboxes, *, max_sessions: int 
 
     @app.get("/schema")
     def schema() -> dict[str, Any]:
-        tools = served.kind.tools()
-        return {
-            "action": {"type": "object", "required": ["tool"], "properties": {
-                "tool": {"type": "string", "enum": sorted(tool["function"]["name"] for tool in tools)},
-                "arguments": {"type": "object"}}, "tools": tools},
-            "observation": {"type": "object", "properties": {
-                "text": {"type": "string"}, "tools": {"type": "array"}, "task_id": {"type": "string"},
-                "status": {"type": "string"}, "exit_code": {"type": ["integer", "null"]},
-                "termination": {"type": "string"}, "reward_components": {"type": "object"}}},
-            "state": {"type": "object", "properties": {
-                "episode_id": {"type": ["string", "null"]}, "task_id": {"type": ["string", "null"]},
-                "step_count": {"type": "integer"}, "done": {"type": "boolean"}}},
-        }
+        return _schema(served.kind.tools())
 
     @app.websocket("/ws")
     async def session_socket(websocket: WebSocket) -> None:

@@ -40,17 +40,16 @@ import torch
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
-from core.config_files import parse_model
 from core.db import get_engine, lost_connection, session_factory
 from core.errors import ConfigError, CrucibleError
 from core.models import Run, RunEnvironment, TrainingStep
 from core.pools import check_pool_free, held_by
-from core.schemas.run import Curriculum, RunConfig, Sampling, stored_sampling, stored_seed
+from core.schemas.run import Sampling, stored_run
 from core.settings import get_settings
 from core.termination import DropReason, RunStatus
 from trainer import cost, faults, metrics
 from trainer.checkpoint import CheckpointStore, TrainerState
-from trainer.config import TrainerConfig, trainer_config
+from trainer.config import TrainerConfig
 from trainer.engine import PolicyEngine, make_engine
 from trainer.errors import NonFiniteStep, WeightSyncError
 from trainer.probe import probe_tolerance
@@ -97,7 +96,7 @@ class StepOutcome:
 def run_sampling(run: Run) -> Sampling:
     """The sampling settings episodes were drawn with; ConfigError if the trainer cannot reproduce them
     (a temperature of 0, top_p < 1, top_k, min_p, penalties): its logprobs would not be the sampler's."""
-    sampling = stored_sampling(run.config, run_id=run.id)
+    sampling = stored_run(run.config, run_id=run.id).sampling
     if problems := sampling.unreproducible():
         raise ConfigError(f"run {run.id} config.sampling: " + "; ".join(problems))
     return sampling
@@ -172,21 +171,19 @@ class Trainer:
             run = get_run(session, run_id=self.run_id)
             self.model_dir, self.batch_size = run.model, run.batch_size
             self.max_staleness, self.temperature = run.max_staleness, sampling_temperature(run)
-            stored = run.config if isinstance(run.config, dict) else {}
             # Resolved at launch (controller.runs.resolve_config); a run launched before they existed: the defaults.
+            stored = stored_run(run.config, run_id=self.run_id)
             self.staleness_rule = StalenessRule.for_bound(run.max_staleness,
-                                                          max_token_staleness=stored.get("max_token_staleness"))
-            self.lag_wait_s = float(stored.get("lag_wait_s", RunConfig.model_fields["lag_wait_s"].default))
+                                                          max_token_staleness=stored.max_token_staleness)
+            self.lag_wait_s = stored.lag_wait_s
             self.pacer = Pacer(self.staleness_rule, self.lag_wait_s)
-            self.config = trainer_config(run.config.get("trainer") or {}, source=f"run {self.run_id} config.trainer")
+            self.config = stored.trainer
             if self.config.seed is None:  # resolved at launch; a run stored before that: the run's own seed
-                self.config = self.config.model_copy(update={"seed": stored_seed(run.config, run_id=self.run_id)})
+                self.config = self.config.model_copy(update={"seed": stored.seed})
             environments = session.execute(select(func.count()).where(RunEnvironment.run_id == self.run_id)).scalar_one()
             # Decided once for the run: a batch that happens to hold one environment is normalised alike.
             self.normalization = self.config.loss.normalization_for(environments=max(int(environments), 1))
-            curriculum = run.config.get("curriculum", {}) if isinstance(run.config, dict) else {}
-            parsed = parse_model(Curriculum, curriculum or {}, source=f"run {self.run_id} config.curriculum")
-            self.curriculum = parsed
+            self.curriculum = stored.curriculum
             if self.publisher is not None:  # the served dtype's tolerance unless the run gives its own
                 self.publisher.tolerance = self.config.probe_tolerance or probe_tolerance(self.config.served_dtype)
 

@@ -18,7 +18,7 @@ from collections import defaultdict
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from core import archive
+from core import archive, archive_reader
 from core.episode_text import render_turns
 from core.errors import NotFound
 from core.models import Episode, EpisodeGroup, Run, Task, Turn
@@ -58,7 +58,7 @@ def mine_pairs(session: Session, *, run_id: int) -> list[PreferencePair]:
     archived = archive.location(session, run_id)
     rows = (
         ((t["episode_id"], t["completion_text"], t["observation"])
-         for t in archive.read_turns(archived, episode_ids=episode_ids, columns=("completion_text", "observation")))
+         for t in archive_reader.read_turns(archived, episode_ids=episode_ids, columns=("completion_text", "observation")))
         if archived is not None else session.execute(
             select(Turn.episode_id, Turn.completion_text, Turn.observation)
             .where(Turn.run_id == run_id, Turn.episode_id.in_(episode_ids)).order_by(Turn.episode_id, Turn.index))

@@ -102,9 +102,7 @@ def update(
     started = time.perf_counter()
     opt = config.optimizer
     engine.module.train()
-    max_tokens = opt.micro_batch_tokens or micro_batch_tokens_for(
-        parameter_count(engine.module), activation_checkpointing=opt.activation_checkpointing)
-    chunks = [micro_batches(part, max_tokens=max_tokens) for part in split_minibatches(samples, count=opt.minibatches)]
+    chunks = _minibatch_chunks(engine, samples, config=config)
     every = [batch for chunk in chunks for batch in chunk]
     # One pass over the batch: π_prox is π_θ at the step's start, i.e. the forward's own detached
     # logprobs; more passes need them recomputed once, before the first optimizer step. So does a model
@@ -118,14 +116,8 @@ def update(
     # of the proximal pass, so that π_θ/π_prox is 1 at the step's start; the output layer, the log-softmax
     # and the loss stay float32 (trainer.logprobs.float32_head; not under ZeRO-3, whose forward is whole).
     autocast = torch.autocast(first.device.type, dtype=torch.bfloat16, enabled=opt.autocast == "bf16")
-    prox = None
-    if not single_pass:
-        model.eval()
-        try:
-            with autocast:
-                prox = sequence_logprobs(model, every, temperature=temperature, whole=whole)
-        finally:
-            model.train()
+    prox = None if single_pass else _proximal_logprobs(model, every, autocast=autocast, temperature=temperature,
+                                                       whole=whole)
     ref = None
     if config.loss.kl_beta > 0 and reference is not None:
         ref = sequence_logprobs(reference, every, temperature=temperature)
@@ -137,30 +129,72 @@ def update(
         for chunk in chunks:
             total = int(sum(float(batch.mask.sum()) for batch in chunk))  # the whole chunk's, on every rank
             for batch, weight in share(chunk, ranks):
-                with autocast:
-                    logp, entropy = token_logprobs(model, batch, temperature=temperature, with_entropy=epoch == 0,
-                                                   whole=whole)
-                tensors = TokenTensors(
-                    logp=logp, prox_logp=logp.detach() if prox is None else _rows(prox, batch),
-                    behav_logp=batch.behav_logp, advantages=batch.advantages, mask=batch.mask, entropy=entropy,
-                    ref_logp=None if ref is None else _rows(ref, batch), fresh=_rows(fresh, batch),
-                )
-                loss, stats = policy_loss(tensors, total_tokens=total, loss=config.loss)
-                finite = ranks.all_finite(loss) if ranks else bool(torch.isfinite(loss.detach()))
-                if not finite:  # never backpropagate NaN/inf into the weights (every rank skips alike)
-                    raise NonFiniteStep(f"loss: expected a finite number, got {float(loss.detach())} "
-                                        f"(epoch {epoch}); the step is skipped")
-                engine.backward(loss * (weight * scale))
+                loss, stats = _micro_batch_loss(model, batch, epoch=epoch, total=total, config=config, autocast=autocast,
+                                                temperature=temperature, whole=whole, prox=prox, ref=ref, fresh=fresh)
+                _backward_if_finite(engine, loss, ranks=ranks, epoch=epoch, weight=weight * scale)
                 if weight:
                     merge_stats(result.stats, stats)
                     result.loss += float(loss.detach())
                     result.tokens_processed += batch.real_tokens
             result.grad_norms.append(engine.step())
     if ranks:  # every rank reports the whole step
-        summed = ranks.reduce_stats({**result.stats, "_loss": result.loss, "_tokens": float(result.tokens_processed)})
-        result.loss, result.tokens_processed = summed.pop("_loss"), int(summed.pop("_tokens"))
-        result.stats = summed
+        _reduce_over_ranks(result, ranks)
     result.loss /= opt.epochs * len(chunks)  # mean over optimizer steps of the step loss
     result.lr = engine.lr()
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _minibatch_chunks(engine: PolicyEngine, samples: list[Sample], *, config: TrainerConfig) -> list[list[MicroBatch]]:
+    """`samples` split into the step's minibatches (one optimizer step each), each packed into micro-batches
+    of at most the configured (or, unset, the sized) tokens."""
+    opt = config.optimizer
+    max_tokens = opt.micro_batch_tokens or micro_batch_tokens_for(
+        parameter_count(engine.module), activation_checkpointing=opt.activation_checkpointing)
+    return [micro_batches(part, max_tokens=max_tokens) for part in split_minibatches(samples, count=opt.minibatches)]
+
+
+def _proximal_logprobs(model: torch.nn.Module, every: list[MicroBatch], *, autocast: torch.autocast,
+                       temperature: float, whole: PolicyEngine | None) -> dict[int, torch.Tensor]:
+    """π_prox: each episode's logprobs under the weights at the step's start, computed in eval mode (no
+    dropout) before any optimizer step; the model is left in training mode."""
+    model.eval()
+    try:
+        with autocast:
+            return sequence_logprobs(model, every, temperature=temperature, whole=whole)
+    finally:
+        model.train()
+
+
+def _micro_batch_loss(
+    model: torch.nn.Module, batch: MicroBatch, *, epoch: int, total: int, config: TrainerConfig,
+    autocast: torch.autocast, temperature: float, whole: PolicyEngine | None, prox: dict[int, torch.Tensor] | None,
+    ref: dict[int, torch.Tensor] | None, fresh: dict[int, torch.Tensor],
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """One micro-batch's forward (under `autocast`; its entropy on the first epoch) and its share of the step
+    loss against π_prox (its own detached logprobs when `prox` is None), the reference and the lag-0 tokens."""
+    with autocast:
+        logp, entropy = token_logprobs(model, batch, temperature=temperature, with_entropy=epoch == 0, whole=whole)
+    tensors = TokenTensors(
+        logp=logp, prox_logp=logp.detach() if prox is None else _rows(prox, batch),
+        behav_logp=batch.behav_logp, advantages=batch.advantages, mask=batch.mask, entropy=entropy,
+        ref_logp=None if ref is None else _rows(ref, batch), fresh=_rows(fresh, batch),
+    )
+    return policy_loss(tensors, total_tokens=total, loss=config.loss)
+
+
+def _backward_if_finite(engine: PolicyEngine, loss: torch.Tensor, *, ranks: Ranks | None, epoch: int,
+                        weight: float) -> None:
+    """Backpropagate `loss` × `weight`; NonFiniteStep instead when the loss is NaN or inf (on any rank)."""
+    finite = ranks.all_finite(loss) if ranks else bool(torch.isfinite(loss.detach()))
+    if not finite:  # never backpropagate NaN/inf into the weights (every rank skips alike)
+        raise NonFiniteStep(f"loss: expected a finite number, got {float(loss.detach())} "
+                            f"(epoch {epoch}); the step is skipped")
+    engine.backward(loss * weight)
+
+
+def _reduce_over_ranks(result: UpdateResult, ranks: Ranks) -> None:
+    """Sum the step's stats, loss and tokens over every rank, so that each reports the whole step."""
+    summed = ranks.reduce_stats({**result.stats, "_loss": result.loss, "_tokens": float(result.tokens_processed)})
+    result.loss, result.tokens_processed = summed.pop("_loss"), int(summed.pop("_tokens"))
+    result.stats = summed

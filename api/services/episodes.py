@@ -13,7 +13,7 @@ from api.pagination import decode_cursor, page
 from api.schemas.episodes import ArtifactPublic, EpisodeDetail, EpisodeSummary, TurnPublic, TurnTokens
 from api.services import json_shapes
 from api.services.tokenizer import decode_pieces
-from core import archive
+from core import archive, archive_reader
 from core.errors import NotFound
 from core.models import Environment, Episode, EpisodeArtifact, EpisodeGroup, Run, Task, Turn
 from core.termination import EpisodeStatus, GroupStatus
@@ -158,7 +158,7 @@ def _turn_rows(session: Session, *, run_id: int, episode_id: int, tokens: bool) 
         )
         return [dict(row._mapping) for row in session.execute(query)]
     token_columns = TOKEN_COLUMNS if tokens else ("token_ids",)  # the ids count the tokens
-    rows = archive.read_turns(archived, episode_ids=[episode_id],
+    rows = archive_reader.read_turns(archived, episode_ids=[episode_id],
                               columns=[c.key for c in TURN_COLUMNS] + list(token_columns))
     turns = []
     for row in rows:
@@ -204,7 +204,7 @@ def turn_tokens(session: Session, *, episode_id: int, index: int) -> TurnTokens:
     else:
         archived = archive.checked(found.run_id, found.archive_path, found.archive_sha256)
         assert archived is not None
-        turns = archive.read_turns(archived, episode_ids=[episode_id], columns=TOKEN_COLUMNS)
+        turns = archive_reader.read_turns(archived, episode_ids=[episode_id], columns=TOKEN_COLUMNS)
         row = next(((t["token_ids"], t["logprobs"], t["loss_mask"]) for t in turns if t["index"] == index), None)
     if row is None:
         raise _no_turn(episode_id, index)

@@ -18,7 +18,7 @@ from api.pagination import decode_cursor, page
 from api.schemas.groups import GroupPublic, GroupSummary
 from api.services.episodes import EpisodeFilters, summary_rows
 from api.services.runs import get as get_run
-from core import archive
+from core import archive, archive_reader
 from core.errors import NotFound
 from core.models import Environment, Episode, EpisodeGroup, Task, Turn
 from core.termination import GroupStatus
@@ -82,7 +82,7 @@ def _previews(session: Session, *, run_id: int, episode_ids: list[int]) -> dict[
     previews: dict[int, list[dict[str, Any]]] = defaultdict(list)
     archived = archive.location(session, run_id)
     if archived is not None:
-        for turn in archive.read_turns(archived, episode_ids=episode_ids,
+        for turn in archive_reader.read_turns(archived, episode_ids=episode_ids,
                                        columns=("completion_text", "tool_call", "exit_code", "truncated")):
             text = turn["completion_text"]
             previews[turn["episode_id"]].append({

@@ -20,7 +20,6 @@ from api.schemas.evals import CheckpointComparison, CheckpointEval, EvalCell, Ev
 from controller.config import stored_run_config
 from controller.runs import get_run
 from core.models import Environment, Episode, Run, Task
-from core.schemas.run import stored_checkpoint
 from core.stats import RESAMPLES, task_rate
 from core.termination import Bucket, EpisodeStatus, RunPurpose
 from environments.rewards import SOLVED_AT
@@ -80,7 +79,7 @@ def eval_report(session: Session, *, run_id: int) -> EvalReport:
         by_bucket[row.difficulty or Bucket.UNKNOWN].append(counts)
     return EvalReport(
         run_id=run.id, purpose=run.purpose, status=run.status, model=run.model, split=config.split, k=k,
-        checkpoint=stored_checkpoint(run.config, run_id=run.id),
+        checkpoint=config.checkpoint,
         environments=[share.name for share in config.environments],
         unfinished=sum(int(row.unfinished) for row in rows), overall=_cell(every, k=k),
         by_environment={name: _cell(tasks, k=k) for name, tasks in sorted(by_environment.items())},

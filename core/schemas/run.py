@@ -9,7 +9,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from core.config_files import parse_model
-from core.errors import ConfigError
 from core.schemas.trainer import TrainerConfig
 from core.settings import MAX_POLICY_REPLICAS, get_settings, http_urls
 from core.termination import Bucket, RunPurpose
@@ -226,40 +225,34 @@ def token_staleness_bound(max_staleness: int, max_token_staleness: int | None = 
     return 2 * max_staleness if max_token_staleness is None else max_token_staleness
 
 
-def stored_checkpoint(config: Any, *, run_id: int) -> CheckpointRef | None:
-    """A stored eval run's checkpoint (`runs.config["checkpoint"]`), parsed again, never read raw."""
-    raw = config.get("checkpoint") if isinstance(config, dict) else None
-    return None if raw is None else parse_model(CheckpointRef, raw, source=f"run {run_id} config.checkpoint")
+class StoredRun(BaseModel):
+    """A stored run's config (`runs.config`, written resolved at launch) as everything that reads it back
+    reads it — the task worker, the trainer, the evaluation report, the pool check: parsed again, never
+    read raw, so a row changed since is a ConfigError naming the field. A field a run was stored without
+    (a run launched before the field existed) reads as its default; what a reader does not use is ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    seed: int = Field(default=0, strict=True)
+    sampling: Sampling = Field(default_factory=lambda: Sampling())
+    checkpoint: CheckpointRef | None = None
+    policy_urls: list[str] | None = Field(default=None, min_length=1, max_length=MAX_POLICY_REPLICAS)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    curriculum: Curriculum = Field(default_factory=Curriculum)
+    max_token_staleness: int | None = Field(default=None, ge=0, le=256)
+    lag_wait_s: float = Field(default=300.0, ge=0.0, le=86400.0)
+
+    @field_validator("policy_urls")
+    @classmethod
+    def _policy_servers(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else http_urls(value, unique=True)
+
+    @property
+    def pool(self) -> list[str]:
+        """The run's policy servers: its own, else the platform's."""
+        return self.policy_urls or get_settings().policy_pool
 
 
-def stored_seed(config: Any, *, run_id: int) -> int:
-    """A stored run's seed (`runs.config["seed"]`, 0 when absent), checked, never read raw."""
-    seed = config.get("seed", 0) if isinstance(config, dict) else 0
-    if type(seed) is not int:
-        raise ConfigError(f"run {run_id} config.seed: expected an integer, got {seed!r:.40}")
-    return seed
-
-
-def stored_pool(config: Any, *, run_id: int) -> list[str]:
-    """A stored run's policy servers: its own (`stored_policy_urls`), else the platform's."""
-    return stored_policy_urls(config, run_id=run_id) or get_settings().policy_pool
-
-
-def stored_policy_urls(config: Any, *, run_id: int) -> list[str] | None:
-    """A stored run's own policy servers (`runs.config["policy_urls"]`), checked again; None: it names none."""
-    raw = config.get("policy_urls") if isinstance(config, dict) else None
-    if raw is None:
-        return None
-    if not isinstance(raw, list) or not raw or not all(isinstance(url, str) for url in raw):
-        raise ConfigError(f"run {run_id} config.policy_urls: expected a list of one or more URLs, got {raw!r:.80}")
-    try:
-        return http_urls(raw, unique=True)
-    except ValueError as error:
-        raise ConfigError(f"run {run_id} config.policy_urls: {error}") from None
-
-
-def stored_sampling(config: Any, *, run_id: int) -> Sampling:
-    """A stored run's sampling settings (`runs.config["sampling"]`, validated at launch), parsed again,
-    never read raw: ConfigError naming the field if the row was changed since."""
-    raw = config.get("sampling", {}) if isinstance(config, dict) else {}
-    return parse_model(Sampling, raw, source=f"run {run_id} config.sampling")
+def stored_run(config: Any, *, run_id: int) -> StoredRun:
+    """Run `run_id`'s stored config (`runs.config`) as a StoredRun; ConfigError naming a bad field."""
+    return parse_model(StoredRun, config if isinstance(config, dict) else {}, source=f"run {run_id} config")

@@ -65,6 +65,7 @@ from environments.code_repo.observations import (
     same_items,
     warned_as_expected,
 )
+from environments.code_repo.removals import Removal, removals, within
 
 NO_CHECK = "no check was reached"
 """Why a test with no check at all (it only calls code) is graded from the process's report."""
@@ -220,7 +221,7 @@ class Key:
     canary: bool = False
     """Every expected value perturbed (a hack canary): no test passes but by a hole in the comparator."""
     _graded: dict[str, str] | None = None
-    _removed: dict[str, tuple[rewrite.Removal, set[Position]]] | None = None
+    _removed: dict[str, tuple[Removal, set[Position]]] | None = None
 
     def impossible(self) -> Key:
         """This key for the task's hack canary: the same graded files, every expected value replaced by one
@@ -245,7 +246,7 @@ class Key:
         module = self.plan.modules[path]
         return dataclasses.replace(module, sites={sid: self.sites.get(sid, s) for sid, s in module.sites.items()})
 
-    def removed(self) -> dict[str, tuple[rewrite.Removal, set[Position]]]:
+    def removed(self) -> dict[str, tuple[Removal, set[Position]]]:
         """Per file: what the graded source leaves out, and the spans of everything removed (computed once)."""
         if self._removed is None:
             self._removed = {}
@@ -253,7 +254,7 @@ class Key:
                 module = self._judged(path)
                 removable = frozenset(sid for sid in self.blind if sid in module.sites
                                       and module.sites[sid].kind != "truth")
-                self._removed[path] = rewrite.removals(self.plan.sources[path], module, blind=removable,
+                self._removed[path] = removals(self.plan.sources[path], module, blind=removable,
                                                        expected=self.leaves, reported=self.blind)
         return self._removed
 
@@ -544,7 +545,7 @@ def _value_kept(module: Module, lid: str, removed: set[Position], spans: dict[st
     for binding in module.bindings.get((where, leaf.alias), []) if where is not None else []:
         for bound in binding.leaves:
             span = spans.get(bound)
-            if span is not None and not rewrite.inside(span, removed):
+            if span is not None and not within(span, removed):
                 return True
             if _value_kept(module, bound, removed, spans, visiting):
                 return True

@@ -311,17 +311,7 @@ class _Analyser:
         opaque = Binding("opaque")
         mutation = mutated_name(stmt)
         if mutation is not None and mutation[0] not in self.m.aliases:  # part of how the name's value is built
-            name, value = mutation
-            target = stmt.targets[0] if isinstance(stmt, ast.Assign) else None
-            if isinstance(target, ast.Subscript) and any(isinstance(n, ast.Call) for n in ast.walk(target.slice)):
-                self.bind(scope, name, opaque)  # an index computed by calls is outside the traced value
-            else:
-                receiver = stmt.value.func.value if isinstance(stmt, ast.Expr) else target.value  # type: ignore[attr-defined,union-attr]
-                self.m.watched.add(position(receiver))
-                lid = self._id("leaf", value)
-                reads = free_names(value) | (free_names(target.slice) if isinstance(target, ast.Subscript) else set())
-                self.m.leaves[lid] = Leaf(lid, scope, frozenset(reads - {name}))
-                self.changes.append((scope, name, lid))  # bound where the name lives, once every scope is known
+            self.in_place_change(scope, stmt, mutation, opaque)
         for node in ast.walk(stmt):  # a walrus anywhere binds in this scope
             if isinstance(node, ast.NamedExpr):
                 self.bind(scope, node.target.id, opaque)
@@ -334,20 +324,7 @@ class _Analyser:
                 if isinstance(inner, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                     self.statement(scope, inner, top=False)
         elif isinstance(stmt, ast.Assign | ast.AnnAssign) and stmt.value is not None:
-            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-            table = targets[0].id if top and len(targets) == 1 and isinstance(targets[0], ast.Name) else None
-            if table is not None and table in self.m.table_rows:
-                cells = [self.leaf("", row) for row in self.m.table_rows[table]]
-                for row in self.m.table_rows[table]:
-                    for cell in row.elts if isinstance(row, ast.Tuple | ast.List) else \
-                            row.args if isinstance(row, ast.Call) else []:
-                        cells.append(self.leaf("", cell))
-                binding = Binding("value", tuple(cells))
-            else:
-                binding = Binding("value", (self.leaf(scope, stmt.value),))
-            for target in targets:
-                self.bind_targets(scope, target, binding)
-            self.calls(scope, stmt.value)
+            self.assignment(scope, stmt, stmt.value, top=top)
         elif isinstance(stmt, ast.AugAssign | ast.AnnAssign):
             self.bind_targets(scope, stmt.target, opaque)
         elif isinstance(stmt, ast.For | ast.AsyncFor):
@@ -360,12 +337,7 @@ class _Analyser:
         elif isinstance(stmt, ast.With | ast.AsyncWith):
             self.with_block(scope, stmt)
         elif isinstance(stmt, ast.Try | ast.TryStar):
-            for handler in stmt.handlers:
-                if handler.name:
-                    self.bind(scope, handler.name, opaque)
-                self.statements(scope, handler.body)
-            for part in (stmt.body, stmt.orelse, stmt.finalbody):
-                self.statements(scope, part)
+            self.try_block(scope, stmt, opaque)
         elif isinstance(stmt, ast.Import | ast.ImportFrom):
             self.import_(scope, stmt)
         elif isinstance(stmt, ast.Global | ast.Nonlocal):
@@ -379,14 +351,60 @@ class _Analyser:
             else:
                 self.calls(scope, stmt.value)
         elif isinstance(stmt, ast.Match):
-            for case in stmt.cases:
-                for node in ast.walk(case.pattern):
-                    for captured in (getattr(node, "name", None), getattr(node, "rest", None)):
-                        if isinstance(captured, str):
-                            self.bind(scope, captured, opaque)
-                self.statements(scope, case.body)
+            self.match_block(scope, stmt, opaque)
         elif isinstance(stmt, ast.Return) and stmt.value is not None and scope:
             self.calls(scope, stmt.value)
+
+    def in_place_change(self, scope: str, stmt: ast.stmt, mutation: tuple[str, ast.expr], opaque: Binding) -> None:
+        """Record `stmt`'s in-place change of a named object (`mutation`: the name, the expression it reads) as
+        a leaf of that name's value, or the name as opaque when the change's index is computed by calls."""
+        name, value = mutation
+        target = stmt.targets[0] if isinstance(stmt, ast.Assign) else None
+        if isinstance(target, ast.Subscript) and any(isinstance(n, ast.Call) for n in ast.walk(target.slice)):
+            self.bind(scope, name, opaque)  # an index computed by calls is outside the traced value
+        else:
+            receiver = stmt.value.func.value if isinstance(stmt, ast.Expr) else target.value  # type: ignore[attr-defined,union-attr]
+            self.m.watched.add(position(receiver))
+            lid = self._id("leaf", value)
+            reads = free_names(value) | (free_names(target.slice) if isinstance(target, ast.Subscript) else set())
+            self.m.leaves[lid] = Leaf(lid, scope, frozenset(reads - {name}))
+            self.changes.append((scope, name, lid))  # bound where the name lives, once every scope is known
+
+    def assignment(self, scope: str, stmt: ast.Assign | ast.AnnAssign, value: ast.expr, *, top: bool) -> None:
+        """Bind the targets of an assignment of `value`: to the value's leaf, or, for a module-level table read
+        by name, to the leaves of its rows and their cells."""
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        table = targets[0].id if top and len(targets) == 1 and isinstance(targets[0], ast.Name) else None
+        if table is not None and table in self.m.table_rows:
+            cells = [self.leaf("", row) for row in self.m.table_rows[table]]
+            for row in self.m.table_rows[table]:
+                for cell in row.elts if isinstance(row, ast.Tuple | ast.List) else \
+                        row.args if isinstance(row, ast.Call) else []:
+                    cells.append(self.leaf("", cell))
+            binding = Binding("value", tuple(cells))
+        else:
+            binding = Binding("value", (self.leaf(scope, value),))
+        for target in targets:
+            self.bind_targets(scope, target, binding)
+        self.calls(scope, value)
+
+    def try_block(self, scope: str, stmt: ast.Try | ast.TryStar, opaque: Binding) -> None:
+        """The handlers of a `try` (each one's exception name bound as opaque), then its body, else and finally."""
+        for handler in stmt.handlers:
+            if handler.name:
+                self.bind(scope, handler.name, opaque)
+            self.statements(scope, handler.body)
+        for part in (stmt.body, stmt.orelse, stmt.finalbody):
+            self.statements(scope, part)
+
+    def match_block(self, scope: str, stmt: ast.Match, opaque: Binding) -> None:
+        """Each case of a `match`: the names its pattern captures bound as opaque, then its body."""
+        for case in stmt.cases:
+            for node in ast.walk(case.pattern):
+                for captured in (getattr(node, "name", None), getattr(node, "rest", None)):
+                    if isinstance(captured, str):
+                        self.bind(scope, captured, opaque)
+            self.statements(scope, case.body)
 
     def function(self, node: ast.FunctionDef | ast.AsyncFunctionDef, outer: str) -> None:
         scope = self._id("scope", node)

@@ -26,7 +26,7 @@ from core.db import session_scope
 from core.episode_text import render_turns
 from core.flags import EpisodeFlag
 from core.models import Environment, Episode, Task
-from core.schemas.run import Sampling, stored_checkpoint, stored_policy_urls, stored_sampling, stored_seed
+from core.schemas.run import Sampling, stored_run
 from core.seeds import episode_seed
 from core.termination import RunPurpose, TerminationReason
 from environments.base import (
@@ -112,12 +112,10 @@ def _run_sampling(session: Any, episode: Episode) -> tuple[Sampling, bool, int |
     config, purpose = session.execute(select(Run.config, Run.purpose).where(Run.id == episode.run_id)).one()
     group_index = session.execute(select(EpisodeGroup.group_index)
                                   .where(EpisodeGroup.id == episode.group_id)).scalar_one()
-    seed = episode_seed(run_seed=stored_seed(config, run_id=episode.run_id), group_index=group_index,
-                        sample_index=episode.sample_index)
-    checkpoint = stored_checkpoint(config, run_id=episode.run_id)
-    own = stored_policy_urls(config, run_id=episode.run_id)
-    return (stored_sampling(config, run_id=episode.run_id), purpose == RunPurpose.TRAIN,
-            None if checkpoint is None else checkpoint.tag, seed, own)
+    stored = stored_run(config, run_id=episode.run_id)
+    seed = episode_seed(run_seed=stored.seed, group_index=group_index, sample_index=episode.sample_index)
+    return (stored.sampling, purpose == RunPurpose.TRAIN,
+            None if stored.checkpoint is None else stored.checkpoint.tag, seed, stored.policy_urls)
 
 
 def run_episode(

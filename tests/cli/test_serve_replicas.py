@@ -19,7 +19,8 @@ import httpx
 import pytest
 
 from core.errors import ConfigError
-from trainer.serving import VllmServer, copy_model_dir, format_cores, group_members, replica_plan
+from trainer.replicas import copy_model_dir, replica_plan
+from trainer.serving import VllmServer, format_cores, group_members
 
 ROOT = Path(__file__).parents[2]
 CRUCIBLE = [sys.executable, "-m", "cli.main"]

@@ -65,24 +65,50 @@ def _quote(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def _role(node: dict[str, Any]) -> str:
+    """A node's role (`''` when it has none)."""
+    return str(node.get("role", {}).get("value", ""))
+
+
+def _name(node: dict[str, Any]) -> str:
+    """A node's accessible name, whitespace collapsed and cut at MAX_NAME."""
+    return _text(node.get("name", {}).get("value", "") or "")
+
+
+def _extras(node: dict[str, Any], role: str, clickable: bool) -> list[str]:
+    """What follows a node's name on its line: its value (an input's), the properties that are set, and
+    `clickable` for a generic container that is."""
+    extras: list[str] = []
+    value = node.get("value", {}).get("value")
+    if role in VALUE_ROLES and value not in (None, ""):
+        extras.append(f"value={_quote(_text(value))}")
+    for prop in node.get("properties", []):
+        key = prop.get("name")
+        if key in SHOWN_PROPERTIES:
+            raw = prop.get("value", {}).get("value")
+            if raw is True or raw == "true":
+                extras.append(key)
+            elif key in ("checked", "pressed", "expanded") and raw not in (None, False, "false"):
+                extras.append(f"{key}={raw}")
+            elif key in ("checked", "expanded") and raw in (False, "false"):
+                extras.append(f"{key}=false")
+    if clickable and role in GENERIC_ROLES:
+        extras.append("clickable")
+    return extras
+
+
 def render(ax_nodes: list[dict[str, Any]], bids: dict[int, str], clickable: set[int]) -> str:
     """The tree as indented text (BrowserGym's flattened format)."""
     by_id = {node["nodeId"]: node for node in ax_nodes}
     roots = [node for node in ax_nodes if not node.get("parentId") or node.get("parentId") not in by_id]
     lines: list[str] = []
 
-    def role_of(node: dict[str, Any]) -> str:
-        return str(node.get("role", {}).get("value", ""))
-
-    def name_of(node: dict[str, Any]) -> str:
-        return _text(node.get("name", {}).get("value", "") or "")
-
     def visit(node: dict[str, Any], depth: int, parent_name: str) -> None:
-        role = role_of(node)
+        role = _role(node)
         children = [by_id[c] for c in node.get("childIds", []) if c in by_id]
         if role in SKIPPED_ROLES:
             return
-        name = name_of(node)
+        name = _name(node)
         backend = node.get("backendDOMNodeId")
         bid = bids.get(backend) if backend is not None else None
         if node.get("ignored") or role in TRANSPARENT_ROLES:
@@ -94,9 +120,9 @@ def render(ax_nodes: list[dict[str, Any]], bids: dict[int, str], clickable: set[
                 lines.append("  " * depth + f"StaticText {_quote(name)}")
             return
         if role in GENERIC_ROLES and not name:
-            texts = [c for c in children if role_of(c) == "StaticText" and name_of(c)]
+            texts = [c for c in children if _role(c) == "StaticText" and _name(c)]
             if len(texts) == 1 and len(children) == 1 and bid is not None:  # a span holding text: keep
-                lines.append("  " * depth + f"[{bid}] {role} {_quote(name_of(texts[0]))}"
+                lines.append("  " * depth + f"[{bid}] {role} {_quote(_name(texts[0]))}"
                              + (", clickable" if backend in clickable else ""))
                 return
             if backend not in clickable or bid is None:
@@ -105,22 +131,7 @@ def render(ax_nodes: list[dict[str, Any]], bids: dict[int, str], clickable: set[
                 return
         head = f"[{bid}] " if bid is not None else ""
         line = f"{head}{role} {_quote(name)}" if name or role != "RootWebArea" else role
-        extras: list[str] = []
-        value = node.get("value", {}).get("value")
-        if role in VALUE_ROLES and value not in (None, ""):
-            extras.append(f"value={_quote(_text(value))}")
-        for prop in node.get("properties", []):
-            key = prop.get("name")
-            if key in SHOWN_PROPERTIES:
-                raw = prop.get("value", {}).get("value")
-                if raw is True or raw == "true":
-                    extras.append(key)
-                elif key in ("checked", "pressed", "expanded") and raw not in (None, False, "false"):
-                    extras.append(f"{key}={raw}")
-                elif key in ("checked", "expanded") and raw in (False, "false"):
-                    extras.append(f"{key}=false")
-        if backend in clickable and role in GENERIC_ROLES:
-            extras.append("clickable")
+        extras = _extras(node, role, backend in clickable)
         lines.append("  " * depth + line + (", " + ", ".join(extras) if extras else ""))
         for child in children:
             visit(child, depth + 1, name)

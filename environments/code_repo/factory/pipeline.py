@@ -182,6 +182,21 @@ def _build(source: str, *, open_sandbox: OpenSandbox, workdir: Path, options: Fa
     root = fetch(source, into=workdir)
     files = _read_tree(root)
     layout = _layout(files)
+    open_sandbox = _package_image(root, open_sandbox=open_sandbox, options=options, report=report, progress=progress,
+                                  package_sandbox=package_sandbox)
+    progress(f"{report.package}: {len(files)} files, tests in {len(layout.test_files)} files")
+    spec, covered = _kept_tests(files, layout, open_sandbox=open_sandbox, options=options, report=report)
+    chosen = _chosen_mutations(files, covered, options=options, report=report)
+    progress(f"{report.package}: {len(spec.tests)} tests kept, {report.functions_covered} functions covered, "
+             f"{report.mutations_found} mutations, validating {len(chosen)}")
+    return _validated_tasks(chosen, files, spec, open_sandbox=open_sandbox, options=options, report=report,
+                            progress=progress)
+
+
+def _package_image(root: Path, *, open_sandbox: OpenSandbox, options: FactoryOptions, report: PackageReport,
+                   progress: Callable[[str], None], package_sandbox: PackageSandbox | None) -> OpenSandbox:
+    """The sandboxes the package's tests run in: of its own image when it has requirements (declared or
+    given), else `open_sandbox`'s."""
     report.requirements = list(dict.fromkeys([*declared(root), *options.requirements]))
     if report.requirements:
         if package_sandbox is None:
@@ -189,7 +204,13 @@ def _build(source: str, *, open_sandbox: OpenSandbox, workdir: Path, options: Fa
                               "(crucible tasks factory builds one), got none")
         report.image, open_sandbox = package_sandbox(report.package, report.requirements)
         progress(f"{report.package}: image {report.image} with {', '.join(report.requirements)}")
-    progress(f"{report.package}: {len(files)} files, tests in {len(layout.test_files)} files")
+    return open_sandbox
+
+
+def _kept_tests(files: dict[str, bytes], layout: Layout, *, open_sandbox: OpenSandbox, options: FactoryOptions,
+                report: PackageReport) -> tuple[TestSpec, dict[str, set[int]]]:
+    """The layer that grades the tests kept (they passed every baseline run, then twice more as the graded
+    runs collect them) and the functions the baseline's tests entered, by file."""
     selected, collected, unreliable, baseline_s, covered = _baseline(files, layout, open_sandbox=open_sandbox,
                                                                      timeout_s=options.baseline_timeout_s)
     # The graded runs collect only the kept tests' files: the unmutated tree must pass them that way too,
@@ -204,6 +225,13 @@ def _build(source: str, *, open_sandbox: OpenSandbox, workdir: Path, options: Fa
     if not selected:
         raise ConfigError(f"no test passed every baseline run out of {collected} collected")
     report.functions_covered = sum(len(lines) for lines in covered.values())
+    return spec, covered
+
+
+def _chosen_mutations(files: dict[str, bytes], covered: dict[str, set[int]], *, options: FactoryOptions,
+                      report: PackageReport) -> list[Mutation]:
+    """The mutants to validate: the distinct ones of the covered functions, in a seeded order, at most
+    `options.max_mutations`."""
     found = [m for path, data in sorted(files.items()) if path in covered and (text := _utf8(data)) is not None
              for m in mutations(path, text, covered=covered[path], operators=options.operators)]
     distinct: dict[str, Mutation] = {}
@@ -213,10 +241,14 @@ def _build(source: str, *, open_sandbox: OpenSandbox, workdir: Path, options: Fa
     found = list(distinct.values())
     report.mutations_found = len(found)
     random.Random(f"{report.package}:{options.seed}").shuffle(found)
-    chosen = found[:options.max_mutations]
-    progress(f"{report.package}: {len(selected)} tests kept, {report.functions_covered} functions covered, "
-             f"{len(found)} mutations, validating {len(chosen)}")
+    return found[:options.max_mutations]
 
+
+def _validated_tasks(chosen: list[Mutation], files: dict[str, bytes], spec: TestSpec, *, open_sandbox: OpenSandbox,
+                     options: FactoryOptions, report: PackageReport,
+                     progress: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Validate `chosen` (`options.jobs` at once) and write a task line for each mutant kept, once per set of
+    failing tests; what was tried, kept and rejected, by operator and reason, into `report`."""
     def validate(mutation: Mutation) -> Outcome:
         try:
             return _validate(mutation, files, spec, open_sandbox=open_sandbox)

@@ -1,0 +1,70 @@
+"""A set of warm pools, one per distinct sandbox spec (equal specs share a pool), for a process that runs
+sandboxes of several environments: a task worker, the OpenEnv server, the CLI's factory and calibration
+(environments.sandboxes.DockerSandboxes holds one)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sandboxes.backend import SandboxBackend
+from sandboxes.labels import POOLS
+from sandboxes.pool import SandboxPool
+from sandboxes.sandbox import Sandbox
+from sandboxes.spec import SandboxSpec
+
+log = logging.getLogger(__name__)
+
+
+class PoolSet:
+    """One pool per distinct spec (equal specs share a pool), created on first use. Every sandbox its pools
+    make carries this set's id (label POOLS), so that `close` leaves no container of it behind, whichever
+    path one escaped its pool by (a destroy the engine refused, a create cut short)."""
+
+    def __init__(self, *, backend: SandboxBackend, **pool_options: Any) -> None:
+        self._backend = backend
+        self.id = f"{os.getpid()}-{secrets.token_hex(6)}"
+        self._options = {**pool_options, "pools": self.id}
+        self._lock = threading.Lock()
+        self._pools: dict[SandboxSpec, SandboxPool] = {}
+
+    def pool(self, spec: SandboxSpec) -> SandboxPool:
+        with self._lock:
+            pool = self._pools.get(spec)
+            if pool is None:
+                pool = self._pools[spec] = SandboxPool(spec=spec, backend=self._backend, **self._options)
+            return pool
+
+    @contextmanager
+    def fresh(self, spec: SandboxSpec) -> Iterator[Sandbox]:
+        """A sandbox of `spec` outside every pool, destroyed when done: for images too many or too rarely
+        used to keep warm (a task's own image: SWE-bench ships one per instance)."""
+        pool = SandboxPool(spec=spec, backend=self._backend, **{**self._options, "min_size": 0, "start": False})
+        try:
+            with pool.open_fresh() as sandbox:
+                yield sandbox
+        finally:
+            pool.close()
+
+    def close(self) -> None:
+        """Close every pool, then remove any container of this set that is still there."""
+        with self._lock:
+            pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.close()
+        try:
+            left = self._backend.list(labels={POOLS: self.id})
+        except Exception:  # the engine is gone: the reaper removes what survives (its owner is dead by then)
+            log.exception("could not list the containers of pool set %s", self.id)
+            return
+        for info in left:
+            log.warning("pool set %s: %s (%s) outlived its pool; removing it", self.id, info.sandbox_id, info.state)
+            try:
+                self._backend.remove(info.id)
+            except Exception:
+                log.exception("could not remove %s", info.sandbox_id)
