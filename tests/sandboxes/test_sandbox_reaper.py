@@ -25,10 +25,10 @@ OWNER_SCRIPT = textwrap.dedent(
     from sandboxes import SandboxPool, SandboxSpec, make_backend
     spec = SandboxSpec.model_validate_json(sys.argv[1])
     pool = SandboxPool(spec=spec, backend=make_backend(), min_size=2, max_size=3)
-    pool.wait_ready(timeout=120)
+    pool.wait_ready(timeout_s=120)
     sandbox = pool.acquire(run_id=7, episode_id=8)
     sandbox.step("sleep 600 &")  # mid-episode
-    pool.wait_ready(idle=2, timeout=120)
+    pool.wait_ready(idle=2, timeout_s=120)
     ids = [sandbox.container_id] + [s.container_id for s in pool._idle]
     print("READY " + " ".join(ids), flush=True)
     time.sleep(600)
