@@ -19,13 +19,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.errors import ConfigError
-from core.models import Episode, EpisodeGroup, Run, Task
-from core.store import insert_episode
+from core.models import Episode, Task
 from environments import registry
 from environments.parsing import hermes_call
 from environments.service import register_environment
 from environments.spec import parse_spec
 from environments.tasks import import_uploaded
+from tests import factories
 from tests.support.rewards import assert_reward_derived
 
 KIND = textwrap.dedent('''
@@ -178,18 +178,9 @@ def test_a_toy_kind_plays_an_episode_through_the_real_runner(parrot: object, db_
     env, _ = register_environment(db_session, spec=parse_spec(SPEC))
     rewards = {}
     for word, said in (("cat", "cats"), ("dog", "dog")):
-        task = Task(environment_name=env.name, external_id=f"p-{word}", instruction=f"Say {word}. [script:{word}]",
-                    payload={"word": word})
-        run = Run(name=f"parrot-{word}", model="scripted", group_size=1, batch_size=1, config={})
-        db_session.add_all([task, run])
-        db_session.flush()
-        group = EpisodeGroup(run_id=run.id, group_index=0, task_id=task.id, environment_id=env.id, size=1,
-                             policy_version=0)
-        db_session.add(group)
-        db_session.flush()
-        episode_id, _ = insert_episode(db_session, run_id=run.id, group_id=group.id, sample_index=0, task_id=task.id,
-                                       environment_id=env.id)
-        db_session.commit()
+        task = factories.task(db_session, env, external_id=f"p-{word}", instruction=f"Say {word}. [script:{word}]",
+                              payload={"word": word})
+        episode_id = factories.pending_episode(db_session, env=env, the_task=task, run_name=f"parrot-{word}")
         with serve(ScriptedPolicy({word: [hermes_call("say", word=said)]})) as url:
             client = PolicyClient(base_url=url, retries=1, backoff_s=0.05)
             run_episode(episode_id, policy=client, sandboxes=module_sandboxes, worker="test")  # type: ignore[arg-type]
