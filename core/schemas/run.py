@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from core.config_files import parse_model
 from core.schemas.trainer import TrainerConfig
@@ -134,6 +134,14 @@ class Sampling(BaseModel):
         return problems
 
 
+TokenStaleness = Annotated[int, Field(ge=0, le=256)]
+LagWait = Annotated[float, Field(ge=0.0, le=86400.0)]
+DEFAULT_LAG_WAIT_S = 300.0
+PolicyServers = Annotated[list[str], Field(min_length=1, max_length=MAX_POLICY_REPLICAS),
+                          AfterValidator(lambda urls: http_urls(urls, unique=True))]
+"""A run's own policy servers: 1 to MAX_POLICY_REPLICAS distinct http(s) URLs (RunConfig, StoredRun)."""
+
+
 class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -153,7 +161,7 @@ class RunConfig(BaseModel):
     max_staleness: int = Field(default=1, ge=0, le=64)
     """The admission bound (async mode): groups are dispatched while dispatched − replaced ≤ (published
     version + max_staleness + 1) × batch_size (controller/dispatch.py). Nothing is dropped for it."""
-    max_token_staleness: int | None = Field(default=None, ge=0, le=256)
+    max_token_staleness: TokenStaleness | None = None
     """A sampled token whose version lags the trained one by more than this stays in the context with
     no loss weight (trainer.selection); default 2 × the staleness bound. A sample past the hard cap
     (a token more than 4 × the bound behind, or every token masked) is dropped as stale_cap."""
@@ -161,7 +169,7 @@ class RunConfig(BaseModel):
     """`longest_first`: the groups one controller pass dispatches (those the admission bound lets in
     together, e.g. a batch's worth after each update) are sent longest-expected first (tasks.episode_seconds,
     unmeasured tasks first of all), so that the slow tasks start early instead of closing the window."""
-    lag_wait_s: float = Field(default=300.0, ge=0.0, le=86400.0)
+    lag_wait_s: LagWait = DEFAULT_LAG_WAIT_S
     """How long the trainer waits for a group still running that its next step would leave past the hard
     cap, 4 × the staleness bound (trainer.selection.may_step); past it, the step goes ahead and that group
     may be dropped as stale_cap."""
@@ -186,15 +194,10 @@ class RunConfig(BaseModel):
     checkpoint: CheckpointRef | None = None
     """An eval run of a training run's checkpoint (set by `crucible eval launch --run R --step S`, which
     loads it into the policy servers first); None: whatever the servers serve under `model`."""
-    policy_urls: list[str] | None = Field(default=None, min_length=1, max_length=MAX_POLICY_REPLICAS)
+    policy_urls: PolicyServers | None = None
     """The run's own pool of policy servers (vLLM OpenAI API roots), its trainer's and its episodes';
     None: the platform's (CRUCIBLE_POLICY_URLS). A training run is refused on a pool whose servers a
     live trainer of another run holds (core.pools): it would sample with that run's weights."""
-
-    @field_validator("policy_urls")
-    @classmethod
-    def _policy_servers(cls, value: list[str] | None) -> list[str] | None:
-        return None if value is None else http_urls(value, unique=True)
 
     @model_validator(mode="after")
     def _training_samples_what_the_trainer_reproduces(self) -> RunConfig:
@@ -236,16 +239,11 @@ class StoredRun(BaseModel):
     seed: int = Field(default=0, strict=True)
     sampling: Sampling = Field(default_factory=lambda: Sampling())
     checkpoint: CheckpointRef | None = None
-    policy_urls: list[str] | None = Field(default=None, min_length=1, max_length=MAX_POLICY_REPLICAS)
+    policy_urls: PolicyServers | None = None
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     curriculum: Curriculum = Field(default_factory=Curriculum)
-    max_token_staleness: int | None = Field(default=None, ge=0, le=256)
-    lag_wait_s: float = Field(default=300.0, ge=0.0, le=86400.0)
-
-    @field_validator("policy_urls")
-    @classmethod
-    def _policy_servers(cls, value: list[str] | None) -> list[str] | None:
-        return None if value is None else http_urls(value, unique=True)
+    max_token_staleness: TokenStaleness | None = None
+    lag_wait_s: LagWait = DEFAULT_LAG_WAIT_S
 
     @property
     def pool(self) -> list[str]:
