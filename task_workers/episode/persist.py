@@ -9,12 +9,11 @@ from typing import Any
 from sqlalchemy import exists, select, update
 from sqlalchemy.orm import Session
 
-from core.models import Environment, Episode, EpisodeArtifact, EpisodeGroup, Turn
+from core.models import Episode, EpisodeArtifact, EpisodeGroup, Turn
 from core.termination import EpisodeStatus, GroupStatus, TerminationReason
 from environments.base import LayerResult, Verdict
 from environments.pairwise import pairwise_environments
-from environments.rewards import total
-from environments.service import spec_of
+from environments.rewards import Reward
 from task_workers.episode.artifacts import screen_artifacts
 from task_workers.episode.trajectory import Trajectory
 
@@ -58,12 +57,12 @@ class Unscored:
 
 
 def store_episode(
-    session: Session, *, episode_id: int, trajectory: Trajectory, verdict: Verdict | None,
+    session: Session, *, episode_id: int, trajectory: Trajectory, verdict: Verdict | None, reward: Reward | None,
     sandbox_id: str | None, timings: dict[str, float], unscored: Unscored | None = None,
 ) -> bool:
     """Write the episode's outcome, every turn and its artifacts (screened: see artifacts.py). False (and
-    nothing written) if a copy is stored. The reward is environments.rewards.total of the verdict's layers
-    and flags under the episode's environment spec (0 without a verdict). `unscored`: the episode was played
+    nothing written) if a copy is stored. `reward`: environments.rewards.total of the verdict's layers and
+    flags under the spec the episode ran under, as the caller derived it (0 without a verdict). `unscored`: the episode was played
     but could not be scored (a judge that never answered): status failed with that reason and no reward,
     the turns and the layers that did run kept for inspection; never trained on."""
     episode = session.execute(select(Episode).where(Episode.id == episode_id).with_for_update()).scalar_one()
@@ -83,11 +82,8 @@ def store_episode(
         episode.reward, episode.reward_components = None, {}
         episode.failures = [*episode.failures, _failure(unscored.reason, unscored.message, unscored.worker)]
     elif verdict is not None:
-        environment = session.get(Environment, episode.environment_id)
-        assert environment is not None  # a foreign key
-        spec = spec_of(environment)
-        episode.reward = total(verdict.layers, verdict.flags, spec).value
-        episode.reward_components = verdict.components
+        assert reward is not None, "a verdict is stored with its reward (environments.rewards.total)"
+        episode.reward, episode.reward_components = reward.value, verdict.components
     else:
         episode.reward, episode.reward_components = 0.0, {}
     episode.timings = timings

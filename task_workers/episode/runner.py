@@ -201,21 +201,22 @@ def _screened(loaded: _Loaded, trajectory: Trajectory, verdict: Verdict, *, work
 
 def _stored(loaded: _Loaded, trajectory: Trajectory, verdict: Verdict, unscored: Unscored | None, *,
             sandbox_id: str | None, timings: dict[str, float], worker: str) -> EpisodeOutcome:
-    """Store the episode (its reward derived there: environments.rewards.total); under a pairwise judge,
-    judge the group if this was its last episode, before the trainer may claim it."""
+    """Store the episode with its reward, derived once (environments.rewards.total); under a pairwise
+    judge, judge the group if this was its last episode, before the trainer may claim it."""
+    reward = total(verdict.layers, verdict.flags, loaded.spec)
     with session_scope() as session:
         stored = store_episode(session, episode_id=loaded.episode_id, trajectory=trajectory, verdict=verdict,
-                               sandbox_id=sandbox_id, timings={k: round(v, 4) for k, v in timings.items()},
-                               unscored=unscored)
+                               reward=reward, sandbox_id=sandbox_id,
+                               timings={k: round(v, 4) for k, v in timings.items()}, unscored=unscored)
     if unscored is not None:
         logger.warning("episode %s played but not scored (%s): %s", loaded.episode_id, unscored.reason,
                        unscored.message)
         return EpisodeOutcome(loaded.episode_id, stored, unscored.reason, None)
-    reward = total(verdict.layers, verdict.flags, loaded.spec).value
-    logger.info("episode %s ended: %s reward=%s stored=%s", loaded.episode_id, trajectory.termination, reward, stored)
+    logger.info("episode %s ended: %s reward=%s stored=%s", loaded.episode_id, trajectory.termination, reward.value,
+                stored)
     if _is_pairwise(loaded.spec):
         judge_finished_group(loaded.group_id, worker=worker)
-    return EpisodeOutcome(loaded.episode_id, stored, trajectory.termination, reward)
+    return EpisodeOutcome(loaded.episode_id, stored, trajectory.termination, reward.value)
 
 
 def _learned(loaded: _Loaded, trajectory: Trajectory, verdict: Verdict) -> Verdict:

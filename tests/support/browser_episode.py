@@ -61,7 +61,7 @@ def stored_browser_episode(session: Session, *, run_name: str, trajectory: Traje
     the_task = factories.task(session, env, instruction=GOAL)
     episode_id = factories.pending_episode(session, env=env, the_task=the_task, run_name=run_name)
     assert claim_episode(session, episode_id=episode_id, worker="worker-test") is not None
-    assert store_episode(session, episode_id=episode_id, trajectory=trajectory or browser_trajectory(), verdict=None,
+    assert store_episode(session, episode_id=episode_id, trajectory=trajectory or browser_trajectory(), verdict=None, reward=None,
                          sandbox_id="sb-browser", timings={"total": 1.0})
     session.commit()
     return episode_id

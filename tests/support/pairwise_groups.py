@@ -8,11 +8,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from core.models import Episode, EpisodeGroup
+from core.models import Environment, Episode, EpisodeGroup
 from core.termination import TerminationReason
 from environments.base import LayerResult, Verdict
 from environments.judge import flag_injection, transcript_of
-from environments.service import register_environment
+from environments.rewards import total
+from environments.service import register_environment, spec_of
 from environments.spec import parse_spec
 from task_workers.episode.persist import claim_episode, store_episode
 from task_workers.episode.trajectory import Trajectory, TurnRecord
@@ -48,7 +49,9 @@ def end_episode(session: Session, episode_id: int, *, text: str, reward: float, 
     trajectory = Trajectory(turns=[turn], termination=TerminationReason.SUBMITTED, submitted=True)
     verdict = Verdict(layers=[LayerResult("hidden_tests", reward, reward == 1.0)], flags=list(flags))
     verdict = flag_injection(verdict, transcript=transcript_of(trajectory.turns))
-    assert store_episode(session, episode_id=episode_id, trajectory=trajectory, verdict=verdict, sandbox_id=None,
+    spec = spec_of(session.get(Environment, episode.environment_id))  # type: ignore[arg-type]
+    assert store_episode(session, episode_id=episode_id, trajectory=trajectory, verdict=verdict,
+                         reward=total(verdict.layers, verdict.flags, spec), sandbox_id=None,
                          timings={"total": 1.0})
     session.commit()
 

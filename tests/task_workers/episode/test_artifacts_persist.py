@@ -65,11 +65,11 @@ def test_artifacts_and_turns_commit_or_roll_back_together(db_session: Session) -
     broken = browser_trajectory()
     broken.turns[1] = replace(broken.turns[1], logprobs=[0.0])
     with pytest.raises(IntegrityError):
-        store_episode(db_session, episode_id=episode_id, trajectory=broken, verdict=None, sandbox_id=None, timings={})
+        store_episode(db_session, episode_id=episode_id, trajectory=broken, verdict=None, reward=None, sandbox_id=None, timings={})
     db_session.rollback()
     assert _count(db_session, EpisodeArtifact, episode_id) == 0 and _count(db_session, Turn, episode_id) == 0
 
-    assert store_episode(db_session, episode_id=episode_id, trajectory=browser_trajectory(), verdict=None,
+    assert store_episode(db_session, episode_id=episode_id, trajectory=browser_trajectory(), verdict=None, reward=None,
                          sandbox_id=None, timings={})
     assert _count(db_session, EpisodeArtifact, episode_id) == 4  # visible in the same transaction as the turns
     db_session.rollback()
@@ -79,7 +79,7 @@ def test_artifacts_and_turns_commit_or_roll_back_together(db_session: Session) -
 def test_a_redelivered_episode_stores_one_copy(db_session: Session) -> None:
     episode_id = stored_browser_episode(db_session, run_name="redelivered")
     assert claim_episode(db_session, episode_id=episode_id, worker="w2") is None
-    assert not store_episode(db_session, episode_id=episode_id, trajectory=browser_trajectory(), verdict=None,
+    assert not store_episode(db_session, episode_id=episode_id, trajectory=browser_trajectory(), verdict=None, reward=None,
                              sandbox_id=None, timings={})
     db_session.commit()
     assert len(_artifacts(db_session, episode_id)) == 4
