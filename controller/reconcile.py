@@ -40,6 +40,7 @@ from controller.logs import log_event
 from controller.progress import GroupStatus
 from core.models import Environment, Episode, EpisodeGroup, Run, Worker
 from core.models.worker import alive
+from core.schemas.episode import FailureRecord
 from core.termination import EpisodeStatus, RunStatus, TerminationReason
 from environments.pairwise import pairwise_environments
 
@@ -257,11 +258,11 @@ def _requeue_or_fail(
     episode: Episode, *, now: datetime, horizon: timedelta, settings: ControllerConfig
 ) -> bool:
     """Record the loss; back to pending (True) or, after max_attempts losses, failed (False)."""
-    record = {"reason": TerminationReason.WORKER_LOST.value, "worker": episode.worker, "at": now.isoformat(),
-              "status": episode.status, "source": SOURCE, "incarnation": episode.worker_incarnation}
-    episode.failures = [*episode.failures, record]
+    record = FailureRecord(reason=TerminationReason.WORKER_LOST.value, worker=episode.worker, at=now.isoformat(),
+                           status=episode.status, source=SOURCE, incarnation=episode.worker_incarnation)
+    episode.failures = [*episode.failures, record.stored()]
     episode.attempts += 1
-    losses = sum(1 for item in episode.failures if isinstance(item, dict) and item.get("source") == SOURCE)
+    losses = sum(1 for failure in FailureRecord.read_all(episode.failures) if failure.source == SOURCE)
     gave_up = losses >= settings.max_attempts
     log_event("reconcile.worker_lost", level=logging.WARNING, run_id=episode.run_id, episode_id=episode.id,
               worker=episode.worker, losses=losses, action="failed" if gave_up else "requeued")

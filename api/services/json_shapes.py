@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-LAYER_KEYS = ("name", "score", "passed", "duration_s", "detail")
-FAILURE_KEYS = ("reason", "at", "worker", "message")
+from core.schemas.episode import FAILURE_KEYS, LAYER_KEYS
 
 
 def mapping(value: Any) -> dict[str, Any]:
@@ -31,13 +30,13 @@ def tool_call(value: Any) -> dict[str, Any] | None:
     return {"name": "?", "arguments": value}
 
 
-def records(value: Any, *, keys: tuple[str, ...]) -> list[dict[str, Any]]:
-    """A list of dicts, each with every one of `keys` (None when absent); an entry of another shape is
-    kept as the last key (the record's detail or message)."""
+def records(value: Any, *, keys: tuple[str, ...], shown_as: str) -> list[dict[str, Any]]:
+    """A list of dicts, each with every one of `keys` (the record's fields: core.schemas.episode; None when
+    absent); an entry of another shape is kept under `shown_as` (the record's detail or message)."""
     items = value if isinstance(value, list) else ([] if value is None else [value])
     shaped = []
     for item in items:
-        entry = mapping(item) if isinstance(item, dict) else {keys[-1]: item}  # shown where details go
+        entry = mapping(item) if isinstance(item, dict) else {shown_as: item}  # shown where details go
         shaped.append({key: entry.get(key) for key in keys} | entry)
     return shaped
 
@@ -51,9 +50,9 @@ def episode(row: dict[str, Any]) -> dict[str, Any]:
     if shaped.get("awaiting_judging"):  # the tests' reward alone until the pairwise judge's comes: not final
         shaped["reward"], shaped["reward_components"] = None, {}
     if "verifier_layers" in shaped:
-        shaped["verifier_layers"] = records(shaped["verifier_layers"], keys=LAYER_KEYS)
+        shaped["verifier_layers"] = records(shaped["verifier_layers"], keys=LAYER_KEYS, shown_as="detail")
     if "failures" in shaped:
-        shaped["failures"] = records(shaped["failures"], keys=FAILURE_KEYS)
+        shaped["failures"] = records(shaped["failures"], keys=FAILURE_KEYS, shown_as="message")
     return shaped
 
 

@@ -24,13 +24,13 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from core.db import get_engine, session_scope
 from core.models import Environment, Episode, EpisodeGroup, Task, Turn
+from core.schemas.episode import FailureRecord, LayerRecord
 from core.settings import public_url
 from core.termination import EpisodeStatus, GroupStatus, TerminationReason
 from environments.base import LayerResult
@@ -174,9 +174,9 @@ def _record_failed_judging(session: Session, finished: _Finished, *, error: str,
     episodes = list(session.execute(select(Episode).where(Episode.group_id == finished.group_id)
                                     .order_by(Episode.id).with_for_update()).scalars())
     attempts = 1 + max((judging_attempts(episode) for episode in episodes), default=0)
-    record = {"reason": JudgeFault.reason.value, "source": JUDGING_SOURCE, "attempt": attempts, "worker": worker,
-              "at": datetime.now(UTC).isoformat(),
-              "message": f"judging the group failed (attempt {attempts} of {MAX_JUDGING_ATTEMPTS}): {error}"[-1000:]}
+    record = FailureRecord(reason=JudgeFault.reason.value, source=JUDGING_SOURCE, attempt=attempts, worker=worker,
+                           message=f"judging the group failed (attempt {attempts} of {MAX_JUDGING_ATTEMPTS}): "
+                                   f"{error}"[-1000:])
     records = [record]
     judge = finished.spec.verifier.judge
     assert judge is not None  # a pairwise group has a judge
@@ -185,20 +185,20 @@ def _record_failed_judging(session: Session, finished: _Finished, *, error: str,
         group.status = GroupStatus.DROPPED
         why = (f"group {finished.group_id} dropped, never judged: judge {public_url(judge.url)} ({judge.model}) "
                f"failed {attempts} judging attempts; the last: {error}")
-        records.append({**record, "attempt": None, "message": why[-1000:]})
+        records.append(record.model_copy(update={"attempt": None, "message": why[-1000:]}))
         logger.error("%s", why)
     else:
         logger.warning("group %s: judging attempt %s of %s failed: %s", finished.group_id, attempts,
                        MAX_JUDGING_ATTEMPTS, error)
     for episode in episodes:
-        episode.failures = [*episode.failures, *records]
+        episode.failures = [*episode.failures, *(item.stored() for item in records)]
     return dropped
 
 
 def judging_attempts(episode: Episode) -> int:
     """Failed judgings of the episode's group so far, as recorded in its failures."""
-    return sum(1 for item in episode.failures
-               if isinstance(item, dict) and item.get("source") == JUDGING_SOURCE and item.get("attempt") is not None)
+    return sum(1 for failure in FailureRecord.read_all(episode.failures)
+               if failure.source == JUDGING_SOURCE and failure.attempt is not None)
 
 
 def _store(session: Session, finished: _Finished, layers: dict[int, LayerResult]) -> bool:
@@ -209,7 +209,7 @@ def _store(session: Session, finished: _Finished, layers: dict[int, LayerResult]
         return False
     episodes = session.execute(select(Episode).where(Episode.id.in_(layers)).with_for_update()).scalars()
     for episode in episodes:
-        if any(stored["name"] == LAYER for stored in episode.verifier_layers):  # never two judge layers
+        if any(stored.name == LAYER for stored in LayerRecord.read_all(episode.verifier_layers)):  # never two
             logger.error("group %s: episode %s has a judge layer already; not judged again", finished.group_id,
                          episode.id)
             continue

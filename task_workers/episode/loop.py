@@ -46,6 +46,7 @@ from typing import Any
 
 from core.errors import CrucibleError
 from core.renderers import HERMES_CALL, RENDERERS, Frame, Renderer
+from core.schemas.episode import ToolCallRecord
 from core.schemas.run import Sampling
 from core.seeds import turn_seed
 from core.termination import TerminationReason
@@ -241,7 +242,7 @@ def _act(ctx: LoopContext, chat: _Chat, completion: Completion
         raise SandboxFault(f"the sandbox failed while running {call.name}: {error}") from error
     if result.status == ToolStatus.SANDBOX_DEAD:
         raise SandboxFault(f"the sandbox died while running {call.name}: {result.output[-300:]}")
-    return result, {"name": call.name, "arguments": call.arguments}, None
+    return result, ToolCallRecord(name=call.name, arguments=call.arguments).stored(), None
 
 
 def _breaks_prefix(completion: Completion, *, sent: list[int], trajectory: Trajectory, pending: list[int]) -> bool:

@@ -10,6 +10,7 @@ from sqlalchemy import exists, select, update
 from sqlalchemy.orm import Session
 
 from core.models import Episode, EpisodeArtifact, EpisodeGroup, Turn
+from core.schemas.episode import FailureRecord, LayerRecord, RewardComponents
 from core.termination import EpisodeStatus, GroupStatus, TerminationReason
 from environments.base import LayerResult, Verdict
 from environments.pairwise import pairwise_environments
@@ -74,18 +75,16 @@ def store_episode(
         session.add(EpisodeArtifact(run_id=episode.run_id, episode_id=episode.id, turn_index=artifact.turn_index,
                                     name=artifact.name, media_type=artifact.media_type, size=len(artifact.data),
                                     data=artifact.data))
-    reason = trajectory.termination or TerminationReason.CANCELLED
-    episode.status = EpisodeStatus.COMPLETED
-    episode.termination_reason = reason
-    if unscored is not None:
+    if unscored is not None:  # played, never scored: failed with that reason, no reward
         episode.status, episode.termination_reason = EpisodeStatus.FAILED, unscored.reason
         episode.reward, episode.reward_components = None, {}
         episode.failures = [*episode.failures, _failure(unscored.reason, unscored.message, unscored.worker)]
-    elif verdict is not None:
-        assert reward is not None, "a verdict is stored with its reward (environments.rewards.total)"
-        episode.reward, episode.reward_components = reward.value, verdict.components
     else:
-        episode.reward, episode.reward_components = 0.0, {}
+        episode.status = EpisodeStatus.COMPLETED
+        episode.termination_reason = trajectory.termination or TerminationReason.CANCELLED
+        assert verdict is None or reward is not None, "a verdict is stored with its reward (environments.rewards.total)"
+        episode.reward = reward.value if verdict is not None and reward is not None else 0.0
+        episode.reward_components = RewardComponents.validate_python(verdict.components) if verdict else {}
     episode.timings = timings
     episode.verifier_layers = _layers(verdict)
     episode.final_diff = verdict.diff if verdict else None
@@ -111,9 +110,9 @@ def _layers(verdict: Verdict | None) -> list[dict[str, Any]]:
 
 
 def layer_record(layer: LayerResult) -> dict[str, Any]:
-    """A verifier layer as stored in `episodes.verifier_layers`."""
-    return {"name": layer.name, "score": layer.score, "passed": layer.passed, "detail": layer.detail[-4000:],
-            "duration_s": round(layer.duration_s, 4), **({"record": layer.record} if layer.record else {})}
+    """A verifier layer as stored in `episodes.verifier_layers` (core.schemas.episode.LayerRecord)."""
+    return LayerRecord(name=layer.name, score=layer.score, passed=layer.passed, detail=layer.detail[-4000:],
+                       duration_s=round(layer.duration_s, 4), record=layer.record or None).stored()
 
 
 def record_fault(session: Session, *, episode_id: int, reason: TerminationReason, message: str, worker: str,
@@ -134,5 +133,5 @@ def record_fault(session: Session, *, episode_id: int, reason: TerminationReason
 
 
 def _failure(reason: TerminationReason, message: str, worker: str) -> dict[str, Any]:
-    """One entry of `episodes.failures`."""
-    return {"reason": reason.value, "message": message[-1000:], "worker": worker, "at": datetime.now(UTC).isoformat()}
+    """One entry of `episodes.failures` (core.schemas.episode.FailureRecord)."""
+    return FailureRecord(reason=reason.value, message=message[-1000:], worker=worker).stored()

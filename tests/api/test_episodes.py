@@ -123,9 +123,11 @@ def test_unexpected_json_shapes_do_not_crash_the_episode_views(
     assert shown.status_code == 200, shown.text
     body = shown.json()
     assert body["reward_components"] == {"raw": [1, 2]} and body["timings"] == {"raw": "slow"}
+    # every field of the stored record (core.schemas.episode) present; the surprise shown as its detail
     assert body["verifier_layers"][0] == {"name": None, "score": None, "passed": None, "duration_s": None,
-                                          "detail": "weird"}
-    assert body["failures"][0] == {"reason": None, "at": None, "worker": None, "message": 3}
+                                          "record": None, "detail": "weird"}
+    assert body["failures"][0] == {"reason": None, "at": None, "worker": None, "source": None, "attempt": None,
+                                   "status": None, "incarnation": None, "message": 3}
     assert body["turns"][0]["tool_call"] == {"name": "?", "arguments": ["ls"]}
     assert client.get(f"/v1/episodes?run_id={seeded.run_id}").status_code == 200
     events = client.get(f"/v1/episodes/{episode_id}/sandbox-events")
