@@ -44,29 +44,28 @@ def main() -> None:
                                 min_size=0, max_size=args.jobs + 1)
     try:
         with tempfile.TemporaryDirectory(prefix="bench-factory-") as directory:
-            summary = run_factory(args.packages, open_sandbox=sandboxes.pool_for(spec).open_fresh,
-                                  out=Path(directory) / "tasks.jsonl", package_sandbox=package_sandboxes(sandboxes, spec),
-                                  options=FactoryOptions(max_mutations=args.max_mutations, seed=args.seed, jobs=args.jobs))
+            report = run_factory(args.packages, open_sandbox=sandboxes.pool_for(spec).open_fresh,
+                                 out=Path(directory) / "tasks.jsonl", package_sandbox=package_sandboxes(sandboxes, spec),
+                                 options=FactoryOptions(max_mutations=args.max_mutations, seed=args.seed, jobs=args.jobs))
     finally:
         sandboxes.close()
     tried: Counter[str] = Counter()
     kept: Counter[str] = Counter()
     rejected: Counter[str] = Counter()
-    for package in summary["packages"]:
-        tried.update(package["tried"])
-        kept.update(package["kept"])
-        rejected.update(package["rejected"])
+    for package in report.packages:
+        tried.update(package.tried)
+        kept.update(package.kept)
+        rejected.update(package.rejected)
     print(json.dumps({
         "packages": len(args.packages), "max_mutations_per_package": args.max_mutations, "jobs": args.jobs,
-        "tasks": summary["tasks"], "minutes": summary["minutes"], "tasks_per_minute": summary["tasks_per_minute"],
+        "tasks": report.tasks, "minutes": round(report.minutes, 1), "tasks_per_minute": report.tasks_per_minute,
         "tried": sum(tried.values()),
         "yield_per_operator": {op: {"tried": tried[op], "kept": kept[op], "yield": round(kept[op] / tried[op], 2)}
                                for op in sorted(tried)},
         "rejected": dict(rejected.most_common()),
-        "per_package": {p["package"]: {"tasks": p["tasks"], "tests_kept": p["tests_kept"], "error": p["error"]}
-                        for p in summary["packages"]},
+        "per_package": {p.package: {"tasks": p.tasks, "tests_kept": p.tests_kept, "error": p.error}
+                        for p in report.packages},
     }))
-
 
 if __name__ == "__main__":
     main()

@@ -25,6 +25,7 @@ from environments.task_lines import check_split
 from environments.tasks import TaskFormat, import_generated, import_tasks
 
 if TYPE_CHECKING:  # imported where they are used: the CLI starts fast
+    from environments.code_repo.factory import FactoryReport
     from environments.spec import EnvironmentSpec
     from task_workers.policy.client import PolicyClient
 
@@ -226,18 +227,16 @@ def _factory_inputs(*, split: str, requirements: list[str], out: Path,
     return extra, spec
 
 
-def _print_factory_report(reports: list[dict[str, Any]], *, written: int, out: Path, environment: str | None,
-                          imported: bool) -> None:
-    """The factory's summary as text: a row per package, then how many tasks went where."""
+def _print_factory_report(report: FactoryReport, *, environment: str | None, imported: bool) -> None:
+    """The factory's report as text: a row per package, then how many tasks went where."""
     table = Table("package", "tests kept", "tried", "kept", "tasks", "s/task", "error")
-    for row in reports:
-        per_task = row["seconds_per_task"]
-        table.add_row(safe(row["package"]), str(row["tests_kept"]), str(sum(row["tried"].values())),
-                      str(sum(row["kept"].values())), str(row["tasks"]), "-" if per_task is None else str(per_task),
-                      safe(row["error"] or ""))
+    for row in report.packages:
+        per_task = row.seconds_per_task
+        table.add_row(safe(row.package), str(row.tests_kept), str(sum(row.tried.values())), str(sum(row.kept.values())),
+                      str(row.tasks), "-" if per_task is None else str(per_task), safe(row.error or ""))
     console.print(table)
-    console.print(f"{written} tasks in {safe(str(out))}" + (f", imported into [bold]{safe(environment)}[/]"
-                                                             if imported else ""), highlight=False)
+    console.print(f"{report.tasks} tasks in {safe(str(report.out))}" + (f", imported into [bold]{safe(environment)}[/]"
+                                                                        if imported else ""), highlight=False)
 
 
 @tasks_app.command("factory")
@@ -271,21 +270,20 @@ def factory(
     sandboxes = DockerSandboxes(backend=make_backend("docker"), events=DbEventSink(), worker=f"task-factory-{os.getpid()}",
                                 min_size=0, max_size=jobs + 1)
     try:
-        summary = run_factory(sources, open_sandbox=sandboxes.pool_for(spec).open_fresh, out=out, options=options,
-                              progress=lambda line: err_console.print(safe(line), highlight=False),
-                              package_sandbox=package_sandboxes(sandboxes, spec, importing=environment is not None))
+        report = run_factory(sources, open_sandbox=sandboxes.pool_for(spec).open_fresh, out=out, options=options,
+                             progress=lambda line: err_console.print(safe(line), highlight=False),
+                             package_sandbox=package_sandboxes(sandboxes, spec, importing=environment is not None))
     finally:
         sandboxes.close()
-    written, reports = summary["tasks"], summary["packages"]
-    if environment is not None and written:
+    imported = None
+    if environment is not None and report.tasks:
         with readable_errors(), session_scope() as session:
-            summary["imported"] = import_tasks(session, environment=environment, path=out)
+            imported = import_tasks(session, environment=environment, path=out)
     if output is OutputFormat.json:
-        print_json(summary)
+        print_json(report.as_dict() | ({"imported": imported} if imported is not None else {}))
     else:
-        _print_factory_report(reports, written=written, out=out, environment=environment,
-                              imported=bool(summary.get("imported")))
-    if not written:
+        _print_factory_report(report, environment=environment, imported=bool(imported))
+    if not report.tasks:
         raise typer.Exit(1)
 
 

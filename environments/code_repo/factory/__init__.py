@@ -8,6 +8,13 @@ task-factory.md).
 """
 
 from environments.code_repo.factory.mutations import OPERATORS, Mutation, mutations
-from environments.code_repo.factory.pipeline import FactoryOptions, PackageReport, build_tasks, run_factory
+from environments.code_repo.factory.pipeline import (
+    FactoryOptions,
+    FactoryReport,
+    PackageReport,
+    build_tasks,
+    run_factory,
+)
 
-__all__ = ["OPERATORS", "FactoryOptions", "Mutation", "PackageReport", "build_tasks", "mutations", "run_factory"]
+__all__ = ["OPERATORS", "FactoryOptions", "FactoryReport", "Mutation", "PackageReport", "build_tasks", "mutations",
+           "run_factory"]

@@ -102,10 +102,12 @@ class PackageReport:
     tasks: int = 0
     seconds: float = 0.0
 
+    @property
+    def seconds_per_task(self) -> float | None:
+        return round(self.seconds / self.tasks, 1) if self.tasks else None
+
     def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["seconds_per_task"] = round(self.seconds / self.tasks, 1) if self.tasks else None
-        return out
+        return asdict(self) | {"seconds_per_task": self.seconds_per_task}
 
 
 @dataclass(frozen=True)
@@ -125,33 +127,48 @@ class Outcome:
     """The mutated tree as validated (kept mutants): the task's repository, packed once."""
 
 
+@dataclass
+class FactoryReport:
+    """What one factory run did: the tasks written to `out`, the wall-clock, and each package's report."""
+
+    out: Path
+    packages: list[PackageReport] = field(default_factory=list)
+    tasks: int = 0
+    minutes: float = 0.0
+
+    @property
+    def tasks_per_minute(self) -> float | None:
+        return round(self.tasks / self.minutes, 2) if self.minutes else None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as `<out>.report.json` and `crucible tasks factory --output json` write it."""
+        return {"out": str(self.out), "tasks": self.tasks, "minutes": round(self.minutes, 1),
+                "tasks_per_minute": self.tasks_per_minute, "packages": [report.as_dict() for report in self.packages]}
+
+
 def run_factory(sources: list[str], *, open_sandbox: OpenSandbox, out: Path, options: FactoryOptions = FactoryOptions(),
                 progress: Callable[[str], None] = lambda _: None,
-                package_sandbox: PackageSandbox | None = None) -> dict[str, Any]:
+                package_sandbox: PackageSandbox | None = None) -> FactoryReport:
     """build_tasks over `sources`, one after the other, the tasks written to `out` (JSONL) as each package
-    finishes and the summary to `<out>.report.json`; returns the summary: the tasks, the wall-clock,
-    validated tasks per minute, and each package's report."""
+    finishes and the report to `<out>.report.json`; returns the report."""
     began = time.monotonic()
-    reports: list[dict[str, Any]] = []
-    written = 0
+    report = FactoryReport(out=out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", encoding="utf-8") as handle:
         for source in sources:
             with tempfile.TemporaryDirectory(prefix="crucible-factory-") as workdir:
-                lines, report = build_tasks(source, open_sandbox=open_sandbox, workdir=Path(workdir), options=options,
-                                            progress=progress, package_sandbox=package_sandbox)
+                lines, package = build_tasks(source, open_sandbox=open_sandbox, workdir=Path(workdir), options=options,
+                                             progress=progress, package_sandbox=package_sandbox)
             for line in lines:
                 handle.write(json.dumps(line) + "\n")
             handle.flush()
-            written += len(lines)
-            reports.append(report.as_dict())
-            if report.error:
-                progress(report.error)
-    minutes = (time.monotonic() - began) / 60
-    summary = {"out": str(out), "tasks": written, "minutes": round(minutes, 1),
-               "tasks_per_minute": round(written / minutes, 2) if minutes else None, "packages": reports}
-    Path(f"{out}.report.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+            report.tasks += len(lines)
+            report.packages.append(package)
+            if package.error:
+                progress(package.error)
+    report.minutes = (time.monotonic() - began) / 60
+    Path(f"{out}.report.json").write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+    return report
 
 
 def build_tasks(source: str, *, open_sandbox: OpenSandbox, workdir: Path, options: FactoryOptions = FactoryOptions(),
