@@ -20,6 +20,7 @@ from environments.judge import Judge, JudgeUnavailable, parse_score
 from environments.parsing import hermes_call
 from environments.spec import JudgeConfig
 from task_workers.episode.runner import run_episode
+from tests import factories
 from tests.factories import make_episode
 from tests.support.calc import FIX
 from tests.support.rewards import assert_reward_derived
@@ -204,8 +205,6 @@ def test_a_judge_outage_asks_the_judge_again_and_keeps_the_episode_played_once_u
 
 def _chat_episode(db_session, *, image: str, judge: dict | None, script: str, follow_ups: list[str],
                   reward_model: dict | None = None) -> int:
-    from core.models import EpisodeGroup, Run, Task
-    from core.store import insert_episode
     from environments.service import register_environment
     from environments.spec import parse_spec
 
@@ -214,19 +213,9 @@ def _chat_episode(db_session, *, image: str, judge: dict | None, script: str, fo
             "limits": {"max_turns": 6, "episode_timeout_s": 120},
             "verifier": {"judge": judge, "reward_model": reward_model}}
     env, _ = register_environment(db_session, spec=parse_spec(spec))
-    task = Task(environment_name="chat", external_id=f"chat-{script}",
-                instruction=f"My order has not arrived. [script:{script}]", payload={"follow_ups": follow_ups})
-    run = Run(name=f"run-{script}", model="scripted", group_size=1, batch_size=1, config={})
-    db_session.add_all([task, run])
-    db_session.flush()
-    group = EpisodeGroup(run_id=run.id, group_index=0, task_id=task.id, environment_id=env.id, size=1,
-                         policy_version=0)
-    db_session.add(group)
-    db_session.flush()
-    episode_id, _ = insert_episode(db_session, run_id=run.id, group_id=group.id, sample_index=0, task_id=task.id,
-                                   environment_id=env.id)
-    db_session.commit()
-    return episode_id
+    the_task = factories.task(db_session, env, external_id=f"chat-{script}", payload={"follow_ups": follow_ups},
+                              instruction=f"My order has not arrived. [script:{script}]")
+    return factories.pending_episode(db_session, env=env, the_task=the_task, run_name=f"run-{script}")
 
 
 def test_a_chat_episode_is_a_dialogue_whose_reward_is_the_judges_score(

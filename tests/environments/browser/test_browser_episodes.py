@@ -13,16 +13,16 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from core.models import EpisodeGroup, Run, Task, Turn
+from core.models import Turn
 from core.models.artifact import EpisodeArtifact
 from core.models.episode import Episode
-from core.store import insert_episode
 from core.termination import TerminationReason
 from environments.browser.solver import DRAG_SOLVERS, SOLVERS, solver, wrong_click
 from environments.parsing import hermes_call
 from environments.service import register_environment
 from environments.spec import parse_spec
 from task_workers.episode.runner import run_episode
+from tests import factories
 from tests.support.rewards import assert_reward_derived
 
 pytestmark = [pytest.mark.docker, pytest.mark.browser]
@@ -47,19 +47,9 @@ def browser_spec(image: str, script: str, **extra: object) -> dict:
 
 def make_browser_episode(session: Session, *, image: str, script: str, payload: dict, **extra: object) -> int:
     env, _ = register_environment(session, spec=parse_spec(browser_spec(image, script, **extra)))
-    task = Task(environment_name=env.name, external_id=f"{payload.get('name', 'site')}-{payload.get('seed', 0)}",
-                instruction="(the page states the goal)", payload=payload)
-    run = Run(name=f"run-{script}", model="scripted", group_size=1, batch_size=1, config={})
-    session.add_all([task, run])
-    session.flush()
-    group = EpisodeGroup(run_id=run.id, group_index=0, task_id=task.id, environment_id=env.id, size=1,
-                         policy_version=0)
-    session.add(group)
-    session.flush()
-    episode_id, _ = insert_episode(session, run_id=run.id, group_id=group.id, sample_index=0, task_id=task.id,
-                                   environment_id=env.id)
-    session.commit()
-    return episode_id
+    the_task = factories.task(session, env, external_id=f"{payload.get('name', 'site')}-{payload.get('seed', 0)}",
+                              instruction="(the page states the goal)", payload=payload)
+    return factories.pending_episode(session, env=env, the_task=the_task, run_name=f"run-{script}")
 
 
 def play(db_session, scripted, policy_client, sandboxes, image, *, script, steps, payload, **extra) -> Episode:

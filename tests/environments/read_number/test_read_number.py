@@ -8,8 +8,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from core.models import Episode, EpisodeGroup, Run, Task, Turn
-from core.store import insert_episode
+from core.models import Episode, Turn
 from environments.parsing import hermes_call
 from environments.read_number.task import make_tasks
 from environments.sandboxes import DockerSandboxes
@@ -18,6 +17,7 @@ from environments.spec import parse_spec
 from task_workers.episode.runner import run_episode
 from task_workers.policy.client import PolicyClient
 from task_workers.policy.scripted import ScriptedPolicy, serve
+from tests import factories
 from tests.support.rewards import assert_reward_derived
 
 SPEC = {"name": "read-number-scripted", "kind": "read_number", "image": "code-repo",
@@ -30,20 +30,10 @@ SANDBOX_WORKER = "read-number-test"  # names this module's sandboxes (`module_sa
 
 def _episode(session: Session, *, script: str) -> int:
     env, _ = register_environment(session, spec=parse_spec(SPEC))
-    task = Task(environment_name=env.name, external_id=f"t-{script}",
-                instruction=f"The file value.txt holds a number. Read it and submit it. [script:{script}]",
-                payload={"path": "value.txt", "number": "4821"})
-    run = Run(name=f"read-number-{script}", model="scripted", group_size=1, batch_size=1, config={})
-    session.add_all([task, run])
-    session.flush()
-    group = EpisodeGroup(run_id=run.id, group_index=0, task_id=task.id, environment_id=env.id, size=1,
-                         policy_version=0)
-    session.add(group)
-    session.flush()
-    episode_id, _ = insert_episode(session, run_id=run.id, group_id=group.id, sample_index=0, task_id=task.id,
-                                   environment_id=env.id)
-    session.commit()
-    return episode_id
+    the_task = factories.task(session, env, external_id=f"t-{script}",
+                              instruction=f"The file value.txt holds a number. Read it and submit it. [script:{script}]",
+                              payload={"path": "value.txt", "number": "4821"})
+    return factories.pending_episode(session, env=env, the_task=the_task, run_name=f"read-number-{script}")
 
 
 @pytest.mark.parametrize(("script", "reward"), [
