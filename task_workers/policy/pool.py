@@ -26,6 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -104,7 +105,9 @@ class PolicyPool:
     def out_of_rotation(self) -> dict[str, dict[str, Any]]:
         """The replicas this worker sends no new episode to, as its heartbeat publishes them (the API and
         `crucible doctor` show it): name → when it is re-probed (epoch seconds; earlier if every replica
-        is down) and why it went out."""
+        is down) and why it went out. A replica whose re-probe is due is asked first: what is published
+        is never a cool-down already over (an idle worker would otherwise publish it until its next episode)."""
+        self._revive(set(), force=False)
         offset = time.time() - time.monotonic()
         with self._lock:
             return {r.name: {"until": round(r.retry_at + offset, 3), "error": r.last_error}
@@ -182,15 +185,19 @@ class PolicyPool:
             replica.retry_at = time.monotonic() + self._cooldown_s
 
     def _revive(self, exclude: set[str], *, force: bool) -> None:
-        """Probe the down replicas whose cool-down is over (`force`: all of them), outside the lock."""
+        """Probe the down replicas whose cool-down is over (`force`: all of them), outside the lock and at
+        once: however many are unreachable, this takes as long as the slowest probe (the heartbeat calls it)."""
         now = time.monotonic()
         with self._lock:
             due = [r for r in self._replicas if not r.healthy and not r.probing and r.name not in exclude
                    and (force or r.retry_at <= now)]
             for replica in due:
                 replica.probing = True
-        for replica in due:
-            error = self._probe(replica)
+        if not due:
+            return
+        with ThreadPoolExecutor(max_workers=len(due), thread_name_prefix="crucible-probe") as probes:
+            errors = list(probes.map(self._probe, due))
+        for replica, error in zip(due, errors, strict=True):
             with self._lock:
                 replica.probing = False
                 self._set_health(replica, error)

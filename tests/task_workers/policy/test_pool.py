@@ -180,6 +180,25 @@ def test_a_paused_replica_gets_no_new_episode_and_a_probe_keeps_it_out(thread_re
     pool.close()
 
 
+def test_what_an_idle_worker_publishes_is_asked_again_once_the_cool_down_is_over(thread_replicas) -> None:
+    """(issue 50) A restarted replica stayed "out of rotation until T" on `crucible doctor` long after T while
+    no episode needed it: the heartbeat published the pool's last news. Publishing re-probes what is due."""
+    server, url = thread_replicas[0]
+    held = _pool([url], cooldown_s=3600.0)
+    server.paused = True
+    assert list(held.out_of_rotation()) == [] and not held.health(probe=True)[0].healthy
+    server.paused = False
+    assert list(held.out_of_rotation()) == [url]  # its cool-down is not over: not asked again yet
+    held.close()
+    due = _pool([url], cooldown_s=0.0)  # every cool-down over at once
+    server.paused = True
+    due.health(probe=True)
+    assert list(due.out_of_rotation()) == [url]  # asked again: still paused, still out
+    server.paused = False
+    assert due.out_of_rotation() == {} and due.health()[0].healthy  # asked again: back, and shown back
+    due.close()
+
+
 def test_a_replica_killed_mid_episode_hands_the_episode_to_the_other(process_replicas) -> None:
     pool = _pool([replica.url for replica in process_replicas], cooldown_s=0.0)
     by_name = dict(zip(pool.names, process_replicas, strict=True))
