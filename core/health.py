@@ -130,12 +130,14 @@ class HeldOut:
 
 def held_out(engine: Engine | None = None) -> dict[str, list[HeldOut]]:
     """Replica name → the live workers holding it out of rotation, from their last heartbeats."""
+    from pydantic import ValidationError
     from sqlalchemy import select
     from sqlalchemy.exc import SQLAlchemyError
 
     from core.db import session_scope
     from core.models import Worker
     from core.models.worker import alive
+    from core.schemas.worker import ReplicasOut
 
     try:
         with session_scope(engine) as session:
@@ -146,12 +148,16 @@ def held_out(engine: Engine | None = None) -> dict[str, list[HeldOut]]:
         return {}
     found: dict[str, list[HeldOut]] = {}
     for worker, replicas in rows:
-        for name, state in (replicas or {}).items():
+        try:
+            published = ReplicasOut.validate_python(replicas or {})
+        except ValidationError:
+            continue  # written by our heartbeat only (core.schemas.worker); a row it did not write is not news
+        for name, state in published.items():
             try:
-                until = datetime.fromtimestamp(float(state["until"]), UTC)
-            except (KeyError, TypeError, ValueError, OverflowError, OSError):
-                continue  # written by our heartbeat only; a row it did not write is not news
-            found.setdefault(str(name), []).append(HeldOut(str(worker), until, state.get("error")))
+                until = datetime.fromtimestamp(state.until, UTC)
+            except (OverflowError, OSError, ValueError):
+                continue
+            found.setdefault(name, []).append(HeldOut(str(worker), until, state.error))
     return found
 
 

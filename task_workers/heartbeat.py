@@ -17,7 +17,6 @@ import threading
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert
@@ -25,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from core.db import session_scope
 from core.models import Worker
+from core.schemas.worker import ReplicaOut, ReplicasOut
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def announced() -> str | None:
     return incarnation() if os.getpid() in _announced else None
 
 
-Published = Callable[[], dict[str, Any]]
+Published = Callable[[], dict[str, ReplicaOut]]
 """What a worker publishes with each beat: the policy replicas it holds out of rotation."""
 
 
@@ -67,7 +67,7 @@ def take_over(*, name: str, queues: list[str]) -> str | None:
     return str(previous.incarnation)
 
 
-def beat(*, name: str, queues: list[str], replicas_out: dict[str, Any] | None = None) -> bool:
+def beat(*, name: str, queues: list[str], replicas_out: dict[str, ReplicaOut] | None = None) -> bool:
     """Refresh this incarnation's heartbeat (and what it publishes); False (and nothing written) when
     another process has taken the name over since: this one's episodes are being requeued, and it
     should be stopped."""
@@ -76,11 +76,11 @@ def beat(*, name: str, queues: list[str], replicas_out: dict[str, Any] | None = 
 
 
 def _upsert(session: Session, *, name: str, queues: list[str], only_mine: bool,
-            replicas_out: dict[str, Any] | None = None) -> bool:
+            replicas_out: dict[str, ReplicaOut] | None = None) -> bool:
     now = datetime.now(UTC)
     mine = incarnation()
     values = {"last_heartbeat_at": now, "pid": os.getpid(), "hostname": socket.gethostname(), "queues": queues,
-              "replicas_out": replicas_out or {}}
+              "replicas_out": ReplicasOut.dump_python(replicas_out or {}, mode="json")}
     statement = (
         insert(Worker).values(name=name, incarnation=mine, **values)
         .on_conflict_do_update(index_elements=[Worker.name], set_={**values, "stopped_at": None, "incarnation": mine},

@@ -35,6 +35,7 @@ import httpx
 
 from core.renderers import Renderer
 from core.schemas.run import Sampling
+from core.schemas.worker import ReplicaOut
 from core.settings import public_url as replica_name
 from task_workers.policy.client import Completion, PolicyClient, PolicyError, ReplicaUnavailable
 
@@ -102,7 +103,7 @@ class PolicyPool:
         finally:
             policy.release()
 
-    def out_of_rotation(self) -> dict[str, dict[str, Any]]:
+    def out_of_rotation(self) -> dict[str, ReplicaOut]:
         """The replicas this worker sends no new episode to, as its heartbeat publishes them (the API and
         `crucible doctor` show it): name → when it is re-probed (epoch seconds; earlier if every replica
         is down) and why it went out. A replica whose re-probe is due is asked first: what is published
@@ -110,7 +111,7 @@ class PolicyPool:
         self._revive(set(), force=False)
         offset = time.time() - time.monotonic()
         with self._lock:
-            return {r.name: {"until": round(r.retry_at + offset, 3), "error": r.last_error}
+            return {r.name: ReplicaOut(until=round(r.retry_at + offset, 3), error=r.last_error)
                     for r in self._replicas if not r.healthy}
 
     def health(self, *, probe: bool = False) -> list[ReplicaHealth]:

@@ -10,6 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from core.net import free_port
+from core.schemas.worker import ReplicaOut
 from core.settings import get_settings
 from task_workers.policy.scripted import ScriptedPolicy, serve
 
@@ -74,13 +75,14 @@ def test_a_replica_a_worker_holds_out_is_shown_as_that_worker_sees_it(
     pool = PolicyPool([other, refused], cooldown_s=60.0)
     pool.health(probe=True)  # the refused one goes out of rotation for 60 s
     out = pool.out_of_rotation()
-    assert list(out) == [refused] and abs(out[refused]["until"] - time.time() - 60) < 10 and "ConnectError" in out[refused]["error"]
+    assert list(out) == [refused] and abs(out[refused].until - time.time() - 60) < 10
+    assert "ConnectError" in str(out[refused].error)
     pool.close()
     # What a worker's beat publishes, for a replica that answers again now:
     until = time.time() + 42
     heartbeat.take_over(name="w-rotation", queues=["code_repo"])
     assert heartbeat.beat(name="w-rotation", queues=["code_repo"],
-                          replicas_out={live: {"until": until, "error": "ConnectError: refused"}})
+                          replicas_out={live: ReplicaOut(until=until, error="ConnectError: refused")})
     _with_pool(monkeypatch, f"{live},{other}")
     try:
         rows = client.get("/v1/policy/replicas").json()["data"]
@@ -98,3 +100,30 @@ def test_a_replica_a_worker_holds_out_is_shown_as_that_worker_sees_it(
     assert checks[1].ok
     heartbeat.mark_stopped(name="w-rotation")  # a stopped worker's view is no one's
     assert held_out() == {}
+
+
+@pytest.mark.parametrize("published", [
+    {"http://h:8000/v1": {"until": "soon"}},  # a wrong type
+    {"http://h:8000/v1": {"until": 1e300, "error": None}},  # past any date
+    {"http://h:8000/v1": {"until": 1.8e9, "eror": "typo"}},  # a field no heartbeat writes
+    ["http://h:8000/v1"],
+    "out",
+])
+def test_a_heartbeat_row_of_another_shape_is_not_news(db_session, published: object) -> None:
+    """`workers.replicas_out` is written by the heartbeat only (core.schemas.worker); a row of another shape
+    (a hand edit, an older worker) is left out of doctor and the API, never a crash."""
+    from sqlalchemy import update
+
+    from core.health import held_out
+    from core.models import Worker
+    from task_workers import heartbeat
+
+    heartbeat.take_over(name="w-odd", queues=["code_repo"])
+    heartbeat.beat(name="w-odd", queues=["code_repo"], replicas_out={"http://ok:8000/v1": ReplicaOut(until=1.8e9)})
+    assert list(held_out()) == ["http://ok:8000/v1"]
+    db_session.execute(update(Worker).where(Worker.name == "w-odd").values(replicas_out=published))
+    db_session.commit()
+    try:
+        assert held_out() == {}
+    finally:
+        heartbeat.mark_stopped(name="w-odd")
