@@ -24,6 +24,7 @@ from controller.dispatcher import RecordingDispatcher
 from controller.reconcile import complete_finished_groups, reconcile_run
 from core.db import get_engine
 from core.models import Episode, EpisodeGroup
+from core.schemas.episode import FailureRecord
 from core.store import insert_episode
 from core.termination import TerminationReason
 from environments.service import register_environment
@@ -315,9 +316,9 @@ def test_a_group_the_judge_never_answers_is_dropped_after_its_attempts_with_the_
             assert judge_finished_group(group_id, worker="w") is False  # dropped, not raised
         assert group_status(db_session, group_id) == "dropped" and not claimable(db_session, group_id)
         for episode in episodes_of(db_session, ids):
-            records = [item for item in episode.failures if item.get("source") == "group_judge"]
-            assert [item["attempt"] for item in records] == [1, 2, 3, None]
-            assert "HTTP 503" in records[2]["message"] and records[3]["message"].startswith(
+            records = [item for item in FailureRecord.read_all(episode.failures) if item.source == "group_judge"]
+            assert [item.attempt for item in records] == [1, 2, 3, None]  # None: the drop's record
+            assert "HTTP 503" in str(records[2].message) and str(records[3].message).startswith(
                 f"group {group_id} dropped, never judged: judge {judge.url} (stand-in) failed 3 judging attempts")
             assert "judge" not in episode.reward_components  # nothing scored
         assert f"group {group_id} dropped, never judged" in caplog.text
@@ -340,8 +341,9 @@ def test_a_group_whose_last_episode_fails_for_good_is_judged_at_once(db_session:
         db_session.commit()
         judge.down = True
         assert judge_after_failure(ids[2], worker="w") is False and group_status(db_session, group_id) == "running"
-        [failed] = [item for item in episodes_of(db_session, ids)[2].failures if item.get("source") == "group_judge"]
-        assert failed["attempt"] == 1 and failed["worker"] == "w"
+        [failed] = [item for item in FailureRecord.read_all(episodes_of(db_session, ids)[2].failures)
+                    if item.source == "group_judge"]
+        assert failed.attempt == 1 and failed.worker == "w"
         judge.down = False
         assert judge_after_failure(ids[2], worker="w") and group_status(db_session, group_id) == "complete"
         assert [_judge_layer(episode)["score"] for episode in episodes_of(db_session, ids)[:2]] == [1.0, 0.0]
