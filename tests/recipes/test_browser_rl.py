@@ -202,11 +202,17 @@ def _pass_at_1(session: Session, run_id: int) -> float:
 
 
 def _step_success(session: Session, run_id: int, step: int) -> float:
-    """The share of the episodes a training step consumed that were solved."""
+    """The share of solved episodes among those the step scored (trainer.metrics' `reward/success_frac`):
+    the trained episodes of the groups it consumed, and the completed episodes of the groups dropped while
+    it waited for a batch (every group dropped then carries the trainer's version before the step) for
+    having nothing to compare (zero variance, one sample left): leaving solved groups out would bias it low."""
+    from core.termination import DropReason
     from environments.rewards import SOLVED_AT
 
+    trained = (EpisodeGroup.consumed_step == step) & Episode.advantage.is_not(None)
+    compared = ((EpisodeGroup.dropped_step == step - 1) & (Episode.status == "completed")
+                & EpisodeGroup.drop_reason.in_([DropReason.ZERO_VARIANCE, DropReason.TOO_FEW_SAMPLES]))
     rewards = session.execute(select(Episode.reward).join(EpisodeGroup, Episode.group_id == EpisodeGroup.id)
-                              .where(EpisodeGroup.run_id == run_id, EpisodeGroup.consumed_step == step,
-                                     Episode.advantage.is_not(None))).scalars().all()
-    assert rewards, f"step {step} of run {run_id} consumed no episode"
+                              .where(EpisodeGroup.run_id == run_id, trained | compared)).scalars().all()
+    assert rewards, f"step {step} of run {run_id} scored no episode"
     return sum(reward >= SOLVED_AT for reward in rewards) / len(rewards)
