@@ -67,5 +67,6 @@ def main() -> None:
                         for p in report.packages},
     }))
 
+
 if __name__ == "__main__":
     main()

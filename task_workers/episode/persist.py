@@ -82,9 +82,12 @@ def store_episode(
     else:
         episode.status = EpisodeStatus.COMPLETED
         episode.termination_reason = trajectory.termination or TerminationReason.CANCELLED
-        assert verdict is None or reward is not None, "a verdict is stored with its reward (environments.rewards.total)"
-        episode.reward = reward.value if verdict is not None and reward is not None else 0.0
-        episode.reward_components = RewardComponents.validate_python(verdict.components) if verdict else {}
+        if verdict is None:
+            episode.reward, episode.reward_components = 0.0, {}
+        else:
+            assert reward is not None, "a verdict is stored with its reward (environments.rewards.total)"
+            episode.reward = reward.value
+            episode.reward_components = RewardComponents.validate_python(verdict.components)
     episode.timings = timings
     episode.verifier_layers = _layers(verdict)
     episode.final_diff = verdict.diff if verdict else None
