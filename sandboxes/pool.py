@@ -146,7 +146,11 @@ class SandboxPool:
 
     @contextmanager
     def open_fresh(self) -> Iterator[Sandbox]:
-        """A brand-new sandbox outside the pool (e.g. to grade a diff untouched by the agent)."""
+        """A brand-new sandbox outside the pool (e.g. to grade a diff untouched by the agent). PoolClosed on a
+        closed pool, whose close would never see it."""
+        with self._cond:
+            if self._closed:
+                raise PoolClosed(f"pool for {self.spec.image}: expected an open pool, got a closed one")
         sandbox = self._create_inline()
         try:
             yield sandbox

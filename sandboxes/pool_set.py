@@ -13,12 +13,15 @@ from contextlib import contextmanager
 from typing import Any
 
 from sandboxes.backend import SandboxBackend
+from sandboxes.errors import PoolClosed
 from sandboxes.labels import POOLS
 from sandboxes.pool import SandboxPool
 from sandboxes.sandbox import Sandbox
 from sandboxes.spec import SandboxSpec
 
 log = logging.getLogger(__name__)
+SWEEP_PASSES = 3
+"""Lists of the set's leftover containers at close (each removed, each in-progress removal waited for)."""
 
 
 class PoolSet:
@@ -32,9 +35,13 @@ class PoolSet:
         self._options = {**pool_options, "pools": self.id}
         self._lock = threading.Lock()
         self._pools: dict[SandboxSpec, SandboxPool] = {}
+        self._closed = False
 
     def pool(self, spec: SandboxSpec) -> SandboxPool:
+        """The pool of `spec`, made on first use. PoolClosed once the set is closed: a straggler (a thread the
+        caller did not join, a request served during shutdown) can never start a pool nobody will close."""
         with self._lock:
+            self._refuse_if_closed()
             pool = self._pools.get(spec)
             if pool is None:
                 pool = self._pools[spec] = SandboxPool(spec=spec, backend=self._backend, **self._options)
@@ -44,6 +51,8 @@ class PoolSet:
     def fresh(self, spec: SandboxSpec) -> Iterator[Sandbox]:
         """A sandbox of `spec` outside every pool, destroyed when done: for images too many or too rarely
         used to keep warm (a task's own image: SWE-bench ships one per instance)."""
+        with self._lock:
+            self._refuse_if_closed()
         pool = SandboxPool(spec=spec, backend=self._backend, **{**self._options, "min_size": 0, "start": False})
         try:
             with pool.open_fresh() as sandbox:
@@ -52,19 +61,30 @@ class PoolSet:
             pool.close()
 
     def close(self) -> None:
-        """Close every pool, then remove any container of this set that is still there."""
+        """Close every pool, then remove any container of this set that is still there, listing again until
+        none is (a removal the engine reports in progress is waited for, within SWEEP_PASSES lists)."""
         with self._lock:
+            self._closed = True
             pools, self._pools = list(self._pools.values()), {}
         for pool in pools:
             pool.close()
-        try:
-            left = self._backend.list(labels={POOLS: self.id})
-        except Exception:  # the engine is gone: the reaper removes what survives (its owner is dead by then)
-            log.exception("could not list the containers of pool set %s", self.id)
-            return
-        for info in left:
-            log.warning("pool set %s: %s (%s) outlived its pool; removing it", self.id, info.sandbox_id, info.state)
+        for _ in range(SWEEP_PASSES):
             try:
-                self._backend.remove(info.id)
-            except Exception:
-                log.exception("could not remove %s", info.sandbox_id)
+                left = self._backend.list(labels={POOLS: self.id})
+            except Exception:  # the engine is gone: the reaper removes what survives (its owner is dead by then)
+                log.exception("could not list the containers of pool set %s", self.id)
+                return
+            if not left:
+                return
+            for info in left:
+                log.warning("pool set %s: %s (%s) outlived its pool; removing it", self.id, info.sandbox_id, info.state)
+                try:
+                    self._backend.remove(info.id)
+                except Exception:
+                    log.exception("could not remove %s", info.sandbox_id)
+        log.error("pool set %s: containers still listed after %d sweeps; the reaper removes them", self.id,
+                  SWEEP_PASSES)
+
+    def _refuse_if_closed(self) -> None:
+        if self._closed:
+            raise PoolClosed(f"pool set {self.id}: expected an open pool set, got a closed one")

@@ -17,6 +17,7 @@ from sandboxes import (
     SandboxSpec,
     StepStatus,
 )
+from sandboxes.labels import POOLS
 from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.docker
@@ -171,14 +172,28 @@ def test_pool_set_shares_a_pool_between_equal_specs(backend: SandboxBackend, bas
         pools.close()
 
 
+def test_a_closed_pool_set_makes_no_pool_and_a_closed_pool_no_fresh_sandbox(
+        backend: SandboxBackend, base_spec: SandboxSpec) -> None:
+    """A straggler that asks after close (a thread its owner did not join, a request served during shutdown)
+    is refused: a pool made then, or a fresh sandbox of a closed pool, would be one nobody closes."""
+    pools = PoolSet(backend=backend, min_size=0, max_size=1)
+    pool = pools.pool(base_spec)
+    pools.close()
+    with pytest.raises(PoolClosed, match="expected an open pool set, got a closed one"):
+        pools.pool(base_spec)
+    with pytest.raises(PoolClosed, match="expected an open pool set"), pools.fresh(base_spec):
+        pass
+    with pytest.raises(PoolClosed, match="expected an open pool, got a closed one"), pool.open_fresh():
+        pass
+    assert pool.stats().created == 0 and backend.list(labels={POOLS: pools.id}) == []
+
+
 def test_a_closed_pool_set_leaves_no_container_even_one_the_engine_would_not_remove(
         backend: SandboxBackend, base_spec: SandboxSpec, monkeypatch: pytest.MonkeyPatch) -> None:
     """A pool's own retire fails (the engine refuses the removal once, as a loaded dockerd can); the set's
     close finds the container by its label and removes it. Another set in the same process, with the same
     worker name, keeps its sandboxes."""
     from docker.errors import APIError
-
-    from sandboxes.labels import POOLS
 
     leaking = PoolSet(backend=backend, worker="same", min_size=1, max_size=2)
     other = PoolSet(backend=backend, worker="same", min_size=0, max_size=1)
