@@ -14,7 +14,7 @@ app = typer.Typer(help="Episodes: list with filters and search, show one with it
 
 
 def _reward(value: float | None, *, awaiting: bool = False) -> str:
-    if awaiting:  # its group's pairwise judge has not scored it yet (the API gives no reward meanwhile)
+    if awaiting:  # its judge has not scored it yet (the API gives no reward meanwhile)
         return "judging"
     return "–" if value is None else f"{value:.3f}"
 
@@ -23,7 +23,7 @@ def _reward(value: float | None, *, awaiting: bool = False) -> str:
 def ls(
     run: int | None = typer.Option(None, "--run", "-r", help="Run id."),
     environment: str | None = typer.Option(None, "--env", "-e", help="Environment name."),
-    status: str | None = typer.Option(None, help="pending, running, completed, failed or cancelled."),
+    status: str | None = typer.Option(None, help="pending, running, scoring (awaiting its judge), completed, failed or cancelled."),
     reason: str | None = typer.Option(None, "--reason", help="Termination reason (submitted, max_turns…)."),
     min_reward: float | None = typer.Option(None, help="Only rewards ≥ this."),
     max_reward: float | None = typer.Option(None, help="Only rewards ≤ this."),

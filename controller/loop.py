@@ -41,9 +41,11 @@ class StepReport:
     dispatched: dict[int, int] = field(default_factory=dict)
     """Groups dispatched per run."""
     resent: int = 0
+    """Episodes sent again: never sent, lost, or awaiting their judge (controller/reconcile.py)."""
     orphaned: int = 0
     """Running episodes whose worker process was gone (controller/reconcile.py), lost at once."""
     failed: int = 0
+    """Episodes given up: lost too often, or past their run's judge_patience_s."""
     finished: list[int] = field(default_factory=list)
     errors: dict[int, str] = field(default_factory=dict)
 
@@ -88,9 +90,9 @@ class Controller:
         if fold_if_long(session, run_id=run_id):  # keep the run's counter ledgers short (core.counters)
             session.commit()  # release what the fold holds before reconcile and dispatch
         reconciled = reconcile_run(session, run_id=run_id, dispatcher=self.dispatcher, settings=self.settings)
-        report.resent += len(reconciled.resent)
+        report.resent += len(reconciled.resent) + len(reconciled.rescoring)
         report.orphaned += len(reconciled.orphaned)
-        report.failed += len(reconciled.failed)
+        report.failed += len(reconciled.failed) + len(reconciled.unscored)
         for episode_id in sorted(set(reconciled.slow) - self._reported_slow.get(run_id, set())):
             log_event("reconcile.slow", level=logging.WARNING, run_id=run_id, episode_id=episode_id)
         self._reported_slow[run_id] = set(reconciled.slow)  # logged once while it stays slow

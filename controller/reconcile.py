@@ -15,7 +15,9 @@ Per active run, each pass:
 - a lost episode gets a `worker_lost` record in `failures`, attempts + 1, and goes back to pending
   with a new deadline and a new message — or, once lost `max_attempts` times, ends as failed
   (`worker_lost`);
-- groups with no pending or running episode left are marked complete — except those judged pairwise
+- episodes awaiting their judge (`scoring`) are sent again when their next ask is due (their task judges
+  them from the store, never plays them), or failed `judge_error` past the run's judge_patience_s;
+- groups with no pending, running or scoring episode left are marked complete — except those judged pairwise
   (`verifier.judge.mode: pairwise`), which the worker completes once their judge's scores are stored;
   one nobody judged (its last episode failed for good, the judge stayed down through every retry) gets
   one ended episode's task sent again, past its deadline: its redelivery judges the group (or, after
@@ -41,10 +43,10 @@ from controller.progress import GroupStatus
 from core.models import Environment, Episode, EpisodeGroup, Run, Worker
 from core.models.worker import alive
 from core.schemas.episode import FailureRecord
-from core.termination import EpisodeStatus, RunStatus, TerminationReason
+from core.schemas.run import stored_run
+from core.termination import IN_PLAY, JUDGE_RETRY_S, OUTSTANDING, EpisodeStatus, RunStatus, TerminationReason
 from environments.pairwise import pairwise_environments
 
-OUTSTANDING = (EpisodeStatus.PENDING, EpisodeStatus.RUNNING)
 SOURCE = "controller"
 
 
@@ -60,6 +62,10 @@ class ReconcileResult:
     groups_completed: int = 0
     judging_resent: list[int] = field(default_factory=list)
     """Groups judged pairwise that nobody judged: an episode's task was sent again to judge them."""
+    rescoring: list[int] = field(default_factory=list)
+    """Episodes awaiting their judge (`scoring`) whose next ask was due: their tasks were sent again."""
+    unscored: list[int] = field(default_factory=list)
+    """Episodes that waited for their judge past the run's judge_patience_s: failed `judge_error`."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,7 @@ def reconcile_run(
     _send_unsent(session, run_id=run_id, dispatcher=dispatcher, settings=settings, result=result)
     _requeue_orphans(session, run_id=run_id, dispatcher=dispatcher, settings=settings, result=result)
     _handle_overdue(session, run_id=run_id, dispatcher=dispatcher, settings=settings, result=result)
+    _rescore_waiting(session, run_id=run_id, dispatcher=dispatcher, result=result)
     result.groups_completed = complete_finished_groups(session, run_id=run_id)
     session.commit()
     _resend_unjudged(session, run_id=run_id, dispatcher=dispatcher, settings=settings, result=result)
@@ -128,6 +135,38 @@ def _resend_unjudged(
         result.judging_resent.append(group_id)
     session.commit()
     log_event("reconcile.resend_unjudged", level=logging.WARNING, run_id=run_id, groups=group_ids)
+    for queue, episode_ids in by_queue.items():
+        send_episodes(session, dispatcher, episode_ids=episode_ids, queue=queue)
+
+
+def _rescore_waiting(session: Session, *, run_id: int, dispatcher: Dispatcher, result: ReconcileResult) -> None:
+    """Episodes awaiting their judge (`scoring`: played and stored, a learned layer's server did not answer)
+    whose next ask is due: sent again — the redelivered task judges them from the store
+    (task_workers/episode/learned.py), never plays them — or, once they have waited past the run's
+    judge_patience_s since their play ended, failed `judge_error`, unscored and never trained on. Commits."""
+    rows = _locked(session, run_id, Episode.status == EpisodeStatus.SCORING, Episode.deadline_at < func.now())
+    if not rows:
+        return
+    config = session.execute(select(Run.config).where(Run.id == run_id)).scalar_one()
+    patience = timedelta(seconds=stored_run(config, run_id=run_id).judge_patience_s)
+    now = database_now(session)
+    by_queue: dict[str, list[int]] = defaultdict(list)
+    for episode, env in rows:
+        if episode.finished_at is not None and now - episode.finished_at <= patience:
+            episode.deadline_at = now + timedelta(seconds=JUDGE_RETRY_S)
+            by_queue[env.kind].append(episode.id)
+            result.rescoring.append(episode.id)
+            continue
+        episode.status, episode.termination_reason = EpisodeStatus.FAILED, TerminationReason.JUDGE_ERROR
+        episode.reward, episode.reward_components = None, {}
+        message = (f"no judge or reward model answered within the run's judge_patience_s "
+                   f"({patience.total_seconds():g} s) after the episode was played")
+        episode.failures = [*episode.failures, FailureRecord(reason=TerminationReason.JUDGE_ERROR.value,
+                                                             message=message, source=SOURCE).stored()]
+        result.unscored.append(episode.id)
+    session.commit()
+    if result.unscored:
+        log_event("reconcile.judge_patience_passed", level=logging.ERROR, run_id=run_id, episodes=result.unscored)
     for queue, episode_ids in by_queue.items():
         send_episodes(session, dispatcher, episode_ids=episode_ids, queue=queue)
 
@@ -187,7 +226,7 @@ def _requeue_orphans(
 def _handle_overdue(
     session: Session, *, run_id: int, dispatcher: Dispatcher, settings: ControllerConfig, result: ReconcileResult
 ) -> None:
-    rows = _locked(session, run_id, Episode.status.in_(OUTSTANDING), Episode.deadline_at < func.now())
+    rows = _locked(session, run_id, Episode.status.in_(IN_PLAY), Episode.deadline_at < func.now())
     if not rows:
         return
     liveness = _liveness(session, settings=settings)

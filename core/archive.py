@@ -51,7 +51,7 @@ from core.durable import fsync_path
 from core.errors import CrucibleError, NotFound
 from core.models import Episode, Run
 from core.settings import get_settings
-from core.termination import EpisodeStatus, RunStatus
+from core.termination import OUTSTANDING, RunStatus
 
 FORMAT = 1
 LOCK_TIMEOUT_S = 30
@@ -160,7 +160,7 @@ def _check_archivable(session: Session, run: Run) -> None:
         raise ArchiveError(f"run {run.id}: expected a finished run ({', '.join(FINISHED)}), got one that is "
                            f"{run.status}; stop it first")
     live = session.execute(select(Episode.id).where(
-        Episode.run_id == run.id, Episode.status.in_((EpisodeStatus.PENDING, EpisodeStatus.RUNNING))).limit(1)
+        Episode.run_id == run.id, Episode.status.in_(OUTSTANDING)).limit(1)
     ).scalar_one_or_none()
     if live is not None:
         raise ArchiveError(f"run {run.id} still has episodes in flight (episode {live}); archive it once they end")

@@ -43,9 +43,22 @@ class EpisodeStatus(StrEnum):
 
     PENDING = "pending"  # dispatched, not picked up yet
     RUNNING = "running"
+    SCORING = "scoring"
+    """Played and stored with its turns and the layers that ran; a learned layer's server (judge, reward
+    model) has not answered yet. Judged again from the store when the reconciler resends it, never
+    re-played; failed with `judge_error` past the run's judge_patience_s."""
     COMPLETED = "completed"  # ended with an agent outcome (any trainable reason)
     FAILED = "failed"  # ended by an infrastructure fault; retried under a new attempt
     CANCELLED = "cancelled"
+
+
+IN_PLAY = (EpisodeStatus.PENDING, EpisodeStatus.RUNNING)
+"""Not played yet: a worker may (still) play it."""
+OUTSTANDING = (*IN_PLAY, EpisodeStatus.SCORING)
+"""Not ended: its group is not finished (never complete, never trained on) and its run not done."""
+ENDED = (EpisodeStatus.COMPLETED, EpisodeStatus.FAILED, EpisodeStatus.CANCELLED)
+JUDGE_RETRY_S = 10.0
+"""How soon a `scoring` episode's judge is asked again (the reconciler resends it once this has passed)."""
 
 
 class GroupStatus(StrEnum):

@@ -38,8 +38,10 @@ class EpisodeSummary(BaseModel):
     flags: list[str] = []
     """What the hack monitors saw (core.flags.EpisodeFlag values)."""
     awaiting_judging: bool = False
-    """Ended, in a group its pairwise judge has not scored yet: `reward` and `reward_components` are
-    null and empty until it has (what is stored meanwhile is the tests' part alone, not the reward)."""
+    """Played, its judge's score not in yet: status `scoring` (its judge or reward model did not answer; asked
+    again until the run's judge_patience_s), or ended in a group its pairwise judge has not scored yet.
+    `reward` and `reward_components` are null and empty until it is (what is stored meanwhile is the tests'
+    part alone, not the reward)."""
     created_at: datetime
     finished_at: datetime | None
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, exists, func, select, text
+from sqlalchemy import and_, exists, func, or_, select, text
 from sqlalchemy.orm import Session
 
 from api.pagination import decode_cursor, page
@@ -57,11 +57,13 @@ def _summaries() -> Any:
 
 
 def _awaiting_judging() -> Any:
-    """Ended, in a group a pairwise judge has not scored yet: its stored reward is the tests' alone and
-    changes once the judge's comes (the group stays running until then)."""
+    """Played, its judge's score not in yet: `scoring` (its pointwise judge or reward model did not answer:
+    asked again, task_workers/episode/learned.py), or ended in a group a pairwise judge has not scored yet.
+    What is stored meanwhile is the tests' part alone, not the reward."""
     group_running = exists().where(EpisodeGroup.id == Episode.group_id, EpisodeGroup.status == GroupStatus.RUNNING)
-    return and_(Episode.status == EpisodeStatus.COMPLETED, group_running,
-                Episode.environment_id.in_(pairwise_environments())).label("awaiting_judging")
+    return or_(Episode.status == EpisodeStatus.SCORING,
+               and_(Episode.status == EpisodeStatus.COMPLETED, group_running,
+                    Episode.environment_id.in_(pairwise_environments()))).label("awaiting_judging")
 
 
 def _filtered(session: Session, query: Any, filters: EpisodeFilters) -> Any:

@@ -21,7 +21,7 @@ from controller.config import stored_run_config
 from controller.runs import get_run
 from core.models import Environment, Episode, Run, Task
 from core.stats import RESAMPLES, task_rate
-from core.termination import Bucket, EpisodeStatus, RunPurpose
+from core.termination import OUTSTANDING, Bucket, EpisodeStatus, RunPurpose
 from environments.rewards import SOLVED_AT
 
 METHOD = (f"pass@k: the unbiased estimator 1 − C(n−c, k)/C(n, k) per task (Chen et al. 2021), averaged over "
@@ -56,7 +56,7 @@ def task_counts(session: Session, *, run_id: int) -> list[TaskRow]:
                func.count().filter(ended),
                func.count().filter(ended, Episode.reward >= SOLVED_AT),
                func.count().filter(Episode.status == EpisodeStatus.FAILED),
-               func.count().filter(Episode.status.in_([EpisodeStatus.PENDING, EpisodeStatus.RUNNING])))
+               func.count().filter(Episode.status.in_(OUTSTANDING)))
         .join(Environment, Environment.id == Episode.environment_id).join(Task, Task.id == Episode.task_id)
         .where(Episode.run_id == run_id)
         .group_by(Episode.task_id, Environment.name, Task.difficulty)

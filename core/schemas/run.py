@@ -137,6 +137,8 @@ class Sampling(BaseModel):
 TokenStaleness = Annotated[int, Field(ge=0, le=256)]
 LagWait = Annotated[float, Field(ge=0.0, le=86400.0)]
 DEFAULT_LAG_WAIT_S = 300.0
+JudgePatience = Annotated[float, Field(ge=0.0, le=86400.0)]
+DEFAULT_JUDGE_PATIENCE_S = 600.0
 PolicyServers = Annotated[list[str], Field(min_length=1, max_length=MAX_POLICY_REPLICAS),
                           AfterValidator(lambda urls: http_urls(urls, unique=True))]
 """A run's own policy servers: 1 to MAX_POLICY_REPLICAS distinct http(s) URLs (RunConfig, StoredRun)."""
@@ -173,6 +175,10 @@ class RunConfig(BaseModel):
     """How long the trainer waits for a group still running that its next step would leave past the hard
     cap, 4 × the staleness bound (trainer.selection.may_step); past it, the step goes ahead and that group
     may be dropped as stale_cap."""
+    judge_patience_s: JudgePatience = DEFAULT_JUDGE_PATIENCE_S
+    """How long a played episode waits for its judge or reward model (status `scoring`, asked again as the
+    reconciler resends it: a server restarted for a deploy, a judge host lost for a while) before it ends
+    failed with `judge_error`. Counted from the end of its play; never re-played."""
     max_inflight_groups: int | None = Field(default=None, ge=1)
     """Cap on groups dispatched but not complete; default (max_staleness + 1) × batch_size."""
     max_groups: int | None = Field(default=None, ge=1)
@@ -244,6 +250,7 @@ class StoredRun(BaseModel):
     curriculum: Curriculum = Field(default_factory=Curriculum)
     max_token_staleness: TokenStaleness | None = None
     lag_wait_s: LagWait = DEFAULT_LAG_WAIT_S
+    judge_patience_s: JudgePatience = DEFAULT_JUDGE_PATIENCE_S
 
     @property
     def pool(self) -> list[str]:

@@ -32,7 +32,7 @@ from core.db import get_engine, session_scope
 from core.models import Environment, Episode, EpisodeGroup, Task, Turn
 from core.schemas.episode import FailureRecord, LayerRecord
 from core.settings import public_url
-from core.termination import EpisodeStatus, GroupStatus, TerminationReason
+from core.termination import OUTSTANDING, EpisodeStatus, GroupStatus, TerminationReason
 from environments.base import LayerResult
 from environments.judge import LAYER, Judge, LearnedRewardUnavailable, transcript_of
 from environments.pairwise import Contender, judge_group
@@ -50,7 +50,6 @@ JUDGING_SOURCE = "group_judge"
 MAX_JUDGING_ATTEMPTS = 16
 """Failed judgings before the group is dropped: the last episode's task and its 3 retries (tasks.py), then
 three reconciler resends with theirs — each a JudgeFault after the judge's own retries."""
-OUTSTANDING = (EpisodeStatus.PENDING, EpisodeStatus.RUNNING)
 
 
 @dataclass(frozen=True)

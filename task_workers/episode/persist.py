@@ -3,30 +3,36 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import exists, select, update
+from sqlalchemy import exists, func, select, update
 from sqlalchemy.orm import Session
 
 from core.models import Episode, EpisodeArtifact, EpisodeGroup, Turn
 from core.schemas.episode import FailureRecord, LayerRecord, RewardComponents
-from core.termination import EpisodeStatus, GroupStatus, TerminationReason
+from core.termination import (
+    IN_PLAY,
+    JUDGE_RETRY_S,
+    OUTSTANDING,
+    EpisodeStatus,
+    GroupStatus,
+    TerminationReason,
+)
 from environments.base import LayerResult, Verdict
 from environments.pairwise import pairwise_environments
 from environments.rewards import Reward
 from task_workers.episode.artifacts import screen_artifacts
 from task_workers.episode.trajectory import Trajectory
 
-ENDED = (EpisodeStatus.COMPLETED, EpisodeStatus.FAILED, EpisodeStatus.CANCELLED)
-
 
 def claim_episode(session: Session, *, episode_id: int, worker: str, incarnation: str | None = None
                   ) -> Episode | None:
     """Mark the episode running under this worker (and the process's incarnation, when it beats a
-    heartbeat: task_workers.heartbeat); None if it has already ended (a redelivery)."""
+    heartbeat: task_workers.heartbeat); None if it has been played already (a redelivery: it has ended, or
+    it awaits its judge)."""
     episode = session.execute(select(Episode).where(Episode.id == episode_id).with_for_update()).scalar_one_or_none()
-    if episode is None or episode.status in ENDED:
+    if episode is None or episode.status not in IN_PLAY:
         return None
     episode.status = EpisodeStatus.RUNNING
     episode.worker, episode.worker_incarnation = worker, incarnation
@@ -35,12 +41,10 @@ def claim_episode(session: Session, *, episode_id: int, worker: str, incarnation
     return episode
 
 
-def _mark_group_if_complete(session: Session, group_id: int) -> None:
+def mark_group_if_complete(session: Session, group_id: int) -> None:
     """A group whose episodes have all ended is complete — unless its judge compares them pairwise: then
     it stays running until group_judge.py has stored the judge's scores and completes it."""
-    outstanding = exists().where(
-        Episode.group_id == group_id, Episode.status.in_([EpisodeStatus.PENDING, EpisodeStatus.RUNNING])
-    )
+    outstanding = exists().where(Episode.group_id == group_id, Episode.status.in_(OUTSTANDING))
     session.execute(
         update(EpisodeGroup).where(EpisodeGroup.id == group_id, EpisodeGroup.status == GroupStatus.RUNNING,
                                    ~outstanding, EpisodeGroup.environment_id.not_in(pairwise_environments()))
@@ -50,7 +54,8 @@ def _mark_group_if_complete(session: Session, group_id: int) -> None:
 
 @dataclass(frozen=True)
 class Unscored:
-    """Why a played episode has no reward: it is stored failed with this reason, its turns kept."""
+    """Why a played episode has no reward yet: a learned layer's server did not answer. It is stored `scoring`
+    with its turns and the layers that ran, to be judged again (task_workers/episode/rescore.py)."""
 
     reason: TerminationReason
     message: str
@@ -63,11 +68,11 @@ def store_episode(
 ) -> bool:
     """Write the episode's outcome, every turn and its artifacts (screened: see artifacts.py). False (and
     nothing written) if a copy is stored. `reward`: environments.rewards.total of the verdict's layers and
-    flags under the spec the episode ran under, as the caller derived it (0 without a verdict). `unscored`: the episode was played
-    but could not be scored (a judge that never answered): status failed with that reason and no reward,
-    the turns and the layers that did run kept for inspection; never trained on."""
+    flags under the spec the episode ran under, as the caller derived it (0 without a verdict). `unscored`:
+    the episode was played but a learned layer's server did not answer: status scoring, no reward yet, its
+    termination the agent's, the layers that ran kept, due to be judged again in core.termination.JUDGE_RETRY_S."""
     episode = session.execute(select(Episode).where(Episode.id == episode_id).with_for_update()).scalar_one()
-    if episode.status in ENDED:
+    if episode.status not in IN_PLAY:
         return False
     for turn in trajectory.turns:
         session.add(Turn(run_id=episode.run_id, episode_id=episode.id, **asdict(turn)))
@@ -75,13 +80,15 @@ def store_episode(
         session.add(EpisodeArtifact(run_id=episode.run_id, episode_id=episode.id, turn_index=artifact.turn_index,
                                     name=artifact.name, media_type=artifact.media_type, size=len(artifact.data),
                                     data=artifact.data))
-    if unscored is not None:  # played, never scored: failed with that reason, no reward
-        episode.status, episode.termination_reason = EpisodeStatus.FAILED, unscored.reason
-        episode.reward, episode.reward_components = None, {}
+    episode.termination_reason = trajectory.termination or TerminationReason.CANCELLED
+    if unscored is not None:  # played, not scored yet: its learned layers are asked for again
+        assert verdict is not None, "a judge is asked about a verdict"
+        episode.status, episode.reward = EpisodeStatus.SCORING, None
+        episode.reward_components = RewardComponents.validate_python(verdict.components)
         episode.failures = [*episode.failures, _failure(unscored.reason, unscored.message, unscored.worker)]
+        episode.deadline_at = func.now() + timedelta(seconds=JUDGE_RETRY_S)
     else:
         episode.status = EpisodeStatus.COMPLETED
-        episode.termination_reason = trajectory.termination or TerminationReason.CANCELLED
         if verdict is None:
             episode.reward, episode.reward_components = 0.0, {}
         else:
@@ -104,7 +111,7 @@ def store_episode(
     episode.sandbox_id = sandbox_id
     episode.finished_at = datetime.now(UTC)
     session.flush()
-    _mark_group_if_complete(session, episode.group_id)
+    mark_group_if_complete(session, episode.group_id)
     return True
 
 
@@ -122,7 +129,7 @@ def record_fault(session: Session, *, episode_id: int, reason: TerminationReason
                  final: bool) -> None:
     """Log an infrastructure fault on the episode; `final` gives up (status failed), else back to pending."""
     episode = session.execute(select(Episode).where(Episode.id == episode_id).with_for_update()).scalar_one()
-    if episode.status in ENDED:
+    if episode.status not in IN_PLAY:
         return
     episode.failures = [*episode.failures, _failure(reason, message, worker)]
     if final:
@@ -130,7 +137,7 @@ def record_fault(session: Session, *, episode_id: int, reason: TerminationReason
         episode.termination_reason = reason
         episode.finished_at = datetime.now(UTC)
         session.flush()
-        _mark_group_if_complete(session, episode.group_id)
+        mark_group_if_complete(session, episode.group_id)
     else:
         episode.status = EpisodeStatus.PENDING
 

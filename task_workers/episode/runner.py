@@ -11,7 +11,6 @@ redelivered episode that has already ended judges its group if that is still to 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -23,7 +22,6 @@ from sqlalchemy import select
 
 from core.canaries import canary_score, is_canary
 from core.db import session_scope
-from core.episode_text import render_turns
 from core.flags import EpisodeFlag
 from core.models import Environment, Episode, Task
 from core.schemas.run import Sampling, stored_run
@@ -31,21 +29,18 @@ from core.seeds import episode_seed
 from core.termination import RunPurpose, TerminationReason
 from environments.base import (
     EnvironmentKind,
-    LayerResult,
     ToolCall,
     Verdict,
 )
-from environments.judge import LAYER as JUDGE_LAYER
-from environments.judge import Judge, LearnedRewardUnavailable, flag_injection, transcript_of
+from environments.judge import flag_injection, transcript_of
 from environments.registry import get_kind
-from environments.reward_model_layer import LAYER as RM_LAYER
-from environments.reward_model_layer import score_episode
-from environments.rewards import FlagPolicy, total
+from environments.rewards import total
 from environments.service import spec_of
-from environments.spec import EnvironmentSpec, JudgeConfig
+from environments.spec import EnvironmentSpec
 from task_workers.episode.driver import EpisodeDriver, Opened, SandboxProvider
 from task_workers.episode.errors import JudgeFault, UnreachablePool
 from task_workers.episode.group_judge import group_of, judge_finished_group
+from task_workers.episode.learned import has_learned_layers, rescore_stored, with_learned
 from task_workers.episode.loop import LoopContext, initial_prompt, run_agent_loop
 from task_workers.episode.persist import Unscored, claim_episode, store_episode
 from task_workers.episode.trajectory import ArtifactRecord, Trajectory
@@ -61,6 +56,7 @@ class EpisodeOutcome:
     stored: bool
     termination: TerminationReason | None
     reward: float | None
+    """None: not stored, or stored `scoring` (its judge did not answer yet: task_workers/episode/learned.py)."""
 
 
 @dataclass(frozen=True)
@@ -151,10 +147,13 @@ def run_episode(
 
 
 def _already_ended(episode_id: int, *, worker: str) -> EpisodeOutcome:
-    """A redelivered episode that has ended: its group is judged if that is still to do (after an outage)."""
+    """A redelivered episode that has been played: judged from the store if it awaits its judge, and its
+    group judged if that is still to do (after an outage)."""
+    rescored = rescore_stored(episode_id, worker=worker)
     group_id = group_of(episode_id)
     grouped = group_id is not None and judge_finished_group(group_id, worker=worker)
-    logger.info("episode %s already ended; %s", episode_id, f"judged group {group_id}" if grouped else "nothing to do")
+    logger.info("episode %s already played; %s", episode_id, f"judged group {group_id}" if grouped else
+                "judged it" if rescored else "nothing to do")
     return EpisodeOutcome(episode_id, False, None, None)
 
 
@@ -188,12 +187,12 @@ def _screened(loaded: _Loaded, trajectory: Trajectory, verdict: Verdict, *, work
         verdict = replace(verdict, flags=sorted({*verdict.flags, EpisodeFlag.CANARY_REWARDED.value}))
     if loaded.spec.verifier.judge is not None:  # what a judge of either mode will read: no answer-like lines
         verdict = flag_injection(verdict, transcript=transcript_of(trajectory.turns))
-    if not (_pointwise_judge(loaded.spec) or loaded.spec.verifier.reward_model):
+    if not has_learned_layers(loaded.spec):
         return verdict, None
     judged = time.monotonic()  # after the sandbox went back: text only
     try:
-        return _learned(loaded, trajectory, verdict), None
-    except JudgeFault as fault:  # asked again by its client, with back-off; playing again would not help
+        return with_learned(loaded.spec, instruction=loaded.instruction, turns=trajectory.turns, verdict=verdict), None
+    except JudgeFault as fault:  # asked again from the store (learned.py): playing again would not help
         return verdict, Unscored(reason=fault.reason, message=str(fault), worker=worker)
     finally:
         timings["judge"] = time.monotonic() - judged
@@ -209,48 +208,14 @@ def _stored(loaded: _Loaded, trajectory: Trajectory, verdict: Verdict, unscored:
                                reward=reward, sandbox_id=sandbox_id,
                                timings={k: round(v, 4) for k, v in timings.items()}, unscored=unscored)
     if unscored is not None:
-        logger.warning("episode %s played but not scored (%s): %s", loaded.episode_id, unscored.reason,
+        logger.warning("episode %s played, awaiting its judge (%s): %s", loaded.episode_id, unscored.reason,
                        unscored.message)
-        return EpisodeOutcome(loaded.episode_id, stored, unscored.reason, None)
+        return EpisodeOutcome(loaded.episode_id, stored, trajectory.termination, None)
     logger.info("episode %s ended: %s reward=%s stored=%s", loaded.episode_id, trajectory.termination, reward.value,
                 stored)
     if _is_pairwise(loaded.spec):
         judge_finished_group(loaded.group_id, worker=worker)
     return EpisodeOutcome(loaded.episode_id, stored, trajectory.termination, reward.value)
-
-
-def _learned(loaded: _Loaded, trajectory: Trajectory, verdict: Verdict) -> Verdict:
-    """The verdict with the learned layers the spec names added — the judge's, the reward model's (each
-    counts with its weight in environments.rewards.total). An episode a hack monitor zeroed is sent to
-    neither (nothing they say could count). A server that does
-    not answer (after its client's retries, with back-off) is JudgeFault, never a zero reward: the caller
-    keeps the episode unscored (judge_error)."""
-    verifier = loaded.spec.verifier
-    judge_config = _pointwise_judge(loaded.spec)  # a pairwise judge scores the group once it has ended
-    names = [name for name, config in ((JUDGE_LAYER, judge_config), (RM_LAYER, verifier.reward_model)) if config]
-    if FlagPolicy.of(verifier).zeroes(verdict.flags):
-        skipped = [LayerResult(name=name, score=0.0, passed=False, detail="not run: a hack monitor flagged the episode")
-                   for name in names]
-        return dataclasses.replace(verdict, layers=[*verdict.layers, *skipped])
-    layers = []
-    try:
-        if judge_config is not None:
-            judge = Judge(judge_config)
-            try:
-                layers.append(judge.pointwise(instruction=loaded.instruction, transcript=transcript_of(trajectory.turns)))
-            finally:
-                judge.close()
-        if verifier.reward_model is not None:
-            response = render_turns([(turn.completion_text, turn.observation) for turn in trajectory.turns])
-            layers.append(score_episode(verifier.reward_model, prompt=loaded.instruction, response=response))
-    except LearnedRewardUnavailable as error:
-        raise JudgeFault(str(error)) from error
-    return dataclasses.replace(verdict, layers=[*verdict.layers, *layers])
-
-
-def _pointwise_judge(spec: EnvironmentSpec) -> JudgeConfig | None:
-    judge = spec.verifier.judge
-    return judge if judge is not None and judge.mode == "pointwise" else None
 
 
 def _is_pairwise(spec: EnvironmentSpec) -> bool:

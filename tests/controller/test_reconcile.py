@@ -189,3 +189,34 @@ def test_groups_whose_episodes_all_ended_are_marked_complete(
     db_session.commit()  # a worker that stored the episodes but died before marking the group
     assert reconcile_run(db_session, run_id=run.id, dispatcher=recorder, settings=settings).groups_completed == 1
     assert f.groups(db_session, run.id)[0].status == "complete"
+
+
+def test_an_episode_awaiting_its_judge_is_sent_again_until_the_runs_patience_then_fails_judge_error(
+    db_session: Session, recorder: RecordingDispatcher, settings: ControllerConfig
+) -> None:
+    """(issue 50) A played episode whose judge did not answer (`scoring`) is resent when its next ask is due —
+    its task judges it from the store — and its group waits; past the run's judge_patience_s since its play
+    ended it fails `judge_error`, and only then does the group complete. Never before: a judge restarted
+    for a deploy loses nothing."""
+    from datetime import timedelta
+
+    run = _run(db_session, judge_patience_s=60)
+    waiting, gone = _dispatch_one(db_session, run, settings)
+    now = _now(db_session)
+    for episode_id, ended_s_ago in ((waiting, 10), (gone, 61)):
+        db_session.execute(update(Episode).where(Episode.id == episode_id).values(
+            status="scoring", termination_reason="submitted", reward=None, reward_components={"hidden_tests": 1.0},
+            finished_at=now - timedelta(seconds=ended_s_ago), deadline_at=now - timedelta(seconds=1)))
+    db_session.commit()
+    recorder.sent.clear()
+    result = reconcile_run(db_session, run_id=run.id, dispatcher=recorder, settings=settings)
+    assert (result.rescoring, result.unscored, recorder.episode_ids) == ([waiting], [gone], [waiting])
+    assert result.groups_completed == 0 and f.groups(db_session, run.id)[0].status == "running"
+    by_id = {episode.id: episode for episode in f.episodes(db_session, run.id)}
+    assert (by_id[waiting].status, by_id[waiting].attempts) == ("scoring", 0)  # never re-played
+    assert by_id[waiting].deadline_at > _now(db_session)  # due again later, not at every pass
+    assert (by_id[gone].status, by_id[gone].termination_reason, by_id[gone].reward) == ("failed", "judge_error", None)
+    assert "judge_patience_s (60 s)" in by_id[gone].failures[-1]["message"]
+    recorder.sent.clear()
+    assert reconcile_run(db_session, run_id=run.id, dispatcher=recorder, settings=settings).rescoring == []
+    assert recorder.sent == []

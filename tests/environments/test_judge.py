@@ -15,7 +15,6 @@ from sqlalchemy import select
 
 from core.models import Episode
 from core.net import free_port
-from core.termination import TerminationReason
 from environments.judge import Judge, JudgeUnavailable, parse_score
 from environments.parsing import hermes_call
 from environments.spec import JudgeConfig
@@ -159,16 +158,20 @@ def test_the_judge_layer_is_stored_and_the_agents_own_score_counts_for_nothing(
     assert episode.timings["judge"] > 0
 
 
-def test_a_judge_outage_asks_the_judge_again_and_keeps_the_episode_played_once_unscored(
+def test_a_judge_outage_keeps_the_episode_played_once_and_judges_it_from_the_store_when_the_judge_is_back(
         db_session, scripted, sandboxes, code_repo_image, calc_task_payload) -> None:
-    """(issue 24) The judge down for good: it is asked again with back-off (its client's retries), the
-    episode is not re-sampled, re-sandboxed or re-graded, and it ends failed with `judge_error` — its
-    turns and tests-only layers kept, no reward, never trained on — not `sandbox_error` after 4 attempts."""
-    from tests.support.standin_judge import prefers, serve_judge
+    """(issues 24, 50) The judge down through its client's retries: the episode is stored `scoring` — its
+    turns, termination and tests' layers kept, no reward, its group not complete — not re-sampled,
+    re-sandboxed or re-graded. Each redelivery (the reconciler resends it) asks the judge again from the
+    stored turns; once the judge answers, the episode completes with the judge's layer and the reward, and
+    a later redelivery changes nothing. (Past the run's judge_patience_s the reconciler fails it
+    `judge_error`: tests/controller/test_reconcile.py.)"""
+    from core.models import EpisodeGroup
+    from tests.support.standin_judge import scores, serve_judge
 
     policy, url = scripted
     policy.scripts["outage"] = FIX
-    with serve_judge(prefers("GOOD")) as stand_in:
+    with serve_judge(scores(7)) as stand_in:
         stand_in.down = True
         judge = {"url": stand_in.url, "model": "m", "rubric": RUBRIC, "retries": 2}
         episode_id = _judged_episode(db_session, image=code_repo_image, payload=calc_task_payload, script="outage",
@@ -181,23 +184,42 @@ def test_a_judge_outage_asks_the_judge_again_and_keeps_the_episode_played_once_u
             outcome = run_episode(episode_id, policy=client, sandboxes=sandboxes, worker="test")
         finally:
             client.close()
+        assert stand_in.asked == 3  # the first ask and its two retries
+        assert policy.requests - requests_before == len(FIX)  # sampled once: one completion per scripted step
+        assert (outcome.stored, outcome.termination, outcome.reward) == (True, "submitted", None)
+        db_session.expire_all()
+        episode = db_session.get(Episode, episode_id)
+        assert (episode.status, episode.termination_reason, episode.reward, episode.attempts) == (
+            "scoring", "submitted", None, 1)
+        assert [failure["reason"] for failure in episode.failures] == ["judge_error"]
+        assert "did not answer after 3 tries: HTTP 503" in episode.failures[0]["message"]
+        assert episode.num_turns == len(FIX) and "judge" not in episode.reward_components
+        assert [layer["name"] for layer in episode.verifier_layers] == ["rules", "public_tests", "hidden_tests"]
+        assert db_session.get(EpisodeGroup, episode.group_id).status == "running"  # never trained on half-scored
+
+        # Redelivered while the judge is still down: asked again, recorded, nothing played or stored twice.
+        sampled = policy.requests
+        assert run_episode(episode_id, policy=None, sandboxes=None, worker="test").stored is False  # type: ignore[arg-type]
+        db_session.expire_all()
+        episode = db_session.get(Episode, episode_id)
+        assert (episode.status, len(episode.failures), stand_in.asked) == ("scoring", 2, 6)
+        # The judge is back: the next redelivery judges the stored turns.
+        stand_in.down = False
+        assert run_episode(episode_id, policy=None, sandboxes=None, worker="test").stored is False  # type: ignore[arg-type]
+        assert run_episode(episode_id, policy=None, sandboxes=None, worker="test").stored is False  # type: ignore[arg-type]
         asked = stand_in.asked
-    assert asked == 3  # the first ask and its two retries
-    assert policy.requests - requests_before == len(FIX)  # sampled once: one completion per scripted step
-    assert (outcome.stored, outcome.termination, outcome.reward) == (True, "judge_error", None)
+    assert policy.requests == sampled and asked == 7  # the third redelivery found it scored: the judge not asked
     db_session.expire_all()
-    episode = db_session.execute(select(Episode).where(Episode.id == episode_id)).scalar_one()
-    assert (episode.status, episode.termination_reason, episode.reward, episode.attempts) == (
-        "failed", "judge_error", None, 1)
-    assert [failure["reason"] for failure in episode.failures] == ["judge_error"]
-    assert "did not answer after 3 tries: HTTP 503" in episode.failures[0]["message"]
-    assert episode.num_turns == len(FIX) and "judge" not in episode.reward_components
-    assert [layer["name"] for layer in episode.verifier_layers] == ["rules", "public_tests", "hidden_tests"]
-    assert not TerminationReason(episode.termination_reason).is_trainable
-    # A redelivery of its task finds it ended: nothing is sampled or stored again.
-    sampled = policy.requests
-    assert run_episode(episode_id, policy=None, sandboxes=None, worker="test").stored is False  # type: ignore[arg-type]
-    assert policy.requests == sampled
+    episode = db_session.get(Episode, episode_id)
+    layers = {layer["name"]: layer for layer in episode.verifier_layers}
+    assert (episode.status, episode.termination_reason, episode.attempts) == ("completed", "submitted", 1)
+    assert list(layers) == ["rules", "public_tests", "hidden_tests", "judge"]
+    assert "[turn 0] agent:" in layers["judge"]["record"]["prompt"]  # the stored turns, as the judge reads them
+    assert episode.reward_components["judge"] == layers["judge"]["score"] == pytest.approx(0.7)
+    tests = 0.1 * layers["rules"]["score"] + 0.2 * layers["public_tests"]["score"] + 0.7 * layers["hidden_tests"]["score"]
+    assert episode.reward == pytest.approx(tests + 0.5 * layers["judge"]["score"])
+    assert_reward_derived(db_session, [episode_id])
+    assert db_session.get(EpisodeGroup, episode.group_id).status == "complete"
 
 
 # -- the chat kind: dialogue scored only by the judge ----------------------------------------------------

@@ -15,7 +15,7 @@ from environments.judge import flag_injection, transcript_of
 from environments.rewards import total
 from environments.service import register_environment, spec_of
 from environments.spec import parse_spec
-from task_workers.episode.persist import claim_episode, store_episode
+from task_workers.episode.persist import Unscored, claim_episode, store_episode
 from task_workers.episode.trajectory import Trajectory, TurnRecord
 from tests import factories
 from trainer.store import claim_complete_groups
@@ -23,10 +23,11 @@ from trainer.store import claim_complete_groups
 WEIGHT = 0.5
 
 
-def make_group(session: Session, *, judge_url: str, size: int, model: str = "stand-in", **verifier: Any) -> tuple[int, list[int]]:
-    """A pairwise-judged environment (hidden_tests weighted 1, judge WEIGHT), a task, a run, one group of
-    `size` pending episodes."""
-    judge = {"url": judge_url, "model": model, "rubric": "The better fix wins.", "mode": "pairwise", "retries": 0,
+def make_group(session: Session, *, judge_url: str, size: int, model: str = "stand-in", mode: str = "pairwise",
+               **verifier: Any) -> tuple[int, list[int]]:
+    """A judged environment (pairwise unless `mode` says; hidden_tests weighted 1, judge WEIGHT), a task, a
+    run, one group of `size` pending episodes."""
+    judge = {"url": judge_url, "model": model, "rubric": "The better fix wins.", "mode": mode, "retries": 0,
              "max_tokens": 200, "max_transcript_chars": 2000}
     spec = {"name": "pairwise", "kind": "code_repo", "image": "base",
             "verifier": {"weights": {"hidden_tests": 1.0, "judge": WEIGHT}, "judge": judge, **verifier}}
@@ -38,9 +39,11 @@ def make_group(session: Session, *, judge_url: str, size: int, model: str = "sta
     return group.id, ids
 
 
-def end_episode(session: Session, episode_id: int, *, text: str, reward: float, flags: Sequence[str] = ()) -> None:
+def end_episode(session: Session, episode_id: int, *, text: str, reward: float, flags: Sequence[str] = (),
+                unscored: Unscored | None = None) -> None:
     """Store the episode's outcome as the worker does (runner.run_episode: the judge's screen for injected
-    lines, then persist.store_episode): one turn saying `text`."""
+    lines, then persist.store_episode): one turn saying `text`. `unscored`: its pointwise judge did not
+    answer (stored `scoring`)."""
     episode = claim_episode(session, episode_id=episode_id, worker="test")
     assert episode is not None
     turn = TurnRecord(index=0, token_ids=[1, 2], logprobs=[0.0, -0.5], loss_mask=[0, 1], prompt_length=1,
@@ -52,7 +55,7 @@ def end_episode(session: Session, episode_id: int, *, text: str, reward: float, 
     spec = spec_of(session.get(Environment, episode.environment_id))  # type: ignore[arg-type]
     assert store_episode(session, episode_id=episode_id, trajectory=trajectory, verdict=verdict,
                          reward=total(verdict.layers, verdict.flags, spec), sandbox_id=None,
-                         timings={"total": 1.0})
+                         timings={"total": 1.0}, unscored=unscored)
     session.commit()
 
 

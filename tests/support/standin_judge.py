@@ -5,7 +5,7 @@ real tiny vLLM judge answers arbitrarily; tests/environments/test_judge.py runs 
 
     with serve_judge(prefers("GOOD")) as judge:     # judge.url, judge.prompts, judge.down = True,
         ...                                         # judge.max_prompt_chars = 5000 (longer: HTTP 400)
-        ...
+    with serve_judge(scores(7)) as judge:           # a pointwise judge: "Score: 7" to every episode
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from environments.judge import WINNER_LINE
 
 Decide = Callable[[str], str]
-"""The prompt → the winner it names ("A" or "B")."""
+"""The prompt → the answer's last line (`Winner: A`, `Score: 7`)."""
 
 
 def episode_text(prompt: str, label: str) -> str:
@@ -36,7 +36,7 @@ def prefers(marker: str) -> Decide:
     """A fair judge: the episode that contains `marker` wins; neither or both: A (a position bias)."""
     def decide(prompt: str) -> str:
         in_a, in_b = marker in episode_text(prompt, "A"), marker in episode_text(prompt, "B")
-        return "B" if in_b and not in_a else "A"
+        return f"Winner: {'B' if in_b and not in_a else 'A'}"
     return decide
 
 
@@ -47,8 +47,13 @@ def swayed(marker: str) -> Decide:
 
     def decide(prompt: str) -> str:
         found = WINNER_LINE.findall(episode_text(prompt, "A") + "\n" + episode_text(prompt, "B"))
-        return found[-1].upper() if found else fair(prompt)
+        return f"Winner: {found[-1].upper()}" if found else fair(prompt)
     return decide
+
+
+def scores(value: int) -> Decide:
+    """A pointwise judge that gives every episode the same score."""
+    return lambda prompt: f"Score: {value}"
 
 
 @dataclass
@@ -82,7 +87,7 @@ def serve_judge(decide: Decide) -> Iterator[StandInJudge]:
                 self._answer(400, {"error": f"the prompt is {len(body['prompt'])} characters, over the "
                                             f"stand-in's context ({state.max_prompt_chars})"})
                 return
-            text = f"Reason: the stand-in decided.\nWinner: {decide(body['prompt'])}\n"
+            text = f"Reason: the stand-in decided.\n{decide(body['prompt'])}\n"
             self._answer(200, {"choices": [{"text": text}]})
 
         def _answer(self, status: int, payload: dict) -> None:
