@@ -114,6 +114,7 @@ def serve(
 
     import uvicorn
 
+    from environments.images.registry import catalogued
     from environments.sandboxes import DockerSandboxes
     from sandboxes import make_backend
     from sandboxes.db_events import DbEventSink
@@ -131,7 +132,7 @@ def serve(
         with session_scope() as session:
             served = load_served(session, name=name, split=split, version=version)
     sandboxes = DockerSandboxes(backend=make_backend("docker"), events=DbEventSink(), worker=f"openenv-{name}"[:64],
-                                min_size=warm, max_size=max(max_sessions, warm))
+                                min_size=warm, max_size=max(max_sessions, warm), images=catalogued)
     console.print(f"serving [bold]{safe(served.name)}[/] v{served.version} ({len(served.tasks)} tasks of split "
                   f"{safe(split)}) to OpenEnv clients at ws://{host}:{port}/ws", highlight=False)
     app = create_app(served, sandboxes, max_sessions=max_sessions, idle_timeout_s=idle_timeout)

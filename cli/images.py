@@ -4,6 +4,7 @@
     crucible images build code-repo --force
     crucible images ls -o json
     crucible images openenv echo dipg  # OpenEnv environments from PyPI (environments/openenv/images.py)
+    crucible images push               # to CRUCIBLE_IMAGE_REGISTRY, for worker hosts (environments/images/registry.py)
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from rich.table import Table
 
 from cli.console import OutputFormat, OutputOption, console, print_json, readable_errors
 
-app = typer.Typer(help="Sandbox images: build (content-hash tagged) and list.", no_args_is_help=True)
+app = typer.Typer(help="Sandbox images: build (content-hash tagged), list, and push to a registry.",
+                  no_args_is_help=True)
 
 
 @app.command()
@@ -56,6 +58,33 @@ def list_(output: OutputFormat = OutputOption) -> None:
     table = Table("IMAGE", "TAG", "BUILT")
     for r in rows:
         table.add_row(str(r["name"]), str(r["tag"]), "yes" if r["built"] else "no")
+    console.print(table)
+
+
+@app.command()
+def push(
+    images: list[str] = typer.Argument(None, help="images to push, as repository:tag (default: every crucible, "
+                                       "crucible-factory and crucible-openenv image this host holds)"),
+    registry: str = typer.Option(None, "--registry", help="host:port[/path] (default: CRUCIBLE_IMAGE_REGISTRY)"),
+    output: OutputFormat = OutputOption,
+) -> None:
+    """Push sandbox images to a registry and record each one's digest, so that a worker host that lacks an
+    image pulls it by digest when it first needs it."""
+    from core.errors import ConfigError
+    from environments.images.registry import local_images, push_images, registry_of
+
+    with readable_errors():
+        target = registry_of(registry)
+        chosen = list(images or []) or local_images()
+        if not chosen:
+            raise ConfigError("expected images to push, got none on this host (build them: `crucible images build`)")
+        pushed = push_images(chosen, registry=target)
+    if output is OutputFormat.json:
+        print_json([p.as_dict() for p in pushed])
+        return
+    table = Table("IMAGE", "PULLED AS")
+    for p in pushed:
+        table.add_row(p.image, p.reference)
     console.print(table)
 
 

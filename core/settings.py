@@ -8,6 +8,7 @@ fails fast with a `ConfigError` that names the setting, what was given and what 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import string
 from collections.abc import Sequence
@@ -49,6 +50,18 @@ def http_urls(value: list[str], *, unique: bool) -> list[str]:
         seen[key] = url
         urls.append(url)
     return urls
+
+
+
+REGISTRY_ADDRESS = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})(?::[0-9]{1,5})?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$")
+
+
+def registry_address(value: str) -> str:
+    """A registry as Docker names one in an image reference: `host[:port][/path]`, no scheme, no tag."""
+    if not REGISTRY_ADDRESS.fullmatch(value) or ("." not in value.split("/")[0] and ":" not in value.split("/")[0]
+                                                 and value.split("/")[0] != "localhost"):
+        raise ValueError(f"expected a registry address host:port[/path] (e.g. 10.0.0.1:5000), got {value[:200]!r}")
+    return value
 
 
 class Settings(BaseSettings):
@@ -112,6 +125,9 @@ class Settings(BaseSettings):
     """Episodes a task worker runs at once (threads)."""
     sandbox_base_image: str | None = None
     """A registry image to build environments on instead of the debootstrap base."""
+    image_registry: str | None = None
+    """Where `crucible images push` puts the sandbox images (`host:port`, or `host:port/prefix`), for worker
+    hosts that never built them to pull by digest (environments/images/registry.py)."""
     sandbox_pool_min: Annotated[int, Field(ge=0, le=1024)] = 1
     """Warm sandboxes kept ready per spec."""
     sandbox_pool_max: Annotated[int, Field(ge=1, le=1024)] = 8
@@ -185,6 +201,11 @@ class Settings(BaseSettings):
     def policy_pool(self) -> list[str]:
         """The policy servers workers use: CRUCIBLE_POLICY_URLS, else CRUCIBLE_POLICY_URL alone."""
         return list(self.policy_urls) if self.policy_urls else [self.policy_url]
+
+    @field_validator("image_registry")
+    @classmethod
+    def _check_registry(cls, value: str | None) -> str | None:
+        return None if value is None else registry_address(value)
 
     @field_validator("sandbox_networks", mode="before")
     @classmethod

@@ -11,6 +11,7 @@ from contextlib import AbstractContextManager, contextmanager
 from core.errors import ConfigError
 from environments.spec import EnvironmentSpec
 from sandboxes import PoolSet, Sandbox, SandboxBackend, SandboxPool, SandboxSpec
+from sandboxes.backend import ImageSource
 from sandboxes.errors import SandboxDead
 from sandboxes.events import EventSink
 
@@ -53,8 +54,12 @@ class DockerSandboxes:
     own image; the episode runner's SandboxProvider, and what the CLI, recipes, benches and the OpenEnv
     server lease sandboxes from."""
 
-    def __init__(self, *, backend: SandboxBackend, events: EventSink, worker: str, min_size: int, max_size: int) -> None:
-        self._pools = PoolSet(backend=backend, events=events, worker=worker, min_size=min_size, max_size=max_size)
+    def __init__(self, *, backend: SandboxBackend, events: EventSink, worker: str, min_size: int, max_size: int,
+                 images: ImageSource | None = None) -> None:
+        """`images`: where an image this host lacks is pulled from by digest (environments.images.registry
+        .catalogued, on a worker host); None: nowhere."""
+        self._pools = PoolSet(backend=backend, events=events, worker=worker, min_size=min_size, max_size=max_size,
+                              images=images)
 
     def pool_for(self, spec: EnvironmentSpec) -> SandboxPool:
         return self._pools.pool(sandbox_spec_for(spec))

@@ -94,6 +94,9 @@ class SandboxBackend(Protocol):
     ) -> ExecResult:
         """Run a process to completion, killed inside the container after `timeout_s`."""
 
+    def pull_image(self, reference: str, *, as_image: str) -> None:
+        """Pull an image by digest (`registry/repository@sha256:…`) and name it `as_image` on this engine."""
+
     def remove(self, container_id: str) -> bool:
         """Force-remove; True if this call removed it, False if it was already gone. Idempotent."""
 
@@ -108,6 +111,9 @@ class SandboxBackend(Protocol):
     def stats(self, container_id: str) -> dict[str, Any]: ...
 
 
+ImageSource = Callable[[str], str | None]
+"""A local image name → where to pull it from by digest (`registry/repository@sha256:…`), or None if
+nowhere (environments/images/registry.py reads the catalogue `crucible images push` writes)."""
 BackendFactory = Callable[..., SandboxBackend]
 _BUILTIN = {"docker": "sandboxes.docker_backend:DockerBackend"}
 _registry: dict[str, BackendFactory] = {}

@@ -9,8 +9,8 @@ import secrets
 import time
 
 from sandboxes import labels as L
-from sandboxes.backend import SandboxBackend
-from sandboxes.errors import SandboxDead, SessionError
+from sandboxes.backend import ImageSource, SandboxBackend
+from sandboxes.errors import ImageNotFound, SandboxDead, SessionError
 from sandboxes.events import EventKind, EventRecorder, EventSink, NullEventSink
 from sandboxes.sandbox import DEFAULT_LEASE_TTL_S, Sandbox
 from sandboxes.spec import SandboxSpec
@@ -56,9 +56,11 @@ def create_sandbox(
     env_name: str | None = None,
     lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
     pools: str | None = None,
+    images: ImageSource | None = None,
 ) -> Sandbox:
     """Create, start and ready-check a sandbox; nothing is left behind if any of it fails. `pools`: the
-    PoolSet making it (label POOLS), whose close removes it whatever path it leaked by."""
+    PoolSet making it (label POOLS), whose close removes it whatever path it leaked by. `images`: where an
+    image the engine lacks is pulled from, by digest (a PULL event); None: nowhere."""
     sandbox_id = new_sandbox_id()
     recorder = EventRecorder(sink=events or NullEventSink(), sandbox_id=sandbox_id, worker=worker)
     recorder.run_id, recorder.episode_id = run_id, episode_id
@@ -67,7 +69,8 @@ def create_sandbox(
         lease_ttl_s=lease_ttl_s, run_id=run_id, episode_id=episode_id, env_name=env_name, pools=pools,
     )
     with recorder.timed(EventKind.CREATE, image=spec.image, spec=spec.spec_hash):
-        container_id = backend.create_container(spec=spec, labels=labels, name=f"crucible-{sandbox_id}")
+        container_id = _created(backend, spec=spec, labels=labels, name=f"crucible-{sandbox_id}", images=images,
+                                recorder=recorder)
         recorder.container_id = container_id
         sandbox = Sandbox(
             backend=backend, container_id=container_id, sandbox_id=sandbox_id, spec=spec,
@@ -81,3 +84,17 @@ def create_sandbox(
                 raise SandboxDead(f"sandbox {sandbox_id}: expected a ready shell, got {error}") from None
             raise
     return sandbox
+
+
+def _created(backend: SandboxBackend, *, spec: SandboxSpec, labels: dict[str, str], name: str,
+             images: ImageSource | None, recorder: EventRecorder) -> str:
+    """The container, its image pulled first if the engine lacks it and `images` knows where it is."""
+    try:
+        return backend.create_container(spec=spec, labels=labels, name=name)
+    except ImageNotFound:
+        reference = None if images is None else images(spec.image)
+        if reference is None:
+            raise
+    with recorder.timed(EventKind.PULL, image=spec.image, reference=reference):
+        backend.pull_image(reference, as_image=spec.image)
+    return backend.create_container(spec=spec, labels=labels, name=name)

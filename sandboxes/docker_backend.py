@@ -117,8 +117,8 @@ class DockerBackend:
         except NotFound as error:
             if "image" in str(error).lower():
                 raise ImageNotFound(
-                    f"image: expected {spec.image!r} on the Docker engine (build it with `crucible images build`),"
-                    " got no such image"
+                    f"image: expected {spec.image!r} on the Docker engine (build it with `crucible images build`, or "
+                    "push it from the host that built it with `crucible images push`), got no such image"
                 ) from None
             raise
         container_id = str(created["Id"])
@@ -184,6 +184,21 @@ class DockerBackend:
             )
         finally:
             stream.close()
+
+    def pull_image(self, reference: str, *, as_image: str) -> None:
+        """Pull `reference` (`registry/repository@sha256:…`) and tag it `as_image`; ImageNotFound if the
+        registry does not have it, SandboxError if the pulled image is not the one the digest names."""
+        try:
+            self.api.pull(reference)
+        except (NotFound, APIError) as error:
+            raise ImageNotFound(f"image: expected {reference!r} in its registry, got {str(error)[:300]}") from None
+        digests = self.api.inspect_image(reference).get("RepoDigests") or []
+        if reference not in digests:
+            raise SandboxError(f"image: expected {reference!r} among the pulled image's digests, got {digests[:4]}")
+        repository, _, tag = as_image.rpartition(":")
+        if not repository or "/" in tag:
+            repository, tag = as_image, "latest"
+        self.api.tag(reference, repository, tag)
 
     def remove(self, container_id: str) -> bool:
         try:

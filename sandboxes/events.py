@@ -21,6 +21,8 @@ log = logging.getLogger(__name__)
 
 class EventKind(StrEnum):
     CREATE = "create"
+    PULL = "pull"
+    """The engine lacked the spec's image: it was pulled from its registry by digest (detail: image, reference)."""
     ACQUIRE = "acquire"
     RELEASE = "release"
     RESET = "reset"

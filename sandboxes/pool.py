@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from sandboxes.backend import SandboxBackend
+from sandboxes.backend import ImageSource, SandboxBackend
 from sandboxes.create import create_sandbox
 from sandboxes.errors import AcquireTimeout, PoolClosed, SandboxDead
 from sandboxes.events import EventKind, EventSink, NullEventSink
@@ -69,6 +69,7 @@ class SandboxPool:
         min_remaining_life_s: float | None = None,
         start: bool = True,
         pools: str | None = None,
+        images: ImageSource | None = None,
     ) -> None:
         if not 0 <= min_size <= max_size or max_size < 1:
             raise ValueError(f"pool size: expected 0 <= min_size <= max_size and max_size >= 1, got {min_size}..{max_size}")
@@ -77,7 +78,7 @@ class SandboxPool:
         self._events = events or NullEventSink()
         self._create_one = functools.partial(
             create_sandbox, backend=backend, spec=spec, events=self._events, owner=owner or Owner.current(),
-            worker=worker, run_id=run_id, env_name=env_name, lease_ttl_s=lease_ttl_s, pools=pools,
+            worker=worker, run_id=run_id, env_name=env_name, lease_ttl_s=lease_ttl_s, pools=pools, images=images,
         )
         self._min_life = spec.max_lifetime_s * 0.25 if min_remaining_life_s is None else min_remaining_life_s
         self._lease_ttl_s = lease_ttl_s

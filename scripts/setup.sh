@@ -53,6 +53,8 @@ command -v debootstrap >/dev/null || { log "installing debootstrap"; apt_install
 command -v chromium >/dev/null || { log "installing chromium"; apt_install chromium; }
 # `make lint` shellchecks the bash programs that run inside sandboxes (sandboxes/sandbox/*.sh).
 command -v shellcheck >/dev/null || { log "installing shellcheck"; apt_install shellcheck; }
+# A real registry (the distribution v2 server): `crucible images push` and its tests.
+command -v docker-registry >/dev/null || { log "installing docker-registry"; apt_install docker-registry; }
 
 # 3. Redis on loopback.
 if ! (exec 3<>/dev/tcp/127.0.0.1/6379) 2>/dev/null; then

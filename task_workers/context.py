@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from core.errors import ConfigError
+from environments.images.registry import catalogued
 from environments.sandboxes import DockerSandboxes
 from sandboxes import Reaper, SandboxBackend, make_backend
 from sandboxes.db_events import DbEventSink
@@ -73,7 +74,8 @@ def worker_context() -> WorkerContext:
             events = DbEventSink()
             reaper = start_reaper(backend=backend, events=events, worker=settings.worker_name)
             sandboxes = DockerSandboxes(backend=backend, events=events, worker=settings.worker_name,
-                                        min_size=settings.sandbox_pool_min, max_size=settings.sandbox_pool_max)
+                                        min_size=settings.sandbox_pool_min, max_size=settings.sandbox_pool_max,
+                                        images=catalogued)  # an image this host never built: pulled by digest
             # Both of the tokenizer's functions: environment text tokenized with every special token split
             # (`split_special_tokens`), not only the chat family's listed control strings.
             tokenizer, plain = (local_tokenizers(str(settings.policy_tokenizer)) if settings.policy_tokenizer

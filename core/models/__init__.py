@@ -8,7 +8,7 @@ from core.models.environment import Environment, Task
 from core.models.episode import Episode, EpisodeGroup, Turn
 from core.models.regrade import EpisodeRegrade
 from core.models.run import PolicyVersion, Run, RunEnvironment, TrainingStep
-from core.models.sandbox import SandboxEvent
+from core.models.sandbox import SandboxEvent, SandboxImage
 from core.models.task_rate import RunTaskRate
 from core.models.worker import Worker
 
@@ -29,6 +29,7 @@ __all__ = [
     "RunGroupCounts",
     "RunTaskRate",
     "SandboxEvent",
+    "SandboxImage",
     "Task",
     "TrainingStep",
     "Turn",

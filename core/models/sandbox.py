@@ -1,4 +1,5 @@
-"""Sandbox lifecycle events: create, acquire, reset, retire, destroy, reap, oom, timeout…"""
+"""Sandbox lifecycle events (create, pull, acquire, reset, retire, destroy, reap, oom, timeout…) and the
+catalogue of sandbox images pushed to a registry."""
 
 from datetime import datetime
 from typing import Any
@@ -23,3 +24,17 @@ class SandboxEvent(Base):
     duration_ms: Mapped[float | None] = mapped_column(Float)
     detail: Mapped[dict[str, Any]] = mapped_column(default=dict)
     created_at: Mapped[datetime] = created_at_column()
+
+
+class SandboxImage(Base):
+    """A sandbox image pushed to a registry (`crucible images push`): a worker host that lacks `image` pulls
+    `reference`, the registry's name of it by digest, so that it runs the very bytes that were pushed."""
+
+    __tablename__ = "sandbox_images"
+
+    image: Mapped[str] = mapped_column(String(512), primary_key=True)
+    """The local name a sandbox spec uses (`crucible/code-repo:d3d1fd99dc47`)."""
+    reference: Mapped[str] = mapped_column(String(1024))
+    """`registry/repository@sha256:…`."""
+    digest: Mapped[str] = mapped_column(String(80))
+    pushed_at: Mapped[datetime] = created_at_column()

@@ -1,0 +1,34 @@
+"""the catalogue of sandbox images pushed to a registry (issue 50)
+
+Revision ID: 0015
+Revises: 0014
+Create Date: 2026-12-06 23:40:00
+
+`sandbox_images`: per local image name, the registry's reference of it by digest, which a worker host
+that lacks the image pulls (`crucible images push` writes it).
+"""
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = '0015'
+down_revision: str | None = '0014'
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        'sandbox_images',
+        sa.Column('image', sa.String(length=512), nullable=False),
+        sa.Column('reference', sa.String(length=1024), nullable=False),
+        sa.Column('digest', sa.String(length=80), nullable=False),
+        sa.Column('pushed_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
+        sa.PrimaryKeyConstraint('image', name=op.f('pk_sandbox_images')),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table('sandbox_images')

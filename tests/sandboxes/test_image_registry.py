@@ -1,0 +1,116 @@
+"""(issue 50) Sandbox images through a real registry (Debian's `docker-registry`, the distribution v2
+server, on loopback): `crucible images push` records each image's digest; an engine that lacks the image
+pulls it by that digest when a sandbox of it is first made — a `pull` sandbox event — and runs it; an
+image nobody pushed is refused naming the command that fixes it; a hostile registry or image name is one
+line naming what was expected."""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy.orm import Session
+from typer.testing import CliRunner
+
+from cli.main import app
+from core.net import free_port
+from environments.images.registry import catalogued, push_images, registry_of
+from sandboxes import InMemoryEventSink, SandboxBackend, SandboxPool, SandboxSpec
+from sandboxes.docker_client import docker_api
+from sandboxes.errors import ImageNotFound
+
+pytestmark = [pytest.mark.docker,
+              pytest.mark.skipif(shutil.which("docker-registry") is None,
+                                 reason="needs Debian's docker-registry (scripts/setup.sh installs it)")]
+REPOSITORY = "crucible-test/pulled"
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[str]:
+    """A registry on a loopback port (the engine trusts 127.0.0.0/8 without TLS), its storage in tmp_path."""
+    port = free_port()
+    config = tmp_path / "registry.yml"
+    config.write_text(f"version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {tmp_path}/data\n"
+                      f"http:\n  addr: 127.0.0.1:{port}\n")
+    server = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60  # a bound on waiting, not a timing claim
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/v2/", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert server.poll() is None, server.stderr.read().decode()[-2000:] if server.stderr else ""
+            assert time.monotonic() < deadline, "the registry did not answer /v2/"
+            time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+@pytest.fixture
+def pushable(base_spec: SandboxSpec) -> Iterator[str]:
+    """A name of the base image of this test's own (removing it later leaves every other name alone)."""
+    api = docker_api()
+    tag = secrets.token_hex(6)
+    api.tag(base_spec.image, REPOSITORY, tag)
+    yield f"{REPOSITORY}:{tag}"
+    for image in api.images(name=REPOSITORY):
+        for name in image.get("RepoTags") or []:
+            if name.startswith(f"{REPOSITORY}:{tag}"):
+                api.remove_image(name, noprune=True)
+
+
+def test_an_engine_that_lacks_a_pushed_image_pulls_it_by_digest_and_runs_it(
+        db_session: Session, backend: SandboxBackend, base_spec: SandboxSpec, registry: str, pushable: str) -> None:
+    api = docker_api()
+    [pushed] = push_images([pushable], registry=registry)
+    assert pushed.image == pushable and pushed.reference.startswith(f"{registry}/{REPOSITORY}@sha256:")
+    assert catalogued(pushable) == pushed.reference
+    assert push_images([pushable], registry=registry) == [pushed]  # idempotent: the same bytes, the same digest
+    assert not api.images(name=f"{registry}/{REPOSITORY}")  # the registry's name was only lent for the push
+
+    api.remove_image(pushable, noprune=True)  # this engine no longer has it under the spec's name
+    assert not api.images(name=pushable)
+    events = InMemoryEventSink()
+    spec = base_spec.model_copy(update={"image": pushable})
+    pool = SandboxPool(spec=spec, backend=backend, events=events, min_size=0, max_size=1, images=catalogued)
+    with pool, pool.lease() as sandbox:
+        assert sandbox.step("echo pulled-and-ran").stdout == "pulled-and-ran\n"
+    [pull] = [event for event in events.events if event.kind.value == "pull"]
+    assert pull.detail["reference"] == pushed.reference and pull.detail["image"] == pushable
+    assert pushed.reference in api.inspect_image(pushable)["RepoDigests"]  # the very bytes that were pushed
+
+    never = f"{REPOSITORY}:never-{secrets.token_hex(4)}"  # nobody pushed it: refused, nothing left behind
+    with SandboxPool(spec=spec.model_copy(update={"image": never}), backend=backend, min_size=0, max_size=1,
+                     images=catalogued) as pool, pytest.raises(ImageNotFound, match="crucible images push"):
+        pool.acquire()
+
+
+@pytest.mark.parametrize("registry, expected", [
+    ("http://10.0.0.1:5000", "expected a registry address host:port[/path]"),
+    ("10.0.0.1:5000/../etc", "expected a registry address"),
+    ("registry", "expected a registry address"),  # Docker would read it as a repository on Docker Hub
+    ("a b:5000", "expected a registry address"),
+    ("x" * 5000, "expected a registry address"),
+])
+def test_a_registry_that_is_not_an_address_is_refused_at_the_edge(registry: str, expected: str) -> None:
+    result = CliRunner().invoke(app, ["images", "push", "crucible/base:x", "--registry", registry])
+    assert result.exit_code == 2 and expected in result.output and len(result.output.splitlines()) <= 3, result.output
+
+
+def test_pushing_an_image_this_host_lacks_names_it(db_session: Session, registry: str) -> None:
+    result = CliRunner().invoke(app, ["images", "push", f"{REPOSITORY}:absent", "--registry", registry])
+    assert result.exit_code == 2 and f"expected '{REPOSITORY}:absent' on this host's Docker engine" in result.output
+    result = CliRunner().invoke(app, ["images", "push", "no-tag-at-all/", "--registry", registry])
+    assert result.exit_code == 2 and "expected repository:tag" in result.output
+    assert registry_of(registry) == registry
