@@ -59,8 +59,9 @@ class ApiClient:
         self._token = token
         self._http = http or httpx.Client(base_url=self.base_url, timeout=timeout_s)
 
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        """Send a request; the decoded JSON on 2xx, ApiClientError with one line otherwise."""
+    def request(self, method: str, path: str, *, raw: bool = False, **kwargs: Any) -> Any:
+        """Send a request; the decoded JSON (with `raw`, the body's bytes) on 2xx, ApiClientError with one line
+        otherwise."""
         if not self._token:
             raise ApiClientError("no API token: set CRUCIBLE_API_TOKEN (create one with `crucible token create NAME`)")
         headers = {"Authorization": f"Bearer {self._token}", **kwargs.pop("headers", {})}
@@ -71,7 +72,7 @@ class ApiClient:
                 f"cannot reach the API at {self.base_url} ({type(error).__name__}: {error}); "
                 "start it with `crucible api` or set CRUCIBLE_API_URL") from None
         if response.is_success:
-            return response.json()
+            return response.content if raw else response.json()
         message, code = _describe(response)
         raise ApiClientError(f"{method} {path}: {response.status_code} {code or response.reason_phrase}: {message}",
                              status=response.status_code, code=code)

@@ -6,6 +6,14 @@ IDs are our sandbox ids (`sb-1a2b3c4d5e`) or a container-id prefix. Every verb t
     crucible sandbox exec sb-1a2b3c4d5e -- python3 -m pytest -q
     crucible sandbox rm --all --older-than 2h --dry-run
     crucible sandbox browser --miniwob click-button --seed 3 --screenshot page.png
+
+With `--api`, `ls`, `exec` and `cp` reach the sandboxes of every worker host through the API and the worker
+that holds each (task_workers/control.py), with CRUCIBLE_API_URL and CRUCIBLE_API_TOKEN: only sandboxes
+leased to a run, by their exact sandbox id.
+
+    crucible sandbox ls --api --run 3
+    crucible sandbox exec --api sb-1a2b3c4d5e -- pytest -q
+    crucible sandbox cp --api sb-1a2b3c4d5e:/workspace/calc.py ./calc.py
 """
 
 from __future__ import annotations
@@ -71,9 +79,13 @@ def list_(
     older_than: str = typer.Option(None, "--older-than", help="only older than e.g. 10m, 2h"),
     watch: bool = typer.Option(False, "--watch", "-w", help="refresh until Ctrl-C"),
     interval: float = typer.Option(2.0, "--interval", help="seconds between refreshes with --watch"),
+    via_api: bool = typer.Option(False, "--api", help="every worker host's sandboxes leased to a run, through the API"),
     output: OutputFormat = OutputOption,
 ) -> None:
     """List sandboxes."""
+    if via_api:
+        _list_through_api(run=run, output=output)
+        return
     with readable_errors():
         backend = _backend()
         older = admin.parse_duration(older_than) if older_than else None
@@ -93,6 +105,25 @@ def list_(
                 while True:
                     time.sleep(interval)
                     live.update(_table(rows()))
+
+
+def _list_through_api(*, run: str | None, output: OutputFormat) -> None:
+    from cli.api_client import api_client
+
+    with readable_errors():
+        if run is not None and not run.isdigit():
+            raise SandboxError(f"--run: expected a run id (a number) with --api, got {run[:40]!r}")
+        listed = api_client().get("/v1/sandboxes", params={"run_id": run})
+    if output is OutputFormat.json:
+        print_json(listed)
+        return
+    table = Table("SANDBOX", "WORKER", "IMAGE", "STATE", "RUN", "EPISODE", "ENV", "AGE", "LEASE")
+    for r in listed["data"]:
+        table.add_row(r["sandbox_id"], r["worker"], r["image"], r["state"], r["run"], r["episode"], r["env"],
+                      _age(r["age_s"]), _age(r["lease_left_s"]))
+    console.print(table)
+    for worker, why in listed["unreachable"].items():
+        console.print(f"[yellow]worker {worker} did not answer: {why}[/]", highlight=False)
 
 
 @app.command()
@@ -148,26 +179,40 @@ def exec_(
     ref: str,
     command: list[str] = typer.Argument(..., help="the command (after --); one argument is run as shell text"),
     timeout: float = typer.Option(None, "--timeout", help="seconds (default: the sandbox's)"),
+    via_api: bool = typer.Option(False, "--api", help="on whichever worker host holds it, through the API"),
     output: OutputFormat = OutputOption,
 ) -> None:
     """Run a command in a sandbox's shell; exits with the command's exit code."""
+    command = command[1:] if command and command[0] == "--" else command
+    text = command[0] if len(command) == 1 else shlex.join(command)
     with readable_errors():
-        sandbox = _open(ref)
-        command = command[1:] if command and command[0] == "--" else command
-        text = command[0] if len(command) == 1 else shlex.join(command)
-        try:
-            result = sandbox.step(text, timeout_s=timeout)
-        finally:
-            sandbox.close_session()
+        if via_api:
+            from cli.api_client import api_client
+
+            ran = api_client().post(f"/v1/sandboxes/{_sandbox_id(ref)}/exec", json={"command": text, "timeout_s": timeout})
+        else:
+            sandbox = _open(ref)
+            try:
+                result = sandbox.step(text, timeout_s=timeout)
+            finally:
+                sandbox.close_session()
+            ran = {"stdout": result.stdout, "exit_code": result.exit_code, "status": result.status.value,
+                   "duration_s": result.duration_s, "truncated_bytes": result.truncated_bytes}
     if output is OutputFormat.json:
-        print_json({"stdout": result.stdout, "exit_code": result.exit_code, "status": result.status.value,
-                    "duration_s": result.duration_s, "truncated_bytes": result.truncated_bytes})
+        print_json(ran)
     else:
-        sys.stdout.write(result.stdout)
+        sys.stdout.write(ran["stdout"])
         sys.stdout.flush()
-        if result.status is not StepStatus.OK:
-            console.print(f"[dim]status: {result.status.value}[/]", highlight=False)
-    raise typer.Exit(result.exit_code if result.exit_code >= 0 else 125)
+        if ran["status"] != StepStatus.OK.value:
+            console.print(f"[dim]status: {ran['status']}[/]", highlight=False)
+    raise typer.Exit(ran["exit_code"] if ran["exit_code"] >= 0 else 125)
+
+
+def _sandbox_id(ref: str) -> str:
+    """A sandbox id as the API takes it (the exact id: no container-id prefix across hosts)."""
+    if not (ref.startswith("sb-") and len(ref) == 13 and all(c in "0123456789abcdef" for c in ref[3:])):
+        raise SandboxError(f"sandbox: expected a sandbox id (sb- and 10 hex digits) with --api, got {ref[:40]!r}")
+    return ref
 
 
 @app.command()
@@ -192,7 +237,11 @@ def _split_remote(path: str) -> tuple[str | None, str]:
 
 
 @app.command()
-def cp(source: str, dest: str, output: OutputFormat = OutputOption) -> None:
+def cp(
+    source: str, dest: str,
+    via_api: bool = typer.Option(False, "--api", help="on whichever worker host holds it, through the API"),
+    output: OutputFormat = OutputOption,
+) -> None:
     """Copy files: `cp ID:/path LOCAL` or `cp LOCAL ID:/path` (a trailing / means "into")."""
     with readable_errors():
         src_ref, src_path = _split_remote(source)
@@ -200,20 +249,33 @@ def cp(source: str, dest: str, output: OutputFormat = OutputOption) -> None:
         if (src_ref is None) == (dst_ref is None):
             raise SandboxError(f"cp: expected exactly one side like ID:/path, got {source!r} and {dest!r}")
         if dst_ref is not None:
-            sandbox, local = _open(dst_ref), Path(src_path)
+            local = Path(src_path)
             into = dst_path.endswith("/")
             target_dir = dst_path if into else os.path.dirname(dst_path.rstrip("/")) or "/"
             name = local.name if into else os.path.basename(dst_path)
-            sandbox.put_archive(pack_path(local, arcname=name), dest=target_dir)
+            data = pack_path(local, arcname=name)
+            if via_api:
+                from cli.api_client import api_client
+
+                api_client().request("PUT", f"/v1/sandboxes/{_sandbox_id(dst_ref)}/archive", params={"path": target_dir},
+                                     content=data, headers={"Content-Type": "application/octet-stream"})
+            else:
+                _open(dst_ref).put_archive(data, dest=target_dir)
             copied = [f"{target_dir.rstrip('/')}/{name}"]
         else:
             assert src_ref is not None
-            copied = _copy_out(_open(src_ref), src_path, Path(dst_path))
+            if via_api:
+                from cli.api_client import api_client
+
+                archive = api_client().request("GET", f"/v1/sandboxes/{_sandbox_id(src_ref)}/archive",
+                                               params={"path": src_path}, raw=True)
+            else:
+                archive = _open(src_ref).get_archive(src_path)
+            copied = _copy_out(archive, Path(dst_path))
     print_json({"copied": copied}) if output is OutputFormat.json else console.print("\n".join(copied))
 
 
-def _copy_out(sandbox: Sandbox, remote: str, local: Path) -> list[str]:
-    data = sandbox.get_archive(remote)
+def _copy_out(data: bytes, local: Path) -> list[str]:
     if local.is_dir() or str(local).endswith("/"):
         return [str(local / name) for name in extract_to(data, local)[:1]]
     with tempfile.TemporaryDirectory() as tmp:

@@ -56,6 +56,15 @@ def http_urls(value: list[str], *, unique: bool) -> list[str]:
 REGISTRY_ADDRESS = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})(?::[0-9]{1,5})?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$")
 
 
+def control_address(value: str) -> tuple[str, int]:
+    """`host:port` (`[v6]:port`) → (host, port); ValueError naming what was expected."""
+    host, sep, port = value.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or int(port) > 65535 or not re.fullmatch(r"[A-Za-z0-9.:-]{1,253}", host):
+        raise ValueError(f"expected host:port (e.g. 10.0.0.2:8090, or 127.0.0.1:0 for any free port), got {value[:200]!r}")
+    return host, int(port)
+
+
 def registry_address(value: str) -> str:
     """A registry as Docker names one in an image reference: `host[:port][/path]`, no scheme, no tag."""
     if not REGISTRY_ADDRESS.fullmatch(value) or ("." not in value.split("/")[0] and ":" not in value.split("/")[0]
@@ -125,6 +134,10 @@ class Settings(BaseSettings):
     """Episodes a task worker runs at once (threads)."""
     sandbox_base_image: str | None = None
     """A registry image to build environments on instead of the debootstrap base."""
+    worker_control_address: str = "127.0.0.1:0"
+    """Where a worker's sandbox control service listens (`host:port`; port 0: any free one), the address the
+    API reaches it by, so give a worker host's own address in a fleet; `off`: no service
+    (task_workers/control.py)."""
     image_registry: str | None = None
     """Where `crucible images push` puts the sandbox images (`host:port`, or `host:port/prefix`), for worker
     hosts that never built them to pull by digest (environments/images/registry.py)."""
@@ -201,6 +214,13 @@ class Settings(BaseSettings):
     def policy_pool(self) -> list[str]:
         """The policy servers workers use: CRUCIBLE_POLICY_URLS, else CRUCIBLE_POLICY_URL alone."""
         return list(self.policy_urls) if self.policy_urls else [self.policy_url]
+
+    @field_validator("worker_control_address")
+    @classmethod
+    def _check_control_address(cls, value: str) -> str:
+        if value != "off":
+            control_address(value)
+        return value
 
     @field_validator("image_registry")
     @classmethod

@@ -85,9 +85,19 @@ def _on_worker_ready(sender: object = None, **_: object) -> None:
     from task_workers import heartbeat
     from task_workers.context import worker_context
 
+    settings = get_settings()
     context = worker_context()  # the reaper sweeps what a crashed predecessor left, before any episode runs
-    beat = heartbeat.Heartbeat(name=get_settings().worker_name, queues=list(_state.get("queues", [])),  # type: ignore[call-overload]
-                               published=context.policy.out_of_rotation)
+    control_url = None
+    if settings.worker_control_address != "off":
+        from core.settings import control_address
+        from task_workers.control import ControlServer, create_control_app
+
+        host, port = control_address(settings.worker_control_address)
+        server = ControlServer(create_control_app(context.backend, worker=settings.worker_name), host=host, port=port)
+        control_url = server.start()
+        _state["control"] = server
+    beat = heartbeat.Heartbeat(name=settings.worker_name, queues=list(_state.get("queues", [])),  # type: ignore[call-overload]
+                               published=context.policy.out_of_rotation, control_url=control_url)
     beat.start()
     _state["heartbeat"] = beat
 
@@ -97,6 +107,9 @@ def _on_worker_shutdown(**_: object) -> None:
     from task_workers.context import close_worker_context
 
     close_worker_context()
+    control = _state.pop("control", None)
+    if control is not None:
+        control.stop()  # type: ignore[attr-defined]
     beat = _state.pop("heartbeat", None)
     if beat is not None:
         beat.stop()  # type: ignore[attr-defined]

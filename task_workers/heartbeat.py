@@ -50,7 +50,7 @@ Published = Callable[[], dict[str, ReplicaOut]]
 """What a worker publishes with each beat: the policy replicas it holds out of rotation."""
 
 
-def take_over(*, name: str, queues: list[str]) -> str | None:
+def take_over(*, name: str, queues: list[str], control_url: str | None = None) -> str | None:
     """Announce this incarnation under `name`; the previous incarnation if it had not stopped cleanly
     (its leased episodes are then lost: the controller requeues them)."""
     mine = incarnation()
@@ -58,7 +58,7 @@ def take_over(*, name: str, queues: list[str]) -> str | None:
         previous = session.execute(
             select(Worker.incarnation, Worker.stopped_at).where(Worker.name == name).with_for_update()
         ).one_or_none()
-        _upsert(session, name=name, queues=queues, only_mine=False)
+        _upsert(session, name=name, queues=queues, only_mine=False, control_url=control_url)
     _announced.add(os.getpid())
     if previous is None or previous.stopped_at is not None or previous.incarnation in (None, mine):
         return None
@@ -67,20 +67,22 @@ def take_over(*, name: str, queues: list[str]) -> str | None:
     return str(previous.incarnation)
 
 
-def beat(*, name: str, queues: list[str], replicas_out: dict[str, ReplicaOut] | None = None) -> bool:
+def beat(*, name: str, queues: list[str], replicas_out: dict[str, ReplicaOut] | None = None,
+         control_url: str | None = None) -> bool:
     """Refresh this incarnation's heartbeat (and what it publishes); False (and nothing written) when
     another process has taken the name over since: this one's episodes are being requeued, and it
     should be stopped."""
     with session_scope() as session:
-        return _upsert(session, name=name, queues=queues, only_mine=True, replicas_out=replicas_out)
+        return _upsert(session, name=name, queues=queues, only_mine=True, replicas_out=replicas_out,
+                       control_url=control_url)
 
 
 def _upsert(session: Session, *, name: str, queues: list[str], only_mine: bool,
-            replicas_out: dict[str, ReplicaOut] | None = None) -> bool:
+            replicas_out: dict[str, ReplicaOut] | None = None, control_url: str | None = None) -> bool:
     now = datetime.now(UTC)
     mine = incarnation()
     values = {"last_heartbeat_at": now, "pid": os.getpid(), "hostname": socket.gethostname(), "queues": queues,
-              "replicas_out": ReplicasOut.dump_python(replicas_out or {}, mode="json")}
+              "replicas_out": ReplicasOut.dump_python(replicas_out or {}, mode="json"), "control_url": control_url}
     statement = (
         insert(Worker).values(name=name, incarnation=mine, **values)
         .on_conflict_do_update(index_elements=[Worker.name], set_={**values, "stopped_at": None, "incarnation": mine},
@@ -98,15 +100,17 @@ def mark_stopped(*, name: str) -> None:
 
 
 class Heartbeat:
-    def __init__(self, *, name: str, queues: list[str], interval_s: float = 5.0, published: Published | None = None
-                 ) -> None:
+    def __init__(self, *, name: str, queues: list[str], interval_s: float = 5.0, published: Published | None = None,
+                 control_url: str | None = None) -> None:
+        """`control_url`: where this worker's sandbox control service answers (task_workers/control.py)."""
         self.name, self.queues, self.interval_s, self.published = name, queues, interval_s, published
+        self.control_url = control_url
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="crucible-heartbeat", daemon=True)
         self._superseded = False
 
     def start(self) -> None:
-        take_over(name=self.name, queues=self.queues)
+        take_over(name=self.name, queues=self.queues, control_url=self.control_url)
         self._thread.start()
 
     def stop(self) -> None:
@@ -117,7 +121,7 @@ class Heartbeat:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
-                kept = beat(name=self.name, queues=self.queues,
+                kept = beat(name=self.name, queues=self.queues, control_url=self.control_url,
                             replicas_out=self.published() if self.published else None)
             except Exception:  # a missed beat is logged, never fatal: the next one may get through
                 logger.exception("heartbeat failed")

@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from sandboxes.admin import SandboxRow
+
 
 class SandboxEventPublic(BaseModel):
     model_config = ConfigDict(from_attributes=True)
@@ -27,3 +29,27 @@ class SandboxEventPublic(BaseModel):
 class SandboxEventsPublic(BaseModel):
     data: list[SandboxEventPublic]
     next_cursor: str | None
+
+
+class FleetSandboxesPublic(BaseModel):
+    data: list[SandboxRow]
+    """Each as the worker that holds it lists it (`worker`: that worker's name)."""
+    unreachable: dict[str, str]
+    """Live workers that did not answer, and why: their sandboxes are not in `data`."""
+
+
+class SandboxExecPublic(BaseModel):
+    sandbox_id: str
+    worker: str
+    stdout: str
+    """stdout and stderr interleaved, capped head + tail."""
+    exit_code: int
+    status: str
+    duration_s: float
+    truncated_bytes: int
+
+
+class ArchiveWritten(BaseModel):
+    sandbox_id: str
+    path: str
+    bytes: int

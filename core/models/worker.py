@@ -26,6 +26,9 @@ class Worker(Base):
     replicas_out: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     """Policy replicas this worker holds out of rotation, as of its last beat: name → {until (epoch s), error}."""
     queues: Mapped[list[Any]] = mapped_column(default=list)
+    control_url: Mapped[str | None] = mapped_column(String(256))
+    """Where the API reaches this worker's sandbox control service (task_workers/control.py), as of its last
+    beat; None: it serves none."""
     started_at: Mapped[datetime] = created_at_column()
     last_heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     stopped_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

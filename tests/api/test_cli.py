@@ -4,34 +4,18 @@ through `use_http_client`), with `-o json` and one-line errors."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 import typer
-from fastapi import FastAPI
-from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from cli import episodes
 from cli import open as open_
-from cli.api_client import ApiClient, ApiClientError, use_http_client
+from cli.api_client import ApiClient, ApiClientError
 from cli.follow import follow, sparkline
-from core.settings import get_settings
 from tests.api.trajectories import SeededRun
 
 runner = CliRunner()
-
-
-@pytest.fixture
-def cli_env(app: FastAPI, token: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The CLI's settings carry the token; its HTTP calls go to the app in this process."""
-    monkeypatch.setenv("CRUCIBLE_API_TOKEN", token)
-    monkeypatch.setenv("CRUCIBLE_API_URL", "http://crucible.test:8080")
-    get_settings.cache_clear()
-    with TestClient(app) as http, use_http_client(http):
-        yield
-    monkeypatch.undo()
-    get_settings.cache_clear()
 
 
 def _app_of(name: str, command) -> typer.Typer:  # type: ignore[no-untyped-def]

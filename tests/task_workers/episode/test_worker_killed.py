@@ -13,10 +13,12 @@ from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from api.services.tokens import create_token
 from controller.config import ControllerConfig
 from controller.loop import Controller
 from controller.runs import create_run
@@ -92,6 +94,14 @@ def test_a_worker_killed_mid_episode_is_redispatched_and_stored_once(
     episode_id = db_session.execute(select(Episode.id).where(Episode.run_id == run.id)).scalar_one()
     victim_containers = [info.id for info in backend.list(labels={L.WORKER: "worker-1"})]
     assert victim_containers, "worker 1 holds a sandbox"
+    # (issue 50) The real worker serves its sandbox control service at the URL it published: its episode's
+    # sandbox, leased to the run, is listed for a live API token, and nothing for none.
+    control_url = db_session.execute(select(Worker.control_url).where(Worker.name == "worker-1")).scalar_one()
+    _, token = create_token(db_session, name="control")
+    db_session.commit()
+    assert httpx.get(f"{control_url}/v1/sandboxes", timeout=30).status_code == 401
+    listed = httpx.get(f"{control_url}/v1/sandboxes", headers={"Authorization": f"Bearer {token}"}, timeout=30).json()
+    assert [row["run"] for row in listed] == [str(run.id)]
 
     os.killpg(first.pid, signal.SIGKILL)
     first.wait(30)
