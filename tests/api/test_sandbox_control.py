@@ -119,21 +119,20 @@ def test_who_may_not_reach_a_sandbox_is_refused(
     assert client.get("/v1/sandboxes").json()["data"] == []
 
 
-@pytest.mark.parametrize("body, expected", [
+HOSTILE_BODIES = [
     ({"command": ""}, "command"),
     ({"command": "x" * 70_000}, "command"),
     ({"command": "id", "timeout_s": 1e9}, "timeout_s"),
     ({"command": "id", "timeout_s": -1}, "timeout_s"),
     ({"command": "id", "user": "root"}, "user"),
     ({"command": ["id"]}, "command"),
-])
-def test_a_hostile_exec_body_is_refused_at_the_api(client: TestClient, remote: RemoteWorker, body: dict,
-                                                   expected: str) -> None:
-    response = client.post(f"/v1/sandboxes/{remote.leased}/exec", json=body)
-    assert response.status_code == 422 and expected in response.text
+]
 
 
-def test_hostile_paths_and_ids_are_refused(client: TestClient, remote: RemoteWorker) -> None:
+def test_hostile_bodies_paths_and_ids_are_refused(client: TestClient, remote: RemoteWorker) -> None:
+    for body, expected in HOSTILE_BODIES:
+        response = client.post(f"/v1/sandboxes/{remote.leased}/exec", json=body)
+        assert response.status_code == 422 and expected in response.text, body
     for path in ("relative/x", "", "/x\x00y", "/" + "a" * 5000):
         assert client.get(f"/v1/sandboxes/{remote.leased}/archive", params={"path": path}).status_code == 422, path
     assert client.post("/v1/sandboxes/sb-..%2F..%2Fetc/exec", json={"command": "id"}).status_code in (404, 422)

@@ -6,9 +6,11 @@ line naming what was expected."""
 
 from __future__ import annotations
 
+import io
 import secrets
 import shutil
 import subprocess
+import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,17 +72,54 @@ def pushable(base_spec: SandboxSpec) -> Iterator[str]:
                 api.remove_image(name, noprune=True)
 
 
-def test_an_engine_that_lacks_a_pushed_image_pulls_it_by_digest_and_runs_it(
-        db_session: Session, backend: SandboxBackend, base_spec: SandboxSpec, registry: str, pushable: str) -> None:
+@pytest.fixture
+def tiny() -> Iterator[str]:
+    """An image of one small file (`docker import`): pushed and pulled in a moment, never run."""
     api = docker_api()
-    [pushed] = push_images([pushable], registry=registry)
-    assert pushed.image == pushable and pushed.reference.startswith(f"{registry}/{REPOSITORY}@sha256:")
-    assert catalogued(pushable) == pushed.reference
-    assert push_images([pushable], registry=registry) == [pushed]  # idempotent: the same bytes, the same digest
-    assert not api.images(name=f"{registry}/{REPOSITORY}")  # the registry's name was only lent for the push
+    tag = secrets.token_hex(6)
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w") as archive:
+        content = f"tiny {tag}\n".encode()
+        member = tarfile.TarInfo("tiny.txt")
+        member.size = len(content)
+        archive.addfile(member, io.BytesIO(content))
+    api.import_image_from_data(data.getvalue(), repository=f"{REPOSITORY}-tiny", tag=tag)
+    yield f"{REPOSITORY}-tiny:{tag}"
+    for image in api.images(name=f"{REPOSITORY}-tiny"):
+        if any(name.endswith(f":{tag}") for name in image.get("RepoTags") or []):
+            api.remove_image(image["Id"], force=True)
 
-    api.remove_image(pushable, noprune=True)  # this engine no longer has it under the spec's name
-    assert not api.images(name=pushable)
+
+def test_a_pushed_image_is_catalogued_and_an_engine_that_lacks_it_pulls_it_by_digest(
+        db_session: Session, backend: SandboxBackend, registry: str, tiny: str) -> None:
+    api = docker_api()
+    [pushed] = push_images([tiny], registry=registry)
+    assert pushed.image == tiny and pushed.reference.startswith(f"{registry}/{REPOSITORY}-tiny@sha256:")
+    assert catalogued(tiny) == pushed.reference
+    assert push_images([tiny], registry=registry) == [pushed]  # idempotent: the same bytes, the same digest
+    assert not api.images(name=f"{registry}/{REPOSITORY}-tiny")  # the registry's name was only lent for the push
+    api.remove_image(tiny, noprune=True)
+    assert not api.images(name=tiny)
+    backend.pull_image(pushed.reference, as_image=tiny)  # what sandboxes.create does on a missing image
+    assert pushed.reference in api.inspect_image(tiny)["RepoDigests"]  # the very bytes that were pushed
+    with pytest.raises(ImageNotFound, match="in its registry"):
+        backend.pull_image(f"{registry}/{REPOSITORY}-tiny@sha256:{'0' * 64}", as_image=tiny)
+
+
+def test_an_image_nobody_pushed_is_refused_naming_the_command(
+        db_session: Session, backend: SandboxBackend, base_spec: SandboxSpec) -> None:
+    never = f"{REPOSITORY}:never-{secrets.token_hex(4)}"
+    with SandboxPool(spec=base_spec.model_copy(update={"image": never}), backend=backend, min_size=0, max_size=1,
+                     images=catalogued) as pool, pytest.raises(ImageNotFound, match="crucible images push"):
+        pool.acquire()
+
+
+@pytest.mark.slow
+def test_a_sandbox_runs_on_an_image_its_engine_pulled_from_the_registry(
+        db_session: Session, backend: SandboxBackend, base_spec: SandboxSpec, registry: str, pushable: str) -> None:
+    """The whole path on the real base image (its push takes ~20 s here: `make test-all`)."""
+    [pushed] = push_images([pushable], registry=registry)
+    docker_api().remove_image(pushable, noprune=True)  # this engine no longer has it under the spec's name
     events = InMemoryEventSink()
     spec = base_spec.model_copy(update={"image": pushable})
     pool = SandboxPool(spec=spec, backend=backend, events=events, min_size=0, max_size=1, images=catalogued)
@@ -88,12 +127,6 @@ def test_an_engine_that_lacks_a_pushed_image_pulls_it_by_digest_and_runs_it(
         assert sandbox.step("echo pulled-and-ran").stdout == "pulled-and-ran\n"
     [pull] = [event for event in events.events if event.kind.value == "pull"]
     assert pull.detail["reference"] == pushed.reference and pull.detail["image"] == pushable
-    assert pushed.reference in api.inspect_image(pushable)["RepoDigests"]  # the very bytes that were pushed
-
-    never = f"{REPOSITORY}:never-{secrets.token_hex(4)}"  # nobody pushed it: refused, nothing left behind
-    with SandboxPool(spec=spec.model_copy(update={"image": never}), backend=backend, min_size=0, max_size=1,
-                     images=catalogued) as pool, pytest.raises(ImageNotFound, match="crucible images push"):
-        pool.acquire()
 
 
 @pytest.mark.parametrize("registry, expected", [
