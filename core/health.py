@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -216,10 +216,57 @@ def check_disk(settings: Settings) -> CheckResult:
     )
 
 
+GONE_SHOWN_FOR_S = 86400.0
+"""A host whose workers stopped beating without a clean stop is shown as gone for this long after."""
+
+
+def check_worker_hosts(engine: Engine | None = None) -> list[CheckResult]:
+    """One row per worker host seen in the last GONE_SHOWN_FOR_S: up (a worker beats there), or gone (its
+    workers stopped beating without a clean stop: the host, its engine or its processes were lost; the
+    controller requeues the episodes they held), with the episodes still marked running there."""
+    from sqlalchemy import func, select
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from core.db import session_scope
+    from core.models import Episode, Worker
+    from core.models.worker import alive
+
+    try:
+        with session_scope(engine) as session:
+            rows = session.execute(
+                select(Worker.hostname, Worker.name, alive().label("alive"), Worker.last_heartbeat_at,
+                       select(func.count()).where(Episode.worker_incarnation == Worker.incarnation,
+                                                  Episode.status == "running").scalar_subquery())
+                .where(Worker.stopped_at.is_(None),
+                       Worker.last_heartbeat_at >= func.now() - timedelta(seconds=GONE_SHOWN_FOR_S))
+                .order_by(Worker.hostname, Worker.name)).all()
+            now = session.execute(select(func.now())).scalar_one()
+    except SQLAlchemyError:  # a database not migrated yet: no worker has beaten
+        return []
+    hosts: dict[str, list[Any]] = {}
+    for row in rows:
+        hosts.setdefault(str(row.hostname), []).append(row)
+    results = []
+    for host, workers in hosts.items():
+        up = [w.name for w in workers if w.alive]
+        if up:
+            results.append(CheckResult(f"worker host {host}", True, False, f"up: {', '.join(up)} beating"))
+            continue
+        last = max(w.last_heartbeat_at for w in workers)
+        held = sum(int(w[4]) for w in workers)
+        results.append(CheckResult(
+            f"worker host {host}", False, False,
+            f"gone: no beat for {(now - last).total_seconds():.0f} s (workers {', '.join(w.name for w in workers)}); "
+            f"{held} episode(s) still marked running there",
+            "the controller requeues its episodes; a worker started there again reaps the old sandboxes first"))
+    return results
+
+
 def run_checks(settings: Settings) -> list[CheckResult]:
     database, url = check_database(settings)
     held = held_out() if database.ok else {}
-    return [check_docker(), database, check_broker(settings, url), *check_policy_pool(settings, held),
+    hosts = check_worker_hosts() if database.ok else []
+    return [check_docker(), database, check_broker(settings, url), *check_policy_pool(settings, held), *hosts,
             check_disk(settings)]
 
 
