@@ -1,4 +1,4 @@
-.PHONY: test test-all demo factory rl-real rl-discover rl-browser rl-mixed rl-openenv setup lint docs bench bench-api bench-blinding
+.PHONY: test test-all test-fleet demo factory rl-real rl-discover rl-browser rl-mixed rl-openenv setup lint docs bench bench-api bench-blinding
 
 setup:
 	scripts/setup.sh
@@ -9,6 +9,11 @@ test:
 # Everything, the end-to-end tests marked slow included (real-vLLM syncs mid-episode, failing publish).
 test-all:
 	CRUCIBLE_TEST_SLOW=1 scripts/test.sh
+
+# The fleet: hosts in network namespaces, each with its own Docker engine (tests/fleet; `make test` runs
+# its short case).
+test-fleet:
+	CRUCIBLE_TEST_WORKERS=0 CRUCIBLE_TEST_SLOW=1 scripts/test.sh tests/fleet
 
 demo:
 	scripts/demo.sh

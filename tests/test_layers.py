@@ -113,6 +113,8 @@ NOT_A_PACKAGE: dict[str, str] = {
     "data": "files the tests read (chat templates); no tests",
     "dashboard": "api.dashboard's pages in a real browser: apart from tests/api so that its live server and "
                  "Chromium fixtures stay out of the API tests",
+    "fleet": "several hosts on one machine (network namespaces, an engine each): the whole platform across "
+             "hosts, no one package; `make test-fleet`",
 }
 
 # Folders whose tests drive their package from outside, as a user does, so most of them import nothing of it.

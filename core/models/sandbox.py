@@ -28,13 +28,15 @@ class SandboxEvent(Base):
 
 class SandboxImage(Base):
     """A sandbox image pushed to a registry (`crucible images push`): a worker host that lacks `image` pulls
-    `reference`, the registry's name of it by digest, so that it runs the very bytes that were pushed."""
+    `repository@digest` from that registry, as it reaches it, so that it runs the very bytes that were pushed."""
 
     __tablename__ = "sandbox_images"
 
     image: Mapped[str] = mapped_column(String(512), primary_key=True)
     """The local name a sandbox spec uses (`crucible/code-repo:d3d1fd99dc47`)."""
-    reference: Mapped[str] = mapped_column(String(1024))
-    """`registry/repository@sha256:…`."""
+    pushed_to: Mapped[str] = mapped_column(String(512))
+    """The address it was pushed to (`host:port[/path]`), as the pushing host reached it."""
+    repository: Mapped[str] = mapped_column(String(512))
+    """Its repository in that registry (`crucible/code-repo`)."""
     digest: Mapped[str] = mapped_column(String(80))
     pushed_at: Mapped[datetime] = created_at_column()

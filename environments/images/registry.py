@@ -6,8 +6,10 @@
 
 The host that builds the images (`crucible images build`, the factory's package images, `crucible
 images openenv`) pushes them to the registry the operator names; each push records, in the catalogue
-(`sandbox_images`), the registry's name of the image by the digest the registry answered. A worker host
-whose engine lacks a spec's image pulls that reference — by digest, never by a tag someone could move —
+(`sandbox_images`), the registry, the image's repository there and the digest the registry answered. A
+worker host whose engine lacks a spec's image pulls `repository@digest` — by digest, never by a tag
+someone could move — from the registry as that host reaches it (its own CRUCIBLE_IMAGE_REGISTRY, else
+the address the image was pushed to: hosts on different networks may name one registry differently),
 and names it as the spec does, before the sandbox is created (sandboxes/create.py, a `pull` sandbox
 event). Pushing is idempotent: a pushed image pushed again answers the same digest.
 """
@@ -86,20 +88,24 @@ def push_images(images: list[str], *, registry: str) -> list[Pushed]:
         finally:
             api.remove_image(f"{remote}:{tag}", noprune=True)  # the registry's name only: the image stays
         reference = f"{remote}@{digest}"
+        values = {"pushed_to": registry, "repository": repository, "digest": digest}
         with session_scope() as session:
-            session.execute(insert(SandboxImage).values(image=image, reference=reference, digest=digest)
-                            .on_conflict_do_update(index_elements=[SandboxImage.image],
-                                                   set_={"reference": reference, "digest": digest}))
+            session.execute(insert(SandboxImage).values(image=image, **values)
+                            .on_conflict_do_update(index_elements=[SandboxImage.image], set_=values))
         log.info("pushed %s as %s", image, reference)
         pushed.append(Pushed(image=image, reference=reference))
     return pushed
 
 
-def catalogued(image: str) -> str | None:
-    """Where a host that lacks `image` pulls it from, by digest; None if it was never pushed. (The
-    sandboxes.backend.ImageSource of worker hosts.)"""
+def catalogued(image: str, *, registry: str | None = None) -> str | None:
+    """Where a host that lacks `image` pulls it from, by digest (`registry/repository@sha256:…`); None if it
+    was never pushed. `registry`: the registry as this host reaches it (default CRUCIBLE_IMAGE_REGISTRY, else
+    the address it was pushed to). (The sandboxes.backend.ImageSource of worker hosts.)"""
     with session_scope() as session:
-        return session.execute(select(SandboxImage.reference).where(SandboxImage.image == image)).scalar_one_or_none()
+        row = session.execute(select(SandboxImage).where(SandboxImage.image == image)).scalar_one_or_none()
+        if row is None:
+            return None
+        return f"{registry or get_settings().image_registry or row.pushed_to}/{row.repository}@{row.digest}"
 
 
 def _push(api: object, remote: str, tag: str) -> str:

@@ -4,8 +4,8 @@ Revision ID: 0015
 Revises: 0014
 Create Date: 2026-12-06 23:40:00
 
-`sandbox_images`: per local image name, the registry's reference of it by digest, which a worker host
-that lacks the image pulls (`crucible images push` writes it). `workers.control_url`: where the API
+`sandbox_images`: per local image name, the registry it was pushed to (`pushed_to`), its repository there and its
+digest, which a worker host that lacks the image pulls (`crucible images push` writes it). `workers.control_url`: where the API
 reaches a worker's sandbox control service (task_workers/control.py), published with its heartbeat.
 """
 
@@ -24,7 +24,8 @@ def upgrade() -> None:
     op.create_table(
         'sandbox_images',
         sa.Column('image', sa.String(length=512), nullable=False),
-        sa.Column('reference', sa.String(length=1024), nullable=False),
+        sa.Column('pushed_to', sa.String(length=512), nullable=False),
+        sa.Column('repository', sa.String(length=512), nullable=False),
         sa.Column('digest', sa.String(length=80), nullable=False),
         sa.Column('pushed_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
         sa.PrimaryKeyConstraint('image', name=op.f('pk_sandbox_images')),

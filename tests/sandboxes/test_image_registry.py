@@ -6,26 +6,21 @@ line naming what was expected."""
 
 from __future__ import annotations
 
-import io
 import secrets
 import shutil
-import subprocess
-import tarfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
 from cli.main import app
-from core.net import free_port
 from environments.images.registry import catalogued, push_images, registry_of
 from sandboxes import InMemoryEventSink, SandboxBackend, SandboxPool, SandboxSpec
 from sandboxes.docker_client import docker_api
 from sandboxes.errors import ImageNotFound
+from tests.support.registry import serve_registry, tiny_image
 
 pytestmark = [pytest.mark.docker,
               pytest.mark.skipif(shutil.which("docker-registry") is None,
@@ -36,27 +31,8 @@ REPOSITORY = "crucible-test/pulled"
 @pytest.fixture
 def registry(tmp_path: Path) -> Iterator[str]:
     """A registry on a loopback port (the engine trusts 127.0.0.0/8 without TLS), its storage in tmp_path."""
-    port = free_port()
-    config = tmp_path / "registry.yml"
-    config.write_text(f"version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {tmp_path}/data\n"
-                      f"http:\n  addr: 127.0.0.1:{port}\n")
-    server = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 60  # a bound on waiting, not a timing claim
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/v2/", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert server.poll() is None, server.stderr.read().decode()[-2000:] if server.stderr else ""
-            assert time.monotonic() < deadline, "the registry did not answer /v2/"
-            time.sleep(0.1)
-        yield f"127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        server.wait(30)
+    with serve_registry(tmp_path / "data") as address:
+        yield address
 
 
 @pytest.fixture
@@ -74,20 +50,8 @@ def pushable(base_spec: SandboxSpec) -> Iterator[str]:
 
 @pytest.fixture
 def tiny() -> Iterator[str]:
-    """An image of one small file (`docker import`): pushed and pulled in a moment, never run."""
-    api = docker_api()
-    tag = secrets.token_hex(6)
-    data = io.BytesIO()
-    with tarfile.open(fileobj=data, mode="w") as archive:
-        content = f"tiny {tag}\n".encode()
-        member = tarfile.TarInfo("tiny.txt")
-        member.size = len(content)
-        archive.addfile(member, io.BytesIO(content))
-    api.import_image_from_data(data.getvalue(), repository=f"{REPOSITORY}-tiny", tag=tag)
-    yield f"{REPOSITORY}-tiny:{tag}"
-    for image in api.images(name=f"{REPOSITORY}-tiny"):
-        if any(name.endswith(f":{tag}") for name in image.get("RepoTags") or []):
-            api.remove_image(image["Id"], force=True)
+    with tiny_image(f"{REPOSITORY}-tiny") as image:
+        yield image
 
 
 def test_a_pushed_image_is_catalogued_and_an_engine_that_lacks_it_pulls_it_by_digest(
@@ -96,6 +60,8 @@ def test_a_pushed_image_is_catalogued_and_an_engine_that_lacks_it_pulls_it_by_di
     [pushed] = push_images([tiny], registry=registry)
     assert pushed.image == tiny and pushed.reference.startswith(f"{registry}/{REPOSITORY}-tiny@sha256:")
     assert catalogued(tiny) == pushed.reference
+    digest = pushed.reference.rpartition("@")[2]  # a host that reaches the registry by another name pulls from it
+    assert catalogued(tiny, registry="10.77.0.1:5000") == f"10.77.0.1:5000/{REPOSITORY}-tiny@{digest}"
     assert push_images([tiny], registry=registry) == [pushed]  # idempotent: the same bytes, the same digest
     assert not api.images(name=f"{registry}/{REPOSITORY}-tiny")  # the registry's name was only lent for the push
     api.remove_image(tiny, noprune=True)
