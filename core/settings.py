@@ -61,7 +61,9 @@ def control_address(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if not sep or not host or not port.isdigit() or int(port) > 65535 or not re.fullmatch(r"[A-Za-z0-9.:-]{1,253}", host):
-        raise ValueError(f"expected host:port (e.g. 10.0.0.2:8090, or 127.0.0.1:0 for any free port), got {value[:200]!r}")
+        raise ValueError("expected host:port (e.g. 10.0.0.2:8090, or 127.0.0.1:0 for any free port)")
+    if host in ("0.0.0.0", "::", "0", "*"):  # published as the URL others reach: an address, not "every one"
+        raise ValueError("expected the host's own address (others reach the service by it), not an unspecified one")
     return host, int(port)
 
 
@@ -69,7 +71,7 @@ def registry_address(value: str) -> str:
     """A registry as Docker names one in an image reference: `host[:port][/path]`, no scheme, no tag."""
     if not REGISTRY_ADDRESS.fullmatch(value) or ("." not in value.split("/")[0] and ":" not in value.split("/")[0]
                                                  and value.split("/")[0] != "localhost"):
-        raise ValueError(f"expected a registry address host:port[/path] (e.g. 10.0.0.1:5000), got {value[:200]!r}")
+        raise ValueError("expected a registry address host:port[/path] (e.g. 10.0.0.1:5000)")
     return value
 
 

@@ -286,6 +286,7 @@ class SandboxPool:
         reason = self._retire_reason(sandbox, discard)
         try:
             if reason is None:
+                sandbox.write_lease(state="recycling")  # held by no run from now on (the control service reads it)
                 reason = self._reset_and_check(sandbox)
         finally:
             with self._cond:

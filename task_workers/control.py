@@ -20,10 +20,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Annotated, Any
 
 import uvicorn
-from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
+from fastapi import FastAPI, HTTPException, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from core.db import session_scope
 from core.schemas.sandbox_control import SandboxExec
@@ -37,6 +41,10 @@ logger = logging.getLogger(__name__)
 
 MAX_ARCHIVE_BYTES = 64 << 20
 """Most bytes copied in or out in one request."""
+MAX_BODY_BYTES = 256 << 10
+"""Most bytes of any other request's body (an exec's JSON)."""
+MAX_CONCURRENT = 32
+"""Requests served at once; more are answered 503 (uvicorn's limit_concurrency)."""
 AbsolutePath = Annotated[str, Query(min_length=1, max_length=4096, pattern=r"^/[^\x00]*$",
                                     description="An absolute path inside the sandbox.")]
 
@@ -44,35 +52,34 @@ AbsolutePath = Annotated[str, Query(min_length=1, max_length=4096, pattern=r"^/[
 def create_control_app(backend: SandboxBackend, *, worker: str) -> FastAPI:
     """The control service of the worker named `worker`, over its engine `backend`."""
     app = FastAPI(title=f"Crucible worker {worker}: sandbox control", docs_url=None, redoc_url=None, openapi_url=None)
-
-    def token(request: Request) -> None:
-        scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
-        try:
-            with session_scope() as session:
-                authenticate(session, token=credentials if scheme.lower() == "bearer" else None)
-        except Unauthorized as error:
-            raise HTTPException(401, str(error), headers={"WWW-Authenticate": "Bearer"}) from None
+    app.add_middleware(_TokenFirst)
 
     def mine() -> list[ContainerInfo]:
         return [info for info in backend.list(labels={L.WORKER: worker}) if info.running]
 
     def leased(sandbox_id: str) -> ContainerInfo:
+        """The sandbox, if its lease (root's file, renewed by its holder) names a run now: not an idle one, not
+        one being reset for the next episode (its pool marks it `recycling` first), not an expired lease."""
         infos = [info for info in mine() if info.sandbox_id == sandbox_id]
         leases = admin.read_leases(backend, infos)
         for info in infos:
-            if admin.row(info, leases.get(info.id)).run:
+            lease = leases.get(info.id)
+            if lease is not None and lease.run and lease.state == "leased" and lease.expires > time.time():
                 return info
         raise HTTPException(404, f"sandbox {sandbox_id}: expected a sandbox of worker {worker} leased to a run, got "
                                  f"{'one leased to none' if infos else 'none'}")
 
-    @app.get("/v1/sandboxes", dependencies=[Depends(token)])
+    def listed(info: ContainerInfo, lease: admin.Lease | None) -> bool:
+        return lease is not None and bool(lease.run) and lease.state == "leased" and lease.expires > time.time()
+
+    @app.get("/v1/sandboxes")
     def list_sandboxes(run_id: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None) -> list[dict[str, Any]]:
         infos = mine()
         leases = admin.read_leases(backend, infos)
-        rows = [admin.row(info, leases.get(info.id)) for info in infos]
-        return [row.as_dict() for row in rows if row.run and (run_id is None or row.run == str(run_id))]
+        rows = [admin.row(info, leases.get(info.id)) for info in infos if listed(info, leases.get(info.id))]
+        return [row.as_dict() for row in rows if run_id is None or row.run == str(run_id)]
 
-    @app.post("/v1/sandboxes/{sandbox_id}/exec", dependencies=[Depends(token)])
+    @app.post("/v1/sandboxes/{sandbox_id}/exec")
     def exec_(sandbox_id: str, body: SandboxExec) -> dict[str, Any]:
         sandbox = admin.attach(backend, leased(_checked(sandbox_id)))
         try:
@@ -83,7 +90,7 @@ def create_control_app(backend: SandboxBackend, *, worker: str) -> FastAPI:
                 "status": result.status.value, "duration_s": result.duration_s,
                 "truncated_bytes": result.truncated_bytes}
 
-    @app.get("/v1/sandboxes/{sandbox_id}/archive", dependencies=[Depends(token)])
+    @app.get("/v1/sandboxes/{sandbox_id}/archive")
     def get_archive(sandbox_id: str, path: AbsolutePath) -> Response:
         sandbox = admin.attach(backend, leased(_checked(sandbox_id)))
         try:
@@ -94,21 +101,67 @@ def create_control_app(backend: SandboxBackend, *, worker: str) -> FastAPI:
             raise HTTPException(413, f"{path}: expected at most {MAX_ARCHIVE_BYTES} bytes of tar, got {len(data)}")
         return Response(content=data, media_type="application/x-tar")
 
-    @app.put("/v1/sandboxes/{sandbox_id}/archive", dependencies=[Depends(token)])
+    @app.put("/v1/sandboxes/{sandbox_id}/archive")
     async def put_archive(sandbox_id: str, path: AbsolutePath, request: Request) -> dict[str, Any]:
         data = bytearray()
         async for chunk in request.stream():
             data += chunk
             if len(data) > MAX_ARCHIVE_BYTES:
                 raise HTTPException(413, f"body: expected at most {MAX_ARCHIVE_BYTES} bytes of tar, got more")
-        info = leased(_checked(sandbox_id))
-        try:
-            admin.attach(backend, info).put_archive(bytes(data), dest=path)
-        except SandboxError as error:
-            raise HTTPException(400, str(error)[:500]) from None
+        def put() -> None:
+            sandbox = admin.attach(backend, leased(_checked(sandbox_id)))
+            try:
+                sandbox.put_archive(bytes(data), dest=path)
+            except SandboxError as error:
+                raise HTTPException(400, str(error)[:500]) from None
+
+        await run_in_threadpool(put)  # docker calls: never on the event loop
         return {"sandbox_id": sandbox_id, "path": path, "bytes": len(data)}
 
     return app
+
+
+class _TokenFirst:
+    """Pure ASGI, around every route: the caller's token is checked before any byte of its body is read, and
+    a body past its limit (MAX_BODY_BYTES; an archive's MAX_ARCHIVE_BYTES) is refused as it streams, so that
+    nobody without a live API token can make this worker hold anything."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
+        scheme, _, credentials = headers.get("authorization", "").partition(" ")
+        try:
+            await run_in_threadpool(_authenticate, credentials if scheme.lower() == "bearer" else None)
+        except Unauthorized as error:
+            await JSONResponse({"detail": str(error)}, 401, headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+            return
+        limit = MAX_ARCHIVE_BYTES if scope["path"].endswith("/archive") else MAX_BODY_BYTES
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            await JSONResponse({"detail": f"body: expected at most {limit} bytes, got {declared}"}, 413)(
+                scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise HTTPException(413, f"body: expected at most {limit} bytes, got more")
+            return message
+
+        await self.app(scope, counted, send)
+
+
+def _authenticate(token: str | None) -> None:
+    with session_scope() as session:
+        authenticate(session, token=token)
 
 
 def _checked(sandbox_id: str) -> str:
@@ -122,7 +175,8 @@ class ControlServer:
     """The control service on a thread of its own (uvicorn; the worker keeps its own signal handlers)."""
 
     def __init__(self, app: FastAPI, *, host: str, port: int) -> None:
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off",
+                                limit_concurrency=MAX_CONCURRENT)
         self._server = uvicorn.Server(config)  # off the main thread, uvicorn installs no signal handler
         self._thread = threading.Thread(target=self._server.run, name="crucible-sandbox-control", daemon=True)
         self._host = host

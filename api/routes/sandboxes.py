@@ -4,12 +4,15 @@ the sandboxes of every worker host, reached through the worker that holds them (
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel
 
 from api.deps import SessionDep, current_token
 from api.errors import ApiError
+from api.limits import streamed_upload
 from api.pagination import DEFAULT_LIMIT, Cursor, Limit
 from api.params import EpisodeId, OptionalId, SandboxId
 from api.schemas.common import ERROR_RESPONSES
@@ -43,6 +46,7 @@ def list_episode_sandbox_events(
 
 SandboxPath = Annotated[str, Query(min_length=1, max_length=4096, pattern=r"^/[^\x00]*$",
                                    description="An absolute path inside the sandbox.")]
+Answer = TypeVar("Answer", bound=BaseModel)
 WORKER_ERRORS: dict[int | str, dict[str, Any]] = {
     502: {"description": "The worker holding the sandbox did not answer, or failed."}}
 
@@ -71,7 +75,7 @@ def exec_in_sandbox(sandbox_id: SandboxId, body: SandboxExec, request: Request, 
     response = sandbox_control.forward(session, sandbox_id=sandbox_id, authorization=_bearer(request), method="POST",
                                        path=f"/v1/sandboxes/{sandbox_id}/exec", json=body.model_dump(),
                                        timeout_s=sandbox_control.TIMEOUT_S + (body.timeout_s or 600))
-    return SandboxExecPublic.model_validate(response.json())
+    return _answer(SandboxExecPublic, response, sandbox_id)
 
 
 @router.get("/v1/sandboxes/{sandbox_id}/archive", response_class=Response, responses={
@@ -86,10 +90,21 @@ def get_sandbox_archive(sandbox_id: SandboxId, path: SandboxPath, request: Reque
 @router.put("/v1/sandboxes/{sandbox_id}/archive", response_model=ArchiveWritten, responses=WORKER_ERRORS,
             openapi_extra={"requestBody": {"required": True, "content": {
                 "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
+@streamed_upload
 async def put_sandbox_archive(sandbox_id: SandboxId, path: SandboxPath, request: Request,
                               session: SessionDep) -> ArchiveWritten:
     """Unpack the body (a tar) at `path` in a sandbox leased to a run, on whichever host holds it."""
-    data = await request.body()
-    response = sandbox_control.forward(session, sandbox_id=sandbox_id, authorization=_bearer(request), method="PUT",
-                                       path=f"/v1/sandboxes/{sandbox_id}/archive", params={"path": path}, content=data)
-    return ArchiveWritten.model_validate(response.json())
+    data = await request.body()  # counted as it streams, up to CRUCIBLE_API_MAX_UPLOAD_BYTES (@streamed_upload)
+    response = await run_in_threadpool(
+        sandbox_control.forward, session, sandbox_id=sandbox_id, authorization=_bearer(request), method="PUT",
+        path=f"/v1/sandboxes/{sandbox_id}/archive", params={"path": path}, content=data)
+    return _answer(ArchiveWritten, response, sandbox_id)
+
+
+def _answer(model: type[Answer], response: Any, sandbox_id: str) -> Answer:
+    """The worker's answer as `model`; 502 when it answered something else."""
+    try:
+        return model.model_validate(response.json())
+    except ValueError:  # not JSON, or not that shape (pydantic's ValidationError is a ValueError)
+        raise ApiError(502, "worker_error", f"sandbox {sandbox_id}: its worker answered something other than "
+                                            f"a {model.__name__}") from None

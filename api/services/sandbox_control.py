@@ -20,6 +20,8 @@ from core.models.worker import alive
 
 TIMEOUT_S = 30.0
 """A worker's answer, past a command's own timeout."""
+MAX_RESPONSE_BYTES = (64 << 20) + (1 << 20)
+"""Most bytes of a worker's answer (its largest, an archive, is 64 MiB): past it, the answer is refused."""
 
 
 def list_fleet(session: Session, *, authorization: str, run_id: int | None) -> dict[str, Any]:
@@ -37,7 +39,13 @@ def list_fleet(session: Session, *, authorization: str, run_id: int | None) -> d
             return name, f"{type(error).__name__}: {str(error)[:200]}"
         if response.status_code != 200:
             return name, f"HTTP {response.status_code}: {response.text[:200]}"
-        return name, list(response.json())
+        try:
+            rows = response.json()
+            if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+                raise TypeError(f"expected a list of sandboxes, got {type(rows).__name__}")
+        except (ValueError, TypeError) as error:  # a worker that answers nonsense is one that did not answer
+            return name, f"{type(error).__name__}: {str(error)[:200]}"
+        return name, rows
 
     rows: list[dict[str, Any]] = []
     unreachable: dict[str, str] = {}
@@ -58,15 +66,22 @@ def forward(session: Session, *, sandbox_id: str, authorization: str, method: st
     url = _worker_url(session, sandbox_id)
     session.commit()  # no transaction held across the call (the worker checks the same token's row)
     try:
-        with _client(url, authorization, timeout_s=timeout_s) as client:
-            response = client.request(method, path, params=params, json=json, content=content)
+        with _client(url, authorization, timeout_s=timeout_s) as client, client.stream(
+                method, path, params=params, json=json, content=content) as streamed:
+            body = bytearray()
+            for chunk in streamed.iter_bytes():
+                body += chunk
+                if len(body) > MAX_RESPONSE_BYTES:
+                    raise ApiError(502, "worker_error", f"sandbox {sandbox_id}: its worker answered more than "
+                                                        f"{MAX_RESPONSE_BYTES} bytes")
+            response = httpx.Response(streamed.status_code, headers=streamed.headers, content=bytes(body))
     except httpx.HTTPError as error:
         raise ApiError(502, "worker_unreachable", f"sandbox {sandbox_id}: its worker at {url} did not answer "
                                                   f"({type(error).__name__})") from None
     if response.status_code >= 400:
         try:
             reason = str(response.json().get("detail"))
-        except ValueError:
+        except (ValueError, AttributeError):
             reason = response.text
         code = {401: "unauthorized", 404: "not_found", 413: "too_large", 422: "invalid"}.get(response.status_code,
                                                                                             "worker_error")

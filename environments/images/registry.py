@@ -54,7 +54,7 @@ def registry_of(registry: str | None) -> str:
         try:
             return registry_address(registry)
         except ValueError as error:
-            raise ConfigError(f"--registry: {error}") from None
+            raise ConfigError(f"--registry: {error}, got {registry[:200]!r}") from None
     configured = get_settings().image_registry
     if configured is None:
         raise ConfigError("expected a registry to push to (--registry or CRUCIBLE_IMAGE_REGISTRY, e.g. "

@@ -43,6 +43,10 @@ from task_workers.episode.persist import layer_record, mark_group_if_complete
 
 logger = logging.getLogger(__name__)
 
+RESCORE_SOURCE = "rescore"
+"""`source` of a failed ask from the store in `episodes.failures`."""
+MAX_RETRY_RECORDS = 50
+
 
 def has_learned_layers(spec: EnvironmentSpec) -> bool:
     return pointwise_judge(spec) is not None or spec.verifier.reward_model is not None
@@ -91,11 +95,14 @@ def rescore_stored(episode_id: int, *, worker: str) -> bool:
         env_row, task = session.get(Environment, episode.environment_id), session.get(Task, episode.task_id)
         assert env_row is not None and task is not None  # foreign keys
         spec, instruction, run_id = spec_of(env_row), task.instruction, episode.run_id
+        # Not due again while this ask may still be answered: the reconciler resends no second copy meanwhile.
+        episode.deadline_at = func.now() + timedelta(seconds=JUDGE_RETRY_S + _asking_budget_s(spec))
         stored = Verdict(layers=[LayerResult(**record.model_dump()) for record in LayerRecord.read_all(
             episode.verifier_layers)], flags=list(episode.flags or []), diff=episode.final_diff or "")
         turns = list(session.execute(select(Turn).where(Turn.run_id == run_id, Turn.episode_id == episode_id)
                                      .order_by(Turn.index)).scalars())
-        session.expunge_all()  # the rows are read, not written: the judge is asked with no transaction open
+        session.flush()
+        session.expunge_all()  # the judge is asked with no transaction open (session_scope commits on exit)
     started = time.monotonic()
     try:
         verdict = with_learned(spec, instruction=instruction, turns=turns, verdict=stored)
@@ -118,12 +125,24 @@ def rescore_stored(episode_id: int, *, worker: str) -> bool:
     return True
 
 
+def _asking_budget_s(spec: EnvironmentSpec) -> float:
+    """The longest one ask of the spec's learned layers can take: each server's timeout, retried."""
+    configs = [config for config in (pointwise_judge(spec), spec.verifier.reward_model) if config is not None]
+    return sum(config.timeout_s * (config.retries + 1) for config in configs)
+
+
 def _record_retry(episode_id: int, *, error: str, worker: str) -> None:
+    """The failed ask in the episode's failures (the first MAX_RETRY_RECORDS, then the latest in place of the
+    last: a long patience must not grow the row without bound), and the next ask due in JUDGE_RETRY_S."""
     with session_scope() as session:
         episode = session.execute(select(Episode).where(Episode.id == episode_id).with_for_update()).scalar_one()
         if episode.status != EpisodeStatus.SCORING:
             return
-        episode.failures = [*episode.failures, FailureRecord(reason=TerminationReason.JUDGE_ERROR.value,
-                                                             message=error[-1000:], worker=worker).stored()]
+        asked = 1 + sum(1 for failure in FailureRecord.read_all(episode.failures)
+                        if failure.reason == TerminationReason.JUDGE_ERROR and failure.source == RESCORE_SOURCE)
+        record = FailureRecord(reason=TerminationReason.JUDGE_ERROR.value, message=error[-1000:], worker=worker,
+                               source=RESCORE_SOURCE, attempt=asked).stored()
+        kept = episode.failures if asked <= MAX_RETRY_RECORDS else episode.failures[:-1]
+        episode.failures = [*kept, record]
         episode.deadline_at = func.now() + timedelta(seconds=JUDGE_RETRY_S)
     logger.warning("episode %s: its judge failed again (due again in %g s): %s", episode_id, JUDGE_RETRY_S, error)

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 from sqlalchemy.orm import Session
@@ -96,7 +95,7 @@ def test_a_sandbox_on_a_worker_host_is_listed_run_in_and_copied_through_the_api(
 
 
 def test_who_may_not_reach_a_sandbox_is_refused(
-        app: FastAPI, client: TestClient, anonymous: TestClient, remote: RemoteWorker, db_session: Session) -> None:
+        client: TestClient, anonymous: TestClient, remote: RemoteWorker, db_session: Session, token: str) -> None:
     exec_path = f"/v1/sandboxes/{remote.leased}/exec"
     assert anonymous.post(exec_path, json={"command": "id"}).status_code == 401
     revoked, plaintext = create_token(db_session, name="revoked")
@@ -108,6 +107,11 @@ def test_who_may_not_reach_a_sandbox_is_refused(
     # Straight to the worker, past the API: the worker checks the token itself.
     for headers in ({}, {"Authorization": "Bearer cru_forged"}, {"Authorization": f"Bearer {plaintext}"}):
         assert httpx.post(f"{remote.url}{exec_path}", json={"command": "id"}, headers=headers).status_code == 401
+    # The token is checked before any byte of the body is read; a body past the limit is refused as it comes.
+    huge = b"{" + b" " * 1_000_000 + b"}"
+    assert httpx.post(f"{remote.url}{exec_path}", content=huge).status_code == 401
+    assert httpx.post(f"{remote.url}{exec_path}", content=huge,
+                      headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"}).status_code == 413
     idle = client.post(f"/v1/sandboxes/{remote.idle}/exec", json={"command": "id"})
     assert idle.status_code == 404 and "leased to a run, got one leased to none" in idle.json()["error"]["message"]
     unknown = client.post("/v1/sandboxes/sb-0000000000/exec", json={"command": "id"})

@@ -17,6 +17,10 @@ from core.settings import load_settings
         ("policy_url", "localhost:8000", "CRUCIBLE_POLICY_URL: expected an http:// or https:// URL, got 'localhost:8000'"),
         ("worker_concurrency", -1, "CRUCIBLE_WORKER_CONCURRENCY: Input should be greater than or equal to 1, got -1"),
         ("sandbox_pool_min", -3, "CRUCIBLE_SANDBOX_POOL_MIN: Input should be greater than or equal to 0, got -3"),
+        ("worker_control_address", "0.0.0.0:8090", "CRUCIBLE_WORKER_CONTROL_ADDRESS: expected the host's own"),
+        ("worker_control_address", "10.0.0.2", "CRUCIBLE_WORKER_CONTROL_ADDRESS: expected host:port"),
+        ("worker_control_address", "h:99999", "CRUCIBLE_WORKER_CONTROL_ADDRESS: expected host:port"),
+        ("image_registry", "http://r:5000", "CRUCIBLE_IMAGE_REGISTRY: expected a registry address"),
     ],
 )
 def test_bad_values_name_the_setting_and_the_value(field: str, value: object, expected: str) -> None:
