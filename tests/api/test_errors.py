@@ -18,7 +18,7 @@ def test_validation_errors_name_the_field_the_expectation_and_the_value(client: 
     error = _error(client.get("/v1/episodes?limit=0&status=lost"), 422)
     assert error["code"] == "validation_error"
     assert "query.limit: Input should be greater than or equal to 1, got '0'" in error["message"]
-    assert "query.status: Input should be 'pending', 'running', 'completed', 'failed' or 'cancelled', got 'lost'" in error["message"]
+    assert "query.status: Input should be 'pending', 'running', 'scoring', 'completed', 'failed' or 'cancelled', got 'lost'" in error["message"]
     assert {tuple(item["loc"]) for item in error["detail"]} == {("query", "limit"), ("query", "status")}
 
 
