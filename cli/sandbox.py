@@ -36,6 +36,7 @@ from core.tar import extract_to, pack_path
 from sandboxes import admin
 from sandboxes import labels as L
 from sandboxes.backend import SandboxBackend, make_backend
+from sandboxes.create import is_sandbox_id
 from sandboxes.errors import SandboxError
 from sandboxes.sandbox import Sandbox
 from sandboxes.shell import StepStatus
@@ -210,7 +211,7 @@ def exec_(
 
 def _sandbox_id(ref: str) -> str:
     """A sandbox id as the API takes it (the exact id: no container-id prefix across hosts)."""
-    if not (ref.startswith("sb-") and len(ref) == 13 and all(c in "0123456789abcdef" for c in ref[3:])):
+    if not is_sandbox_id(ref):
         raise SandboxError(f"sandbox: expected a sandbox id (sb- and 10 hex digits) with --api, got {ref[:40]!r}")
     return ref
 

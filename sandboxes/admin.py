@@ -76,6 +76,11 @@ class Lease:
         run, episode = ("" if v == "-" else v for v in fields[1:3])
         return cls(expires=expires, run=run, episode=episode, state=fields[3])
 
+    @property
+    def held_by_run(self) -> bool:
+        """Leased to a run now: not idle, not being reset for the next episode, not expired."""
+        return bool(self.run) and self.state == "leased" and self.expires > time.time()
+
 
 def read_leases(backend: SandboxBackend, infos: list[ContainerInfo]) -> dict[str, Lease]:
     """Container id -> its current lease, for the running ones (one short exec each, 8 at a time)."""

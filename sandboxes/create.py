@@ -20,6 +20,11 @@ def new_sandbox_id() -> str:
     return "sb-" + secrets.token_hex(5)
 
 
+def is_sandbox_id(value: str) -> bool:
+    """`value` is shaped as new_sandbox_id makes them (sb- and 10 hex digits)."""
+    return len(value) == 13 and value.startswith("sb-") and all(c in "0123456789abcdef" for c in value[3:])
+
+
 def sandbox_labels(
     *, sandbox_id: str, spec: SandboxSpec, owner: L.Owner, worker: str | None, lease_ttl_s: float,
     run_id: int | None, episode_id: int | None, env_name: str | None, pools: str | None = None,

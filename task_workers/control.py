@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Annotated, Any
 
 import uvicorn
@@ -35,6 +34,7 @@ from core.tokens import Unauthorized, authenticate
 from sandboxes import admin
 from sandboxes import labels as L
 from sandboxes.backend import ContainerInfo, SandboxBackend
+from sandboxes.create import is_sandbox_id
 from sandboxes.errors import SandboxError
 
 logger = logging.getLogger(__name__)
@@ -64,19 +64,17 @@ def create_control_app(backend: SandboxBackend, *, worker: str) -> FastAPI:
         leases = admin.read_leases(backend, infos)
         for info in infos:
             lease = leases.get(info.id)
-            if lease is not None and lease.run and lease.state == "leased" and lease.expires > time.time():
+            if lease is not None and lease.held_by_run:
                 return info
         raise HTTPException(404, f"sandbox {sandbox_id}: expected a sandbox of worker {worker} leased to a run, got "
                                  f"{'one leased to none' if infos else 'none'}")
 
-    def listed(info: ContainerInfo, lease: admin.Lease | None) -> bool:
-        return lease is not None and bool(lease.run) and lease.state == "leased" and lease.expires > time.time()
 
     @app.get("/v1/sandboxes")
     def list_sandboxes(run_id: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None) -> list[dict[str, Any]]:
         infos = mine()
         leases = admin.read_leases(backend, infos)
-        rows = [admin.row(info, leases.get(info.id)) for info in infos if listed(info, leases.get(info.id))]
+        rows = [admin.row(info, lease) for info in infos if (lease := leases.get(info.id)) and lease.held_by_run]
         return [row.as_dict() for row in rows if run_id is None or row.run == str(run_id)]
 
     @app.post("/v1/sandboxes/{sandbox_id}/exec")
@@ -165,8 +163,7 @@ def _authenticate(token: str | None) -> None:
 
 
 def _checked(sandbox_id: str) -> str:
-    if not (sandbox_id.startswith("sb-") and len(sandbox_id) == 13 and all(c in "0123456789abcdef"
-                                                                           for c in sandbox_id[3:])):
+    if not is_sandbox_id(sandbox_id):
         raise HTTPException(422, f"sandbox_id: expected sb- and 10 hex digits, got {sandbox_id[:40]!r}")
     return sandbox_id
 
