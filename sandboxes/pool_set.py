@@ -71,9 +71,9 @@ class PoolSet:
         for _ in range(SWEEP_PASSES):
             try:
                 left = self._backend.list(labels={POOLS: self.id})
-            except Exception:  # the engine is gone: the reaper removes what survives (its owner is dead by then)
+            except Exception:  # a slow engine: list again; a gone one: the reaper removes what survives
                 log.exception("could not list the containers of pool set %s", self.id)
-                return
+                continue
             if not left:
                 return
             for info in left:

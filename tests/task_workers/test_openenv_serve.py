@@ -86,8 +86,12 @@ def _serving(session: Session, backend, *, image: str, payload: dict, name: str 
         server.send_signal(signal.SIGINT)
         output = server.communicate(timeout=120)[0]
         assert server.returncode == 0, output[-3000:]
-        left = [info for info in backend.list(labels={L.WORKER: f"openenv-{name}"})]
-        assert left == [], f"containers left behind by the server: {left}; it printed:\n{output[-3000:]}"
+        left = [f"{info.sandbox_id} ({info.state}, created {info.labels.get(L.CREATED)}, owner "
+                f"{info.labels.get(L.OWNER)}, pools {info.labels.get(L.POOLS)})"
+                for info in backend.list(labels={L.WORKER: f"openenv-{name}"})]
+        if left:  # the server's own account last: a CI log shows the tail
+            pytest.fail(f"containers left behind by the server: {', '.join(left)}; stopped at {time.time():.0f}; "
+                        f"it printed:\n{output[-4000:]}", pytrace=False)
 
 
 @pytest.fixture
