@@ -86,9 +86,12 @@ def _serving(session: Session, backend, *, image: str, payload: dict, name: str 
         server.send_signal(signal.SIGINT)
         output = server.communicate(timeout=120)[0]
         assert server.returncode == 0, output[-3000:]
+        # Its own containers: made by its process. (Another test's server may serve the same name on the
+        # other xdist worker at this very moment: its live sandboxes are not this one's leftovers.)
         left = [f"{info.sandbox_id} ({info.state}, created {info.labels.get(L.CREATED)}, owner "
                 f"{info.labels.get(L.OWNER)}, pools {info.labels.get(L.POOLS)})"
-                for info in backend.list(labels={L.WORKER: f"openenv-{name}"})]
+                for info in backend.list(labels={L.WORKER: f"openenv-{name}"})
+                if L.Owner.parse(info.labels.get(L.CREATOR, "")).pid == server.pid]
         if left:  # the server's own account last: a CI log shows the tail
             pytest.fail(f"containers left behind by the server: {', '.join(left)}; stopped at {time.time():.0f}; "
                         f"it printed:\n{output[-4000:]}", pytrace=False)
