@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 from sqlalchemy import Engine
+from sqlalchemy.orm import Session
 
 from core.errors import CrucibleError
 from core.redact import mask
@@ -220,44 +221,70 @@ GONE_SHOWN_FOR_S = 86400.0
 """A host whose workers stopped beating without a clean stop is shown as gone for this long after."""
 
 
-def check_worker_hosts(engine: Engine | None = None) -> list[CheckResult]:
-    """One row per worker host seen in the last GONE_SHOWN_FOR_S: up (a worker beats there), or gone (its
-    workers stopped beating without a clean stop: the host, its engine or its processes were lost; the
-    controller requeues the episodes they held), with the episodes still marked running there."""
-    from sqlalchemy import func, select
-    from sqlalchemy.exc import SQLAlchemyError
+@dataclass(frozen=True)
+class WorkerHost:
+    """A worker host as its workers' heartbeats show it: `up` while one of them beats, else gone."""
 
-    from core.db import session_scope
+    hostname: str
+    workers: tuple[str, ...]
+    beating: tuple[str, ...]
+    silent_s: float
+    """Seconds since the last beat of any of its workers."""
+    running: int
+    """Episodes still marked running by its workers (a gone host's are requeued by the controller)."""
+
+    @property
+    def up(self) -> bool:
+        return bool(self.beating)
+
+
+def worker_hosts(session: Session) -> list[WorkerHost]:
+    """Every worker host seen in the last GONE_SHOWN_FOR_S, by hostname: up (a worker beats there), or gone
+    (its workers stopped beating without a clean stop: the host, its engine or its processes were lost).
+    What `crucible doctor` and the dashboard show."""
+    from sqlalchemy import func, select
+
     from core.models import Episode, Worker
     from core.models.worker import alive
 
+    rows = session.execute(
+        select(Worker.hostname, Worker.name, alive().label("alive"), Worker.last_heartbeat_at,
+               select(func.count()).where(Episode.worker_incarnation == Worker.incarnation,
+                                          Episode.status == "running").scalar_subquery().label("running"))
+        .where(Worker.stopped_at.is_(None), Worker.last_heartbeat_at >= func.now() - timedelta(seconds=GONE_SHOWN_FOR_S))
+        .order_by(Worker.hostname, Worker.name)).all()
+    now = session.execute(select(func.now())).scalar_one()
+    by_host: dict[str, list[Any]] = {}
+    for row in rows:
+        by_host.setdefault(str(row.hostname), []).append(row)
+    return [WorkerHost(hostname=host, workers=tuple(w.name for w in workers),
+                       beating=tuple(w.name for w in workers if w.alive),
+                       silent_s=(now - max(w.last_heartbeat_at for w in workers)).total_seconds(),
+                       running=sum(int(w.running) for w in workers))
+            for host, workers in by_host.items()]
+
+
+def check_worker_hosts(engine: Engine | None = None) -> list[CheckResult]:
+    """One row per worker host (worker_hosts): up, or gone with the episodes still marked running there."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from core.db import session_scope
+
     try:
         with session_scope(engine) as session:
-            rows = session.execute(
-                select(Worker.hostname, Worker.name, alive().label("alive"), Worker.last_heartbeat_at,
-                       select(func.count()).where(Episode.worker_incarnation == Worker.incarnation,
-                                                  Episode.status == "running").scalar_subquery())
-                .where(Worker.stopped_at.is_(None),
-                       Worker.last_heartbeat_at >= func.now() - timedelta(seconds=GONE_SHOWN_FOR_S))
-                .order_by(Worker.hostname, Worker.name)).all()
-            now = session.execute(select(func.now())).scalar_one()
+            hosts = worker_hosts(session)
     except SQLAlchemyError:  # a database not migrated yet: no worker has beaten
         return []
-    hosts: dict[str, list[Any]] = {}
-    for row in rows:
-        hosts.setdefault(str(row.hostname), []).append(row)
     results = []
-    for host, workers in hosts.items():
-        up = [w.name for w in workers if w.alive]
-        if up:
-            results.append(CheckResult(f"worker host {host}", True, False, f"up: {', '.join(up)} beating"))
+    for host in hosts:
+        if host.up:
+            results.append(CheckResult(f"worker host {host.hostname}", True, False,
+                                       f"up: {', '.join(host.beating)} beating"))
             continue
-        last = max(w.last_heartbeat_at for w in workers)
-        held = sum(int(w[4]) for w in workers)
         results.append(CheckResult(
-            f"worker host {host}", False, False,
-            f"gone: no beat for {(now - last).total_seconds():.0f} s (workers {', '.join(w.name for w in workers)}); "
-            f"{held} episode(s) still marked running there",
+            f"worker host {host.hostname}", False, False,
+            f"gone: no beat for {host.silent_s:.0f} s (workers {', '.join(host.workers)}); "
+            f"{host.running} episode(s) still marked running there",
             "the controller requeues its episodes; a worker started there again reaps the old sandboxes first"))
     return results
 

@@ -147,6 +147,17 @@ def launch(session: Session, envs: list[Environment] | Environment, **config: An
     return the_run
 
 
+def running_on(session: Session, *, worker: str, incarnation: str) -> int:
+    """An episode marked running by `worker`'s `incarnation` (of a new one-episode group); its id."""
+    env = queued_environment(session)
+    the_task = task(session, env, external_id=f"t-{uuid.uuid4().hex[:8]}", instruction="Fix add().")
+    _, (episode_id,) = pending_group(session, env=env, the_task=the_task)
+    session.execute(update(Episode).where(Episode.id == episode_id).values(
+        status="running", worker=worker, worker_incarnation=incarnation))
+    session.commit()
+    return episode_id
+
+
 def worker(session: Session, name: str, *, queues: tuple[str, ...] = (QUEUE,), age_s: float = 0.0,
            stopped: bool = False, incarnation: str | None = None) -> Worker:
     """A worker row whose last heartbeat was `age_s` seconds ago (database clock)."""

@@ -28,6 +28,7 @@ from api.services.episodes import EpisodeFilters
 from api.services.metric_names import metric_names
 from core.errors import CrucibleError
 from core.flags import EpisodeFlag
+from core.health import worker_hosts
 from core.termination import EpisodeStatus, RunPurpose, TerminationReason
 
 STATIC_FILES = {"app.css": "text/css", "charts.js": "text/javascript", "run.js": "text/javascript",
@@ -73,7 +74,8 @@ def drop_empty_params(request: Request) -> None:
 def runs_page(request: Request, session: SessionDep, _: PageToken, cursor: Cursor = None) -> Response:
     data, next_cursor = runs.list_runs(session, status=None, purpose=None, cursor=cursor, limit=DEFAULT_LIMIT)
     counts = runs.episode_counts(session, run_ids=[run.id for run in data])
-    return render(request, "runs.html", {"runs": data, "counts": counts, "next_cursor": next_cursor})
+    return render(request, "runs.html", {"runs": data, "counts": counts, "next_cursor": next_cursor,
+                                         "hosts": worker_hosts(session)})
 
 
 @router.get("/runs/{run_id}")

@@ -11,7 +11,7 @@ from sqlalchemy import Engine, update
 from sqlalchemy.orm import Session
 
 from core.health import check_worker_hosts
-from core.models import Episode, Worker
+from core.models import Worker
 from tests import factories
 
 
@@ -29,12 +29,7 @@ def test_a_host_whose_workers_stopped_beating_is_gone_until_one_beats_there_agai
     _on(db_session, "gone-2", "host-gone", age_s=300)
     _on(db_session, "clean", "host-stopped", stopped=True)
     _on(db_session, "ancient", "host-ancient", age_s=3 * 86400)
-    env = factories.queued_environment(db_session)
-    the_task = factories.task(db_session, env, external_id="t-host", instruction="Fix add().")
-    _, (episode_id,) = factories.pending_group(db_session, env=env, the_task=the_task)
-    db_session.execute(update(Episode).where(Episode.id == episode_id).values(
-        status="running", worker="gone-1", worker_incarnation="inc-gone-1"))
-    db_session.commit()
+    factories.running_on(db_session, worker="gone-1", incarnation="inc-gone-1")
 
     checks = {check.name: check for check in check_worker_hosts(engine)}
     assert set(checks) == {"worker host host-up", "worker host host-gone"}
