@@ -631,7 +631,9 @@ def test_lora_and_zero3_steps_sync_merged_or_gathered_weights(
     trainer.close()
 
 
-@pytest.mark.timeout(1500)  # ~70 s on 2 cores: a one-rank trainer, then two ranks under torchrun, twice
+@pytest.mark.slow  # ~150 s on 2 cores (`make test-all`); the default run keeps its parts: two ZeRO-3 ranks step
+# as one (tests/trainer/test_ranks.py), and a SIGKILLed trainer resumes (the test above)
+@pytest.mark.timeout(1500)  # a one-rank trainer, then two ranks under torchrun, twice
 def test_two_zero3_ranks_train_a_run_as_one_rank_does_and_resume_after_one_is_sigkilled(
     db_session: Session, served_original: VllmServer, tiny_model_dir: Path, tokenizer: PreTrainedTokenizerBase,
     tmp_path: Path,
