@@ -60,7 +60,7 @@ def demonstrations(settings: RecipeSettings, *, tokenizer: Any, count: int, gues
     from task_workers.policy.chat import observation_text
 
     rng = random.Random(seed)
-    train, _ = _tasks(settings)
+    train, _ = demo_tasks(settings)
     low, high = settings.digits
     demos = []
     for index in range(count):
@@ -90,7 +90,8 @@ def warm_up(settings: RecipeSettings, *, workdir: Path, console: Console) -> Pat
              f"sloppy expert's ({settings.guess_fraction:.0%} guesses)")
 
 
-def _tasks(settings: RecipeSettings) -> tuple[list[Any], list[Any]]:
+def demo_tasks(settings: RecipeSettings) -> tuple[list[Any], list[Any]]:
+    """The demo's (train, held-out) read_number tasks for `settings` (the fleet test's too)."""
     from environments.read_number.task import make_splits
 
     return make_splits(train=settings.train_tasks, test=settings.test_tasks, seed=settings.seed,
@@ -117,7 +118,7 @@ def run_demo(settings: RecipeSettings, *, console: Console) -> dict[str, Any]:
     began = time.monotonic()
     path = prepare(settings, console=console)
     warm = warm_up(settings, workdir=path, console=console)
-    counts = register(ENV_SPEC, _tasks(settings))
+    counts = register(ENV_SPEC, demo_tasks(settings))
     console.print(f"  tasks: {counts['train']} train, {counts['test']} held-out ({ENV_NAME})")
     learned = learn(settings, path=path, warm=warm, environment=ENV_NAME, prefix="demo", console=console)
     before, after, run_id = learned.before, learned.after, learned.run_id

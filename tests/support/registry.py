@@ -9,7 +9,7 @@ import secrets
 import subprocess
 import tarfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -20,14 +20,15 @@ from sandboxes.docker_client import docker_api
 
 
 @contextmanager
-def serve_registry(storage: Path, *, host: str = "127.0.0.1", port: int | None = None) -> Iterator[str]:
-    """A registry on host:port (a free port by default), storing under `storage`; its `host:port`."""
+def serve_registry(storage: Path, *, host: str = "127.0.0.1", port: int | None = None,
+                   popen: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen) -> Iterator[str]:
+    """A registry on host:port (a free port by default), storing under `storage`; its `host:port`. `popen`
+    starts it (a fleet host's, to run it in that host's namespace)."""
     port = port or free_port()
     config = storage.parent / f"registry-{host}-{port}.yml"
     config.write_text(f"version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {storage}\n"
                       f"http:\n  addr: {host}:{port}\n")
-    server = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE)
+    server = popen(["docker-registry", "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 60  # a bound on waiting, not a timing claim
         while True:
