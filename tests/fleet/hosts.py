@@ -7,6 +7,7 @@ namespace) and able to run a Docker engine of its own.
         w1.run(["python3", "-c", "..."])        # a process in the host's namespaces (hostname crf-w1)
         fleet.lose(w1)                          # every process of it killed, sandboxes too; its network gone
         fleet.restore(w1)                       # back at its address, its disk (an engine's root) as it was
+        fleet.cut(w1); fleet.cut(w1, off=False) # off the network and back, its processes running on
 
 A host reaches the others by their bridge addresses only: its own loopback is its own (nothing of the
 machine's 127.0.0.1 is there), and the bridge has no route anywhere else. An engine's socket is a file,
@@ -166,6 +167,11 @@ class Fleet:
                 engine.process.wait(30)
         _ip("netns", "del", host.namespace, check=False)  # its veth goes with it
         _unpin_uts(host.namespace)
+
+    def cut(self, host: Host, *, off: bool = True) -> None:
+        """The host cut off the network (its link to the bridge down), its processes running on; `off=False`
+        joins it again."""
+        _ip("link", "set", f"v{host.namespace}"[:15], "down" if off else "up")
 
     def restore(self, host: Host) -> None:
         """A lost host back at its address, with its hostname; start its engine again on its old root."""

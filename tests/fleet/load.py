@@ -62,11 +62,12 @@ class ControlLoad:
         (t0, db0, pushes0), (t1, db1, pushes1) = self._start, self._end
         seconds = t1 - t0
         ordered = sorted(self.latencies_ms)
+        commits, rows, messages = db1["commits"] - db0["commits"], db1["rows"] - db0["rows"], pushes1 - pushes0
         return {
             "seconds": round(seconds, 1),
-            "postgres_commits_per_s": round((db1["commits"] - db0["commits"]) / seconds, 1),
-            "postgres_rows_written_per_s": round((db1["rows"] - db0["rows"]) / seconds, 1),
-            "broker_messages_per_s": round((pushes1 - pushes0) / seconds, 2),
+            "postgres_commits": commits, "postgres_commits_per_s": round(commits / seconds, 1),
+            "postgres_rows_written": rows, "postgres_rows_written_per_s": round(rows / seconds, 1),
+            "broker_messages": messages, "broker_messages_per_s": round(messages / seconds, 2),
             "api_requests": len(ordered),
             "api_p50_ms": round(statistics.median(ordered), 1) if ordered else None,
             "api_p95_ms": round(ordered[int(0.95 * (len(ordered) - 1))], 1) if ordered else None,

@@ -57,6 +57,7 @@ from tests.fleet.services import (
     fleet_env,
     postgres,
     redis,
+    start,
     state_dir,
     stop,
     tail,
@@ -73,7 +74,16 @@ ENV_SPEC = {**DEMO_ENV_SPEC, "name": ENV_NAME}
 SETTINGS = RecipeSettings(sft_steps=200, sloppy_steps=10, train_tasks=8, test_tasks=4, group_size=4, batch_size=2)
 """The demo's test settings: after this warm-up a group's rewards differ, so the run trains (tests/recipes/test_demo.py)."""
 GROUPS, GROUP_SIZE = 4, SETTINGS.group_size
+JUDGED_ENV = "fleet-judged"
 WORKERS = ("w1", "w2")
+LOAD_EPISODES = 96
+
+
+def judged_spec(judge_url: str) -> dict:
+    """The fleet's environment with a pointwise judge on the judge host (a stand-in that scores 7 of 10)."""
+    return {**ENV_SPEC, "name": JUDGED_ENV, "verifier": {
+        "weights": {**ENV_SPEC["verifier"]["weights"], "judge": 0.5},
+        "judge": {"url": judge_url, "model": "judge", "rubric": "Reads the file before it answers.", "retries": 2}}}
 
 
 @dataclass
@@ -112,7 +122,7 @@ def warm_model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
 def world(warm_model: Path, code_repo_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     logs = tmp_path_factory.mktemp("fleet-logs")
     with Fleet() as fleet:
-        hosts = {name: fleet.host(name) for name in ("control", "policy", "trainer", *WORKERS)}
+        hosts = {name: fleet.host(name) for name in ("control", "policy", "trainer", *WORKERS, "judge")}
         control = hosts["control"]
         services: dict[str, Service] = {}
         services["postgres"], database_url = postgres(control, logs=logs)
@@ -120,7 +130,12 @@ def world(warm_model: Path, code_repo_image: str, tmp_path_factory: pytest.TempP
         storage = state_dir(control, "registry") / "storage"
         with serve_registry(storage) as pushed_to, \
                 serve_registry(storage, host=control.address, port=5000, popen=control.popen) as registry:
-            settings = {"database_url": database_url, "broker_url": broker_url, "image_registry": registry}
+            judge = hosts["judge"]
+            services["judge"] = start(judge, "judge", [sys.executable, "-m", "tests.support.standin_judge",
+                                                       judge.address, "8001", "7"], logs=logs, env=fleet_env())
+            judge_url = f"http://{judge.address}:8001/v1"
+            settings = {"database_url": database_url, "broker_url": broker_url, "image_registry": registry,
+                        "reward_servers": judge_url}
             migrated = control.run([sys.executable, "-m", "cli.main", "db", "upgrade"], env=fleet_env(**settings), cwd=ROOT)
             assert migrated.returncode == 0, migrated.stdout + migrated.stderr
             database = create_engine(database_url, pool_pre_ping=True)
@@ -131,8 +146,10 @@ def world(warm_model: Path, code_repo_image: str, tmp_path_factory: pytest.TempP
             assert pushed.returncode == 0, pushed.stdout + pushed.stderr
             with Session(database) as session:
                 register_environment(session, spec=parse_spec(ENV_SPEC))
+                register_environment(session, spec=parse_spec(judged_spec(judge_url)))
                 train, test = demo_tasks(SETTINGS)
                 insert_tasks(session, environment=ENV_NAME, tasks=train + test)
+                insert_tasks(session, environment=JUDGED_ENV, tasks=train + test)
                 _, token = create_token(session, name="fleet-operator")
                 session.commit()
             served_dir = Path(shutil.copytree(warm_model, state_dir(hosts["policy"], "model") / "model"))
@@ -163,7 +180,7 @@ def world(warm_model: Path, code_repo_image: str, tmp_path_factory: pytest.TempP
             try:
                 yield world
             finally:
-                for name in ("trainer", "controller", *WORKERS, "api", "policy"):
+                for name in ("trainer", "controller", *WORKERS, "api", "policy", "judge"):
                     if name in services:
                         stop(services[name])
                 database.dispose()
@@ -284,25 +301,72 @@ def _doctor_hosts(world: World) -> dict[str, dict]:
 
 
 def test_the_control_planes_load_is_counted_while_both_worker_hosts_play(world: World) -> None:
-    """An eval run of 24 episodes at the fleet's concurrency (2 worker hosts × 2 episodes at once): the
-    control plane's load counted over it (tests/fleet/load.py), the figures docs/operations/scale.md rests on."""
+    """An eval run of LOAD_EPISODES episodes at the fleet's concurrency (2 worker hosts × 2 episodes at once):
+    the control plane's load counted over it (tests/fleet/load.py), per episode and per turn too, the
+    figures docs/operations/scale.md rests on."""
     headers = {"Authorization": f"Bearer {world.token}"}
     with ControlLoad(database=world.database, broker_url=world.settings["broker_url"], api_url=world.api_url,
                      headers=headers, path="/v1/runs?limit=20") as load:
         launched = httpx.post(f"{world.api_url}/v1/runs", headers=headers, timeout=60, json={
             "name": "fleet-load", "model": str(world.served_dir), "purpose": "eval", "group_size": 1,
-            "batch_size": 1, "max_groups": 24, "environments": [{"name": ENV_NAME}]})
+            "batch_size": 1, "max_groups": LOAD_EPISODES, "environments": [{"name": ENV_NAME}]})
         assert launched.status_code == 201, launched.text
         run_id = launched.json()["id"]
         assert _wait_finished(world, run_id) == "completed", world.logs()
     figures = load.figures()
     with Session(world.database) as session:
-        workers = session.execute(select(Episode.worker).where(Episode.run_id == run_id,
-                                                               Episode.status == "completed")).scalars().all()
-    assert len(workers) == 24 and set(workers) == set(WORKERS)
-    assert figures["broker_messages_per_s"] > 0 and figures["postgres_commits_per_s"] > 0 and figures["api_requests"]
-    print(json.dumps({"episodes": len(workers), **figures, "episodes_per_s_by_host": {
-        worker: round(workers.count(worker) / figures["seconds"], 3) for worker in WORKERS}}))
+        played = session.execute(select(Episode.worker, Episode.num_turns).where(
+            Episode.run_id == run_id, Episode.status == "completed")).all()
+    workers = [worker for worker, _ in played]
+    turns = sum(count for _, count in played)
+    assert len(played) == LOAD_EPISODES and set(workers) == set(WORKERS)
+    assert figures["broker_messages"] >= LOAD_EPISODES and figures["postgres_commits"] > 0 and figures["api_requests"]
+    print(json.dumps({"episodes": len(played), "turns": turns, **figures,
+                      "postgres_commits_per_episode": round(figures["postgres_commits"] / len(played), 1),
+                      "postgres_rows_per_episode": round(figures["postgres_rows_written"] / len(played), 1),
+                      "episodes_per_s_by_host": {worker: round(workers.count(worker) / figures["seconds"], 3)
+                                                 for worker in WORKERS}}))
+
+
+def test_the_judge_host_cut_off_for_60_s_mid_run_costs_no_episode(world: World) -> None:
+    """The judge's host is cut off the network for 60 s while a run's episodes are being played: those that
+    end meanwhile wait, `scoring`, with their turns; once it is back each is judged from its stored turns —
+    every episode scored, none `judge_error`, none played again (one sandbox lease each)."""
+    headers = {"Authorization": f"Bearer {world.token}"}
+    judge = world.hosts["judge"]
+    launched = httpx.post(f"{world.api_url}/v1/runs", headers=headers, timeout=60, json={
+        "name": "fleet-judge-cut", "model": str(world.served_dir), "purpose": "eval", "group_size": 1,
+        "batch_size": 1, "max_groups": 8, "environments": [{"name": JUDGED_ENV}]})
+    assert launched.status_code == 201, launched.text
+    run_id = launched.json()["id"]
+    wait_until(lambda: bool(_held(world, run_id, "w1") or _held(world, run_id, "w2")), what="an episode running",
+               service=world.services["controller"], timeout_s=300)
+    cut_at = time.monotonic()
+    world.fleet.cut(judge)
+    try:
+        wait_until(lambda: _count(world, run_id, status="scoring") > 0, what="an episode awaiting its judge",
+                   service=world.services["controller"], timeout_s=55)
+        time.sleep(max(0.0, 60 - (time.monotonic() - cut_at)))
+        waiting = _count(world, run_id, status="scoring")
+    finally:
+        world.fleet.cut(judge, off=False)
+    assert waiting > 0
+    assert _wait_finished(world, run_id) == "completed", world.logs()
+    with Session(world.database) as session:
+        episodes = session.execute(select(Episode).where(Episode.run_id == run_id)).scalars().all()
+        leases = dict(session.execute(select(SandboxEvent.episode_id, func.count()).where(
+            SandboxEvent.run_id == run_id, SandboxEvent.kind == "acquire").group_by(SandboxEvent.episode_id)).all())
+    assert len(episodes) == 8 and {episode.status for episode in episodes} == {"completed"}
+    assert not [e.id for e in episodes if e.termination_reason == "judge_error"]
+    assert all(episode.reward_components.get("judge") == pytest.approx(0.7)  # the judge's score (7 of 10)
+               for episode in episodes if not episode.flags), [(e.reward_components, e.flags) for e in episodes]
+    assert leases == {episode.id: 1 for episode in episodes}  # played once each: the rescoring leased nothing
+
+
+def _count(world: World, run_id: int, *, status: str) -> int:
+    with Session(world.database) as session:
+        return int(session.execute(select(func.count()).select_from(Episode).where(
+            Episode.run_id == run_id, Episode.status == status)).scalar_one())
 
 
 def test_a_worker_host_lost_mid_run_loses_no_episode_and_comes_back_clean(world: World) -> None:

@@ -6,6 +6,7 @@ real tiny vLLM judge answers arbitrarily; tests/environments/test_judge.py runs 
     with serve_judge(prefers("GOOD")) as judge:     # judge.url, judge.prompts, judge.down = True,
         ...                                         # judge.max_prompt_chars = 5000 (longer: HTTP 400)
     with serve_judge(scores(7)) as judge:           # a pointwise judge: "Score: 7" to every episode
+    python -m tests.support.standin_judge 10.77.0.7 8001 7   # the same, as a process (a fleet's judge host)
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class StandInJudge:
 
 
 @contextmanager
-def serve_judge(decide: Decide) -> Iterator[StandInJudge]:
+def serve_judge(decide: Decide, *, host: str = "127.0.0.1", port: int = 0) -> Iterator[StandInJudge]:
     state = StandInJudge(url="")
     lock = threading.Lock()
 
@@ -101,8 +102,8 @@ def serve_judge(decide: Decide) -> Iterator[StandInJudge]:
         def log_message(self, format: str, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    state.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server = ThreadingHTTPServer((host, port), Handler)
+    state.url = f"http://{host}:{server.server_address[1]}/v1"
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -110,3 +111,13 @@ def serve_judge(decide: Decide) -> Iterator[StandInJudge]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+if __name__ == "__main__":  # a judge host of its own (tests/fleet): python -m tests.support.standin_judge HOST PORT SCORE
+    import signal
+    import sys
+
+    stops = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)  # taken by sigwait below, not by their default handlers
+    with serve_judge(scores(int(sys.argv[3])), host=sys.argv[1], port=int(sys.argv[2])):
+        signal.sigwait(stops)
