@@ -13,7 +13,7 @@ test-all:
 # The fleet: hosts in network namespaces, each with its own Docker engine (tests/fleet; `make test` runs
 # its short case).
 test-fleet:
-	CRUCIBLE_TEST_WORKERS=0 CRUCIBLE_TEST_SLOW=1 scripts/test.sh tests/fleet
+	CRUCIBLE_TEST_WORKERS=0 CRUCIBLE_TEST_SLOW=1 scripts/test.sh tests/fleet -rP  # -rP: the load figures it prints
 
 demo:
 	scripts/demo.sh

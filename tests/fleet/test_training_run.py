@@ -329,20 +329,25 @@ def test_the_control_planes_load_is_counted_while_both_worker_hosts_play(world: 
 
 
 def test_the_judge_host_cut_off_for_60_s_mid_run_costs_no_episode(world: World) -> None:
-    """The judge's host is cut off the network for 60 s while a run's episodes are being played: those that
-    end meanwhile wait, `scoring`, with their turns; once it is back each is judged from its stored turns —
-    every episode scored, none `judge_error`, none played again (one sandbox lease each)."""
+    """The judge's host is cut off the network for 60 s while a run's episodes are in play (the policy held
+    until it is cut, so that they end during the outage): they wait, `scoring`, with their turns; once it is
+    back each is judged from its stored turns — every episode scored, none `judge_error`, none played again
+    (one sandbox lease each)."""
     headers = {"Authorization": f"Bearer {world.token}"}
     judge = world.hosts["judge"]
-    launched = httpx.post(f"{world.api_url}/v1/runs", headers=headers, timeout=60, json={
-        "name": "fleet-judge-cut", "model": str(world.served_dir), "purpose": "eval", "group_size": 1,
-        "batch_size": 1, "max_groups": 8, "environments": [{"name": JUDGED_ENV}]})
-    assert launched.status_code == 201, launched.text
-    run_id = launched.json()["id"]
-    wait_until(lambda: bool(_held(world, run_id, "w1") or _held(world, run_id, "w2")), what="an episode running",
-               service=world.services["controller"], timeout_s=300)
-    cut_at = time.monotonic()
-    world.fleet.cut(judge)
+    _vllm(world, "pause?mode=keep")
+    try:
+        launched = httpx.post(f"{world.api_url}/v1/runs", headers=headers, timeout=60, json={
+            "name": "fleet-judge-cut", "model": str(world.served_dir), "purpose": "eval", "group_size": 1,
+            "batch_size": 1, "max_groups": 8, "environments": [{"name": JUDGED_ENV}]})
+        assert launched.status_code == 201, launched.text
+        run_id = launched.json()["id"]
+        wait_until(lambda: bool(_held(world, run_id, "w1") or _held(world, run_id, "w2")),
+                   what="an episode in play", service=world.services["controller"], timeout_s=300)
+        cut_at = time.monotonic()
+        world.fleet.cut(judge)
+    finally:
+        _vllm(world, "resume")
     try:
         wait_until(lambda: _count(world, run_id, status="scoring") > 0, what="an episode awaiting its judge",
                    service=world.services["controller"], timeout_s=55)
@@ -354,13 +359,23 @@ def test_the_judge_host_cut_off_for_60_s_mid_run_costs_no_episode(world: World) 
     assert _wait_finished(world, run_id) == "completed", world.logs()
     with Session(world.database) as session:
         episodes = session.execute(select(Episode).where(Episode.run_id == run_id)).scalars().all()
-        leases = dict(session.execute(select(SandboxEvent.episode_id, func.count()).where(
-            SandboxEvent.run_id == run_id, SandboxEvent.kind == "acquire").group_by(SandboxEvent.episode_id)).all())
     assert len(episodes) == 8 and {episode.status for episode in episodes} == {"completed"}
     assert not [e.id for e in episodes if e.termination_reason == "judge_error"]
     assert all(episode.reward_components.get("judge") == pytest.approx(0.7)  # the judge's score (7 of 10)
                for episode in episodes if not episode.flags), [(e.reward_components, e.flags) for e in episodes]
-    assert leases == {episode.id: 1 for episode in episodes}  # played once each: the rescoring leased nothing
+    # Played once each: the rescoring leased no sandbox. (A worker writes its sandbox events in batches,
+    # every 2 s: the last ones may land after the run completes.)
+    wait_until(lambda: set(_leases(world, run_id)) == {episode.id for episode in episodes},
+               what="every episode's lease event", service=world.services["controller"], timeout_s=60)
+    assert _leases(world, run_id) == {episode.id: 1 for episode in episodes}
+
+
+def _leases(world: World, run_id: int) -> dict[int, int]:
+    with Session(world.database) as session:
+        return {episode: int(count) for episode, count in session.execute(
+            select(SandboxEvent.episode_id, func.count()).where(
+                SandboxEvent.run_id == run_id, SandboxEvent.kind == "acquire", SandboxEvent.episode_id.is_not(None))
+            .group_by(SandboxEvent.episode_id)).all() if episode is not None}
 
 
 def _count(world: World, run_id: int, *, status: str) -> int:
