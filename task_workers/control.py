@@ -69,7 +69,6 @@ def create_control_app(backend: SandboxBackend, *, worker: str) -> FastAPI:
         raise HTTPException(404, f"sandbox {sandbox_id}: expected a sandbox of worker {worker} leased to a run, got "
                                  f"{'one leased to none' if infos else 'none'}")
 
-
     @app.get("/v1/sandboxes")
     def list_sandboxes(run_id: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None) -> list[dict[str, Any]]:
         infos = mine()

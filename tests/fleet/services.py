@@ -18,12 +18,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from tests.fleet.hosts import Host
+from tests.support.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 POSTGRES_USER = "embedded_postgres"
@@ -76,20 +76,19 @@ def stop(service: Service, *, grace_s: float = 60.0, sig: int = signal.SIGTERM) 
 
 
 def wait_until(check: Callable[[], bool], *, what: str, service: Service, timeout_s: float = 120.0) -> None:
-    """Until `check()` holds (exceptions count as not yet); AssertionError with the service's log once the
-    service exits or `timeout_s` pass (a bound on waiting, not a timing claim)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    """tests.support.polling.wait_for on `check()` (exceptions count as not yet), failing at once with the
+    service's log if the service exits first, and with it after `timeout_s`."""
+    def ready() -> bool:
         try:
             if check():
-                return
+                return True
         except Exception:
             pass
         if service.process.poll() is not None:
             raise AssertionError(f"{service.name} exited ({service.process.returncode}) before {what}:\n{tail(service)}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}:\n{tail(service)}")
-        time.sleep(0.2)
+        return False
+
+    wait_for(ready, timeout=timeout_s, what=what, interval=0.2, detail=lambda: tail(service))
 
 
 def state_dir(host: Host, what: str, *, owner: str | None = None) -> Path:

@@ -101,6 +101,17 @@ class World:
     def logs(self) -> str:
         return "\n".join(tail(service, 2000) for service in self.services.values())
 
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def launch(self, name: str, **config: object) -> int:
+        """A run of the served model launched through the API (POST /v1/runs); its id."""
+        launched = httpx.post(f"{self.api_url}/v1/runs", headers=self.headers, timeout=60,
+                              json={"name": name, "model": str(self.served_dir), **config})
+        assert launched.status_code == 201, launched.text
+        return int(launched.json()["id"])
+
     def worker_env(self, host: Host, engine: DockerEngine) -> dict[str, str]:
         return worker_env(self.settings, host, engine)
 
@@ -215,15 +226,11 @@ def _vllm(world: World, route: str) -> None:
 
 
 def test_a_training_run_plays_on_both_worker_hosts_and_is_debugged_from_the_control_host(world: World) -> None:
-    headers = {"Authorization": f"Bearer {world.token}"}
     _vllm(world, "pause?mode=keep")  # every episode waits on its first turn, its sandbox leased
     try:
-        launched = httpx.post(f"{world.api_url}/v1/runs", headers=headers, timeout=60, json={
-            "name": "fleet-train", "seed": SETTINGS.seed, "model": str(world.served_dir), "environments": [{"name": ENV_NAME}],
-            "group_size": GROUP_SIZE, "batch_size": 2, "max_groups": GROUPS, "mode": "async", "max_staleness": 1,
-            "sampling": {"temperature": 1.0}})
-        assert launched.status_code == 201, launched.text
-        run_id = launched.json()["id"]
+        run_id = world.launch("fleet-train", seed=SETTINGS.seed, environments=[{"name": ENV_NAME}], group_size=GROUP_SIZE,
+                              batch_size=2, max_groups=GROUPS, mode="async", max_staleness=1,
+                              sampling={"temperature": 1.0})
         trainer_host = world.hosts["trainer"]
         world.services["trainer"] = crucible(
             trainer_host, "trainer", "trainer", "--run", str(run_id), "--policy-url", world.settings["policy_url"],
@@ -304,14 +311,10 @@ def test_the_control_planes_load_is_counted_while_both_worker_hosts_play(world: 
     """An eval run of LOAD_EPISODES episodes at the fleet's concurrency (2 worker hosts × 2 episodes at once):
     the control plane's load counted over it (tests/fleet/load.py), per episode and per turn too, the
     figures docs/operations/scale.md rests on."""
-    headers = {"Authorization": f"Bearer {world.token}"}
     with ControlLoad(database=world.database, broker_url=world.settings["broker_url"], api_url=world.api_url,
-                     headers=headers, path="/v1/runs?limit=20") as load:
-        launched = httpx.post(f"{world.api_url}/v1/runs", headers=headers, timeout=60, json={
-            "name": "fleet-load", "model": str(world.served_dir), "purpose": "eval", "group_size": 1,
-            "batch_size": 1, "max_groups": LOAD_EPISODES, "environments": [{"name": ENV_NAME}]})
-        assert launched.status_code == 201, launched.text
-        run_id = launched.json()["id"]
+                     headers=world.headers, path="/v1/runs?limit=20") as load:
+        run_id = world.launch("fleet-load", purpose="eval", group_size=1, batch_size=1, max_groups=LOAD_EPISODES,
+                              environments=[{"name": ENV_NAME}])
         assert _wait_finished(world, run_id) == "completed", world.logs()
     figures = load.figures()
     with Session(world.database) as session:
@@ -333,15 +336,11 @@ def test_the_judge_host_cut_off_for_60_s_mid_run_costs_no_episode(world: World) 
     until it is cut, so that they end during the outage): they wait, `scoring`, with their turns; once it is
     back each is judged from its stored turns — every episode scored, none `judge_error`, none played again
     (one sandbox lease each)."""
-    headers = {"Authorization": f"Bearer {world.token}"}
     judge = world.hosts["judge"]
     _vllm(world, "pause?mode=keep")
     try:
-        launched = httpx.post(f"{world.api_url}/v1/runs", headers=headers, timeout=60, json={
-            "name": "fleet-judge-cut", "model": str(world.served_dir), "purpose": "eval", "group_size": 1,
-            "batch_size": 1, "max_groups": 8, "environments": [{"name": JUDGED_ENV}]})
-        assert launched.status_code == 201, launched.text
-        run_id = launched.json()["id"]
+        run_id = world.launch("fleet-judge-cut", purpose="eval", group_size=1, batch_size=1, max_groups=8,
+                              environments=[{"name": JUDGED_ENV}])
         wait_until(lambda: bool(_held(world, run_id, "w1") or _held(world, run_id, "w2")),
                    what="an episode in play", service=world.services["controller"], timeout_s=300)
         cut_at = time.monotonic()
@@ -389,15 +388,11 @@ def test_a_worker_host_lost_mid_run_loses_no_episode_and_comes_back_clean(world:
     episodes: the controller requeues them and w1 completes them, none lost or stored twice; `crucible
     doctor` and the dashboard show the host gone. It comes back with its disk: the old incarnation's
     containers are gone before its worker takes work, and it shows up again."""
-    headers = {"Authorization": f"Bearer {world.token}"}
     lost = world.hosts["w2"]
     _vllm(world, "pause?mode=keep")
     try:
-        launched = httpx.post(f"{world.api_url}/v1/runs", headers=headers, timeout=60, json={
-            "name": "fleet-host-lost", "model": str(world.served_dir), "purpose": "eval", "group_size": 1,
-            "batch_size": 1, "max_groups": 6, "environments": [{"name": ENV_NAME}]})
-        assert launched.status_code == 201, launched.text
-        run_id = launched.json()["id"]
+        run_id = world.launch("fleet-host-lost", purpose="eval", group_size=1, batch_size=1, max_groups=6,
+                              environments=[{"name": ENV_NAME}])
         wait_until(lambda: bool(_held(world, run_id, "w1")) and bool(_held(world, run_id, "w2")),
                    what="episodes running on both worker hosts", service=world.services["controller"], timeout_s=600)
         held = _held(world, run_id, "w2")
@@ -419,7 +414,7 @@ def test_a_worker_host_lost_mid_run_loses_no_episode_and_comes_back_clean(world:
         assert {episode.worker for episode in requeued} == {"w1"} and all(e.attempts >= 2 for e in requeued)
     gone = _doctor_hosts(world)[f"worker host {lost.namespace}"]
     assert not gone["ok"] and gone["detail"].startswith("gone: no beat for"), gone
-    page = httpx.get(f"{world.api_url}/", headers=headers, timeout=30)
+    page = httpx.get(f"{world.api_url}/", headers=world.headers, timeout=30)
     row = page.text[page.text.index(lost.namespace):]
     assert "<strong>gone</strong>" in row[:row.index("</tr>")]
 
