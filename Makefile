@@ -1,4 +1,4 @@
-.PHONY: test test-all test-fleet demo factory rl-real rl-discover rl-browser rl-mixed rl-openenv setup lint docs bench bench-api bench-blinding
+.PHONY: test test-all test-fleet test-compose demo factory rl-real rl-discover rl-browser rl-mixed rl-openenv setup lint docs bench bench-api bench-blinding
 
 setup:
 	scripts/setup.sh
@@ -14,6 +14,11 @@ test-all:
 # its short case).
 test-fleet:
 	CRUCIBLE_TEST_WORKERS=0 CRUCIBLE_TEST_SLOW=1 scripts/test.sh tests/fleet -rP  # -rP: the load figures it prints
+
+# compose.yaml brought up for real with Debian's docker-compose, stand-ins for the public images built from
+# Debian's packages (tests/compose; `make test` runs its short case, the file read by docker-compose).
+test-compose:
+	CRUCIBLE_TEST_WORKERS=0 CRUCIBLE_TEST_SLOW=1 scripts/test.sh tests/compose -rP
 
 demo:
 	scripts/demo.sh

@@ -10,6 +10,8 @@ archive, restore; `crucible runs …` is the same group).
 from __future__ import annotations
 
 import contextlib
+import signal
+import threading
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -56,8 +58,13 @@ def controller(
             console.print(f"leader={report.leader} dispatched={report.dispatched} resent={report.resent} "
                           f"failed={report.failed} finished={report.finished}", highlight=False)
         return
-    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: run_forever releases the lock on the way out
-        loop.run_forever(poll_s=poll)
+    # SIGTERM (`docker stop`, systemd, a pod's end) ends the loop between passes, as Ctrl-C does mid-pass:
+    # run_forever releases the leader lock on the way out, so a standby takes over at once. Without this a
+    # controller that is a container's first process would ignore SIGTERM and be killed past its grace period.
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with contextlib.suppress(KeyboardInterrupt):
+        loop.run_forever(poll_s=poll, stop=stop)
 
 
 def _in_session(fn: Callable[[Session], Any]) -> Any:

@@ -55,6 +55,8 @@ command -v chromium >/dev/null || { log "installing chromium"; apt_install chrom
 command -v shellcheck >/dev/null || { log "installing shellcheck"; apt_install shellcheck; }
 # A real registry (the distribution v2 server): `crucible images push` and its tests.
 command -v docker-registry >/dev/null || { log "installing docker-registry"; apt_install docker-registry; }
+# Debian's docker-compose 1.29 runs compose.yaml in tests/compose (`make test-compose`).
+command -v docker-compose >/dev/null || { log "installing docker-compose"; apt_install docker-compose; }
 
 # 3. Redis on loopback.
 if ! (exec 3<>/dev/tcp/127.0.0.1/6379) 2>/dev/null; then

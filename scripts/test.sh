@@ -16,14 +16,15 @@ set +e
 # vLLM or a child process (fresh clones, one machine: 1,735 s of pytest in one process, 1,503 s and 1,480 s on two;
 # docs/getting-started.md has the latest runs).
 # The default run leaves out tests marked slow (minutes each: real-vLLM syncs mid-episode and during a
-# failing publish), and those marked fleet (tests/fleet: hosts in network namespaces, `make test-fleet`);
+# failing publish), those marked fleet (tests/fleet: hosts in network namespaces, `make test-fleet`) and
+# compose (tests/compose: compose.yaml brought up with docker-compose, `make test-compose`);
 # `make test-all` (CRUCIBLE_TEST_SLOW=1) runs them too.
 parallel=(--durations=25)
 if [ "${CRUCIBLE_TEST_WORKERS:-2}" != 0 ]; then parallel+=(-n "${CRUCIBLE_TEST_WORKERS:-2}" --dist loadgroup); fi
 if [ -n "${CRUCIBLE_TEST_SLOW:-}" ]; then
   .venv/bin/pytest "${parallel[@]}" "$@"
 else
-  .venv/bin/pytest "${parallel[@]}" -m "not slow and not fleet" "$@"
+  .venv/bin/pytest "${parallel[@]}" -m "not slow and not fleet and not compose" "$@"
 fi
 status=$?
 set -e

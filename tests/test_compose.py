@@ -1,8 +1,11 @@
-"""compose.yaml: every service is healthy-checked, and every Crucible command it runs exists in the CLI."""
+"""compose.yaml: every service is healthy-checked, every Crucible command it runs exists in the CLI, and Debian's
+docker-compose reads it (the short case of tests/compose, which brings it up: `make test-compose`)."""
 
 from __future__ import annotations
 
 import re
+import secrets
+import shutil
 from pathlib import Path
 
 import pytest
@@ -10,22 +13,23 @@ import typer.main
 import yaml
 
 from cli.main import app
+from tests.compose.project import Project
 
 
 def _interpolate(word: str) -> str:
-    """Compose's `${VAR:-default}` with nothing set: the default."""
-    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", word)
+    """Compose's `${VAR:-default}` (or `${VAR-default}`) with nothing set: the default."""
+    return re.sub(r"\$\{[A-Z_]+:?-([^}]*)\}", r"\1", word)
 
 
 COMPOSE = yaml.safe_load((Path(__file__).parents[1] / "compose.yaml").read_text())
 SERVICES = COMPOSE["services"]
-OURS = sorted(name for name, service in SERVICES.items() if service.get("image") == "crucible:latest")
+OURS = sorted(name for name, service in SERVICES.items() if _interpolate(service.get("image", "")) == "crucible:latest")
 
 
 def test_the_production_services_are_all_there() -> None:
     assert {"postgres", "redis", "api", "controller", "worker", "trainer", "vllm"} <= set(SERVICES)
     assert {"api", "controller", "worker", "trainer", "vllm", "vllm-2", "migrate"} == set(OURS)
-    assert all(SERVICES[name].get("build") == "." for name in OURS)
+    assert all(SERVICES[name]["build"]["context"] == "." for name in OURS)
 
 
 @pytest.mark.parametrize("name", sorted(SERVICES))
@@ -72,4 +76,27 @@ def test_workers_consume_every_kind_and_the_pool_setting_parses(monkeypatch: pyt
     environment = COMPOSE["x-crucible"]["environment"]
     monkeypatch.setenv("CRUCIBLE_POLICY_URLS", _interpolate(environment["CRUCIBLE_POLICY_URLS"]))
     settings = load_settings()
-    assert settings.policy_urls == [environment["CRUCIBLE_POLICY_URL"]]
+    assert settings.policy_urls == ["http://vllm:8000/v1"] and settings.policy_url == "http://vllm:8000/v1"
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="needs Debian's docker-compose (scripts/setup.sh)")
+def test_debians_docker_compose_reads_the_file_its_images_variables_with_the_public_defaults() -> None:
+    """The short case: docker-compose 1.29 parses compose.yaml (its anchors, conditions, profiles), each image
+    is a variable whose default is the public image, and a missing password is refused by name."""
+    plain = Project(name=f"crucible-config-{secrets.token_hex(3)}", variables={"POSTGRES_PASSWORD": "x"}).config()
+    services = plain["services"]
+    assert (services["postgres"]["image"], services["redis"]["image"]) == ("postgres:16-bookworm", "redis:7-bookworm")
+    crucible = [name for name, service in services.items() if "build" in service]
+    assert set(crucible) >= {"migrate", "api", "controller", "worker", "trainer", "vllm"}
+    for name in crucible:
+        assert services[name]["image"] == "crucible:latest"
+        assert services[name]["build"]["args"] == {"PYTHON_IMAGE": "python:3.11-slim-bookworm", "CRUCIBLE_EXTRAS": "gpu"}
+    standins = {"CRUCIBLE_POSTGRES_IMAGE": "standin/pg:1", "CRUCIBLE_REDIS_IMAGE": "standin/redis:1",
+                "CRUCIBLE_PYTHON_IMAGE": "standin/python:1", "CRUCIBLE_EXTRAS": "", "CRUCIBLE_IMAGE": "crucible:t"}
+    named = Project(name=f"crucible-config-{secrets.token_hex(3)}",
+                    variables={"POSTGRES_PASSWORD": "x", **standins}).config()["services"]
+    assert (named["postgres"]["image"], named["redis"]["image"], named["worker"]["image"]) == (
+        "standin/pg:1", "standin/redis:1", "crucible:t")
+    assert named["api"]["build"]["args"] == {"PYTHON_IMAGE": "standin/python:1", "CRUCIBLE_EXTRAS": ""}
+    refused = Project(name="crucible-config-refused", variables={}).command("config", check=False)
+    assert refused.returncode != 0 and "set POSTGRES_PASSWORD" in refused.stderr

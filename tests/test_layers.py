@@ -115,6 +115,8 @@ NOT_A_PACKAGE: dict[str, str] = {
                  "Chromium fixtures stay out of the API tests",
     "fleet": "several hosts on one machine (network namespaces, an engine each): the whole platform across "
              "hosts, no one package; `make test-fleet`",
+    "compose": "compose.yaml brought up by docker-compose: the whole platform in containers, no one package; "
+               "`make test-compose`",
 }
 
 # Folders whose tests drive their package from outside, as a user does, so most of them import nothing of it.

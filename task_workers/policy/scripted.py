@@ -278,7 +278,7 @@ def serve(policy: ScriptedPolicy) -> Iterator[str]:
 def main() -> None:
     """Serve scripts from a JSON file in its own process (benchmarks: the policy is not in our GIL).
 
-        python -m task_workers.policy.scripted --scripts scripts.json --port 8011
+        python -m task_workers.policy.scripted --scripts scripts.json --port 8011 [--host 0.0.0.0]
     """
     import argparse
 
@@ -286,6 +286,7 @@ def main() -> None:
     parser.add_argument("--scripts", required=True, help='JSON: {name: [reply text or {"text", "delay_s"}, ...] '
                         'or {"samples": [[...], ...]}}')
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (a container's: 0.0.0.0)")
     parser.add_argument("--generate", action="store_true", help="serve /inference/v1/generate with spans")
     args = parser.parse_args()
     def steps(raw: list[Any]) -> list[Step]:
@@ -296,7 +297,7 @@ def main() -> None:
             name: Samples([steps(one) for one in raw["samples"]]) if isinstance(raw, dict) else steps(raw)
             for name, raw in json.load(handle).items()}
     policy = ScriptedPolicy(scripts, generate=args.generate)
-    uvicorn.run(policy.app, host="127.0.0.1", port=args.port, log_level="warning")
+    uvicorn.run(policy.app, host=args.host, port=args.port, log_level="warning")
 
 
 @contextmanager
