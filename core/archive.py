@@ -67,12 +67,14 @@ SCHEMA = pa.schema([
     ("tool_status", pa.string()), ("duration_s", pa.float64()), ("generation_s", pa.float64()),
     ("truncated", pa.bool_()), ("truncated_bytes", pa.int32()), ("weight_version", pa.int32()),
     ("weight_version_end", pa.int32()), ("version_runs", pa.list_(pa.int32())), ("replica", pa.string()),
-    ("finish_reason", pa.string()),
+    ("finish_reason", pa.string()), ("segment", pa.int32()),
     ("created_at", pa.timestamp("us", tz="UTC")),
 ])
 """Every stored column of `turns` (not `search`, which Postgres derives); tool_call as JSON text; logprobs
 as the REALs (float32) they are, read back as the shortest decimal, as Postgres prints them. An archive
-written before a column existed (version_runs) restores it as NULL (`_conform`)."""
+written before a column existed restores it as NULL (version_runs) or as its default (segment: 0) (`_conform`)."""
+ABSENT = {"segment": 0}
+"""A column an older archive lacks that is not nullable: the value its rows restore with."""
 COLUMNS = tuple(SCHEMA.names)
 COLUMN_LIST = ", ".join(f'"{name}"' if name == "index" else name for name in COLUMNS)
 """COLUMNS as SQL, for the archive's SELECT and the restore's COPY."""
@@ -239,8 +241,9 @@ def _remove_turns(engine: Engine, run_id: int, *, turns: int, digest: str, scrat
 def _conform(batch: pa.RecordBatch) -> pa.RecordBatch:
     """The batch with SCHEMA's columns in SCHEMA's order; a column an older archive lacks is all NULL."""
     names = set(batch.schema.names)
-    columns = [batch.column(field.name) if field.name in names else pa.nulls(batch.num_rows, type=field.type)
-               for field in SCHEMA]
+    columns = [batch.column(field.name) if field.name in names
+               else pa.array([ABSENT[field.name]] * batch.num_rows, type=field.type) if field.name in ABSENT
+               else pa.nulls(batch.num_rows, type=field.type) for field in SCHEMA]
     return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
 
 

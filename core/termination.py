@@ -14,6 +14,8 @@ class TerminationReason(StrEnum):
     EPISODE_TIMEOUT = "episode_timeout"
     FORMAT_ERROR = "format_error"
     TOOL_ERROR_LIMIT = "tool_error_limit"
+    PROGRAM_EXITED = "program_exited"
+    """An agent program (environments/agent_program) exited by itself, whatever its exit status."""
     POLICY_ERROR = "policy_error"
     SANDBOX_ERROR = "sandbox_error"
     JUDGE_ERROR = "judge_error"

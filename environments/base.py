@@ -27,6 +27,7 @@ from sandboxes.backend import ExecResult
 from sandboxes.browser import BrowserSession
 from sandboxes.openenv import OpenEnvSession
 from sandboxes.shell import StepResult
+from sandboxes.stream import ExecStream
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,10 @@ class Sandbox(Protocol):
         ...
     def openenv(self, **hello: Any) -> OpenEnvSession:
         """An openenv image's bridge session (started with `hello`: the app, its folder, its environment)."""
+        ...
+    def open_control(self, argv: list[str]) -> ExecStream:
+        """A long-lived process of ours with its stdin/stdout attached (an agent program's bridge), run as
+        the control user with a clean environment."""
         ...
 
 

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from environments.base import EnvironmentKind
 
 KINDS: dict[str, str] = {
+    "agent_program": "environments.agent_program.kind:AgentProgramKind",
     "browser": "environments.browser.kind:BrowserKind",
     "chat": "environments.chat.kind:ChatKind",
     "code_repo": "environments.code_repo.kind:CodeRepoKind",

@@ -29,7 +29,7 @@ from sandboxes.backend import ExecResult, SandboxBackend
 from sandboxes.browser import BrowserSession
 from sandboxes.errors import ResetFailed, SandboxDead, SandboxError, SessionError
 from sandboxes.events import EventKind, EventRecorder
-from sandboxes.layout import CONTROL_USER, KEEPER_USER, sandbox_env
+from sandboxes.layout import CONTROL_USER, KEEPER_USER, privileged_argv, sandbox_env
 from sandboxes.openenv import OpenEnvSession
 from sandboxes.reset import (
     BASELINE_SCRIPT,
@@ -47,6 +47,7 @@ from sandboxes.shell import (
     step_result,
 )
 from sandboxes.spec import SandboxSpec
+from sandboxes.stream import ExecStream
 
 log = logging.getLogger(__name__)
 D = TypeVar("D", bound=BrowserSession)
@@ -144,6 +145,15 @@ class Sandbox:
         return self.backend.exec(
             self.container_id, argv=argv, user=user, timeout_s=timeout_s, stdin=stdin, workdir=self.spec.workdir
         )
+
+    def open_control(self, argv: list[str]) -> ExecStream:
+        """A long-lived process of ours with its stdin/stdout attached (an agent program's bridge), run as the
+        control user (root with only layout.CONTROL_CAPS) with a clean environment (layout.privileged_argv);
+        never for the agent's own commands."""
+        if self._destroyed:
+            raise SandboxDead(f"sandbox {self.id}: expected a live sandbox, got it destroyed")
+        return self.backend.open_exec(self.container_id, argv=privileged_argv(argv), user=CONTROL_USER, env={},
+                                      workdir="/")
 
     # -- files (tar streams; see files.py) ----------------------------------------------------------
     def put_files(self, files: Mapping[str, bytes], *, dest: str | None = None) -> None:

@@ -154,11 +154,11 @@ def sequence_logprobs(
     model: torch.nn.Module, batches: list[MicroBatch], *, temperature: float = 1.0,
     whole: Callable[..., Any] | None = None,
 ) -> dict[int, torch.Tensor]:
-    """Episode id → (T−1,) logprobs of its tokens (0 where not sampled), without gradients."""
+    """Row key (Sample.key: the episode id outside an update) → (T−1,) logprobs of its tokens (0 where not sampled), without gradients."""
     out: dict[int, torch.Tensor] = {}
     for batch in batches:
         logp, _ = token_logprobs(model, batch, temperature=temperature, whole=whole)
         lengths = batch.attention_mask.sum(-1) - 1  # (B,) scored positions per row
-        for row, episode_id in enumerate(batch.sample_ids):
-            out[episode_id] = logp[row, : int(lengths[row])].clone()
+        for row, key in enumerate(batch.sample_ids):
+            out[key] = logp[row, : int(lengths[row])].clone()
     return out

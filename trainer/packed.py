@@ -70,7 +70,7 @@ def collate_packed(samples: list[Sample]) -> PackedBatch:
     return PackedBatch(
         input_ids=row, position_ids=torch.tensor(positions, dtype=torch.long)[None], targets=row[:, 1:],
         mask=mask_t, behav_logp=torch.tensor(behav[:-1])[None] * mask_t,
-        advantages=torch.tensor(advantages[:-1])[None] * mask_t, sample_ids=[s.episode_id for s in samples],
+        advantages=torch.tensor(advantages[:-1])[None] * mask_t, sample_ids=[s.key for s in samples],
         spans=spans)
 
 

@@ -22,7 +22,7 @@ class MicroBatch:
     mask: torch.Tensor  # (B, T-1) float: 1 where the target was sampled by the policy and carries loss weight
     behav_logp: torch.Tensor  # (B, T-1) float: vLLM's logprob of each sampled target
     advantages: torch.Tensor  # (B, T-1) float: the sample's advantage on each position
-    sample_ids: list[int]  # (B,) episode ids, for per-sample results
+    sample_ids: list[int]  # (B,) each row's Sample.key, for per-row results
 
     @property
     def padded_tokens(self) -> int:
@@ -48,7 +48,7 @@ def collate(samples: list[Sample]) -> MicroBatch:
     behav = _pad([s.behaviour_logprobs for s in samples], length=length, dtype=torch.float32)[:, 1:]
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)[:, None] * mask
     return MicroBatch(input_ids=ids, attention_mask=attention, targets=ids[:, 1:], mask=mask,
-                      behav_logp=behav * mask, advantages=advantages, sample_ids=[s.episode_id for s in samples])
+                      behav_logp=behav * mask, advantages=advantages, sample_ids=[s.key for s in samples])
 
 
 def micro_batches(samples: list[Sample], *, max_tokens: int) -> list[MicroBatch]:

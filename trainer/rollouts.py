@@ -11,9 +11,10 @@ A sample whose arrays do not line up is refused at load (MalformedSample), never
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import select
@@ -75,6 +76,11 @@ class Sample:
     """Turns whose prompt was not the previous turn's prompt and completion extended (episodes.prefix_breaks)."""
     unparsed_tool_calls: int = 0
     turns_without_tool_call: int = 0
+    segments: list[int] = field(default_factory=list)
+    """Where each token stream after the first begins (an agent program's call that rewrote its context:
+    turns.segment): each is a sequence of its own in the update (`rows`), with the episode's advantage."""
+    row: int | None = None
+    """This sequence's number in an update (trainer.step.update numbers the rows); None: not in one."""
 
     def __post_init__(self) -> None:
         lengths = {"token_ids": len(self.token_ids), "loss_mask": len(self.loss_mask),
@@ -99,6 +105,29 @@ class Sample:
         if not self.token_versions:
             return [self.policy_version] * self.sampled_tokens
         return [v for v, m in zip(self.token_versions, self.loss_mask, strict=True) if m]
+
+    @property
+    def key(self) -> int:
+        """The key of its per-row tensors (micro-batches' sample_ids): its row in an update, else its episode."""
+        return self.episode_id if self.row is None else self.row
+
+    def rows(self) -> list[Sample]:
+        """The sample as the sequences the policy sampled from: itself, or one per token segment (each
+        starts a new context; the episode's advantage and score on every one)."""
+        if not self.segments:
+            return [self]
+        bounds = [0, *self.segments, len(self.token_ids)]
+        parts, lag_at = [], 0
+        for start, end in itertools.pairwise(bounds):
+            sampled = sum(self.loss_mask[start:end])
+            parts.append(replace(
+                self, token_ids=self.token_ids[start:end], loss_mask=self.loss_mask[start:end],
+                behaviour_logprobs=self.behaviour_logprobs[start:end],
+                token_versions=self.token_versions[start:end] if self.token_versions else [],
+                loss_weights=self.loss_weights[start:end] if self.loss_weights is not None else None,
+                lags=self.lags[lag_at:lag_at + sampled] if self.lags else [], segments=[]))
+            lag_at += sampled
+        return parts
 
     @property
     def trainable(self) -> bool:
@@ -150,7 +179,7 @@ def _environments(session: Session, ids: set[int]) -> dict[int, _EnvironmentView
 def _turns_by_episode(session: Session, run_ids: set[int], episode_ids: list[int]) -> dict[int, list[Any]]:
     query = (  # naming the runs reads their partitions only
         select(Turn.episode_id, Turn.token_ids, Turn.loss_mask, Turn.logprobs, Turn.finish_reason, Turn.prompt_length,
-               Turn.weight_version, Turn.version_runs)
+               Turn.weight_version, Turn.version_runs, Turn.segment)
         .where(Turn.run_id.in_(run_ids), Turn.episode_id.in_(episode_ids))
         .order_by(Turn.episode_id, Turn.index)
     )
@@ -178,8 +207,11 @@ def _sample(episode: Episode, turns: list[Any], *, environment: str, group_versi
     mask: list[int] = []
     logprobs: list[float] = []
     versions: list[int] = []
+    segments: list[int] = []
     version = episode.policy_version if episode.policy_version is not None else group_version
-    for turn in turns:
+    for previous, turn in zip([None, *turns], turns, strict=False):
+        if previous is not None and turn.segment != previous.segment:
+            segments.append(len(token_ids))
         if not len(turn.token_ids) == len(turn.loss_mask) == len(turn.logprobs):
             raise MalformedSample(f"episode {episode.id} turn: expected aligned arrays, got {len(turn.token_ids)} "
                                   f"tokens, {len(turn.loss_mask)} mask entries, {len(turn.logprobs)} logprobs")
@@ -195,7 +227,7 @@ def _sample(episode: Episode, turns: list[Any], *, environment: str, group_versi
         token_versions=versions, turns=len(turns), truncated=bool(turns) and turns[-1].finish_reason == "length",
         task_id=episode.task_id, flags=tuple(episode.flags or ()), seconds=_seconds(episode.timings),
         prefix_breaks=episode.prefix_breaks or 0, unparsed_tool_calls=episode.unparsed_tool_calls or 0,
-        turns_without_tool_call=episode.turns_without_tool_call or 0,
+        turns_without_tool_call=episode.turns_without_tool_call or 0, segments=segments,
     )
 
 

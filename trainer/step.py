@@ -12,7 +12,7 @@ transaction); the caller records the step and commits (see `trainer.loop`).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from sqlalchemy.orm import Session
@@ -86,10 +86,10 @@ def fresh_positions(sample: Sample) -> torch.Tensor:
 
 
 def _rows(values: dict[int, torch.Tensor], batch: MicroBatch) -> torch.Tensor:
-    """Per-episode (T−1,) tensors back into the micro-batch's (B, T−1) layout."""
+    """Per-row (T−1,) tensors back into the micro-batch's (B, T−1) layout."""
     out = torch.zeros_like(batch.mask)
-    for row, episode_id in enumerate(batch.sample_ids):
-        value = values[episode_id]
+    for row, key in enumerate(batch.sample_ids):
+        value = values[key]
         out[row, : value.shape[0]] = value
     return out
 
@@ -102,6 +102,9 @@ def update(
     started = time.perf_counter()
     opt = config.optimizer
     engine.module.train()
+    # One row per sequence sampled: an agent program's episode whose calls rewrote their context is several.
+    samples = [replace(row, row=number)
+               for number, row in enumerate(row for sample in samples for row in sample.rows())]
     chunks = _minibatch_chunks(engine, samples, config=config)
     every = [batch for chunk in chunks for batch in chunk]
     # One pass over the batch: π_prox is π_θ at the step's start, i.e. the forward's own detached
@@ -121,7 +124,7 @@ def update(
     ref = None
     if config.loss.kl_beta > 0 and reference is not None:
         ref = sequence_logprobs(reference, every, temperature=temperature)
-    fresh = {sample.episode_id: fresh_positions(sample) for sample in samples}
+    fresh = {sample.key: fresh_positions(sample) for sample in samples}
     result = UpdateResult()
     ranks = Ranks.current()  # several: each runs its share of micro-batches (trainer.ranks)
     scale = float(ranks.world) if ranks else 1.0  # DeepSpeed averages gradients over ranks: undo it

@@ -31,7 +31,10 @@ class EpisodeSummary(BaseModel):
     unparsed_tool_calls: int = 0
     """Turns whose tool call could not be read."""
     turns_without_tool_call: int = 0
-    """Turns whose completion held no tool call."""
+    """Turns whose completion held no tool call (an agent program's: no match of its action syntax)."""
+    program: dict[str, Any] | None = None
+    """An agent program's episode: its exit_status, why the platform stopped it (`stopped`), its calls,
+    refused requests, token segments and last output; null for Crucible's own loop."""
     attempts: int
     timings: dict[str, Any]
     sandbox_id: str | None
@@ -84,6 +87,8 @@ class TurnPublic(BaseModel):
     replica: str | None = None
     """The policy replica that sampled this turn (CRUCIBLE_POLICY_URLS, credentials removed); None with one
     server."""
+    segment: int = 0
+    """The token stream it continues (an agent program's call that rewrote its context starts the next)."""
     created_at: datetime
     tokens: TurnTokens | None = None
     """Present when asked for with `?tokens=true`."""

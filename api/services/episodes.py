@@ -23,13 +23,13 @@ SUMMARY_COLUMNS = (
     Episode.id, Episode.run_id, Episode.group_id, Episode.sample_index, Episode.task_id, Episode.environment_id,
     Episode.status, Episode.termination_reason, Episode.reward, Episode.reward_components, Episode.policy_version,
     Episode.policy_version_last, Episode.num_turns, Episode.num_tokens, Episode.prefix_breaks,
-    Episode.unparsed_tool_calls, Episode.turns_without_tool_call, Episode.attempts, Episode.timings,
+    Episode.unparsed_tool_calls, Episode.turns_without_tool_call, Episode.program, Episode.attempts, Episode.timings,
     Episode.sandbox_id, Episode.flags, Episode.created_at, Episode.finished_at,
 )
 TURN_COLUMNS = (
     Turn.index, Turn.prompt_length, Turn.completion_text, Turn.tool_call, Turn.observation, Turn.tool_output_full,
     Turn.exit_code, Turn.tool_status, Turn.duration_s, Turn.generation_s, Turn.truncated, Turn.truncated_bytes,
-    Turn.weight_version, Turn.weight_version_end, Turn.finish_reason, Turn.replica, Turn.created_at,
+    Turn.weight_version, Turn.weight_version_end, Turn.finish_reason, Turn.replica, Turn.segment, Turn.created_at,
 )
 
 

@@ -107,6 +107,9 @@ class Episode(Base):
     """Turns whose tool call was begun but could not be read by the episode's parser."""
     turns_without_tool_call: Mapped[int] = mapped_column(Integer, server_default="0")
     """Turns whose completion held no tool call (many: a parser of the wrong chat-template family)."""
+    program: Mapped[dict[str, Any] | None]
+    """An agent program's episode (environments/agent_program): its exit status, calls and segments
+    (core.schemas.episode.ProgramRecord); None for Crucible's own loop."""
     verifier_layers: Mapped[list[Any]] = mapped_column(default=list, server_default="[]")
     """Each verifier layer's name, score, pass flag, detail and duration, in order."""
     final_diff: Mapped[str | None] = mapped_column(Text, deferred=True)
@@ -127,7 +130,7 @@ class Episode(Base):
 class Turn(Base):
     """One step of an episode. Its tokens are the context added since the previous turn
     (environment text, loss mask 0) followed by the completion sampled by the policy (mask 1);
-    concatenating an episode's turns gives the exact sequence the policy saw.
+    concatenating an episode's turns of one segment gives the exact sequence the policy saw.
 
     Partitioned by run (RANGE on run_id, one run per partition, `turns_run_<id>`, created by a trigger
     when the run row is inserted; turns stored before migration 0008 live in `turns_legacy`, the
@@ -169,6 +172,9 @@ class Turn(Base):
     generation_s: Mapped[float | None] = mapped_column(Float)
     truncated: Mapped[bool] = mapped_column(Boolean, default=False)
     truncated_bytes: Mapped[int] = mapped_column(Integer, default=0)
+    segment: Mapped[int] = mapped_column(Integer, server_default="0")
+    """Which token stream of its episode it continues: 0 for Crucible's own loop; an agent program's call
+    that did not extend the previous call's tokens starts the next (trained as a sequence of its own)."""
     weight_version: Mapped[int | None] = mapped_column(Integer)
     """The oldest weight version that sampled a token of it: vLLM's per-token label where the server
     reports one, else the version when the request was sent. None: the server reported no version."""

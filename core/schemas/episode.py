@@ -73,6 +73,26 @@ class ToolCallRecord(_Record):
     arguments: dict[str, Any]
 
 
+class ProgramRecord(_Record):
+    """`episodes.program`: how an agent program's episode went (environments/agent_program): None for
+    Crucible's own loop."""
+
+    exit_status: int | None
+    """The program's own exit status; negative: killed by that signal (the platform stopped it: `stopped`)."""
+    stopped: str | None = None
+    """Why the platform stopped it: `max_calls`, `timeout`, `context` (a call past the context window); None:
+    it exited by itself."""
+    calls: int
+    """Model calls answered through the gateway (each a turn)."""
+    refused: int = 0
+    """Requests the gateway answered with an error without sampling (unreadable, past the budget)."""
+    segments: int
+    """Token streams its calls made: a call whose prompt does not extend the previous call's prompt and
+    completion starts a new one (the program rewrote its context)."""
+    output: str = Field(default="", max_length=65536)
+    """The last of what it printed."""
+
+
 RewardComponents = TypeAdapter(dict[str, float])
 """`episodes.reward_components`: each verifier layer's score by its name."""
 Timings = TypeAdapter(dict[str, float])

@@ -109,7 +109,7 @@ class _Versions:
 
 
 @dataclass(frozen=True)
-class _Chat:
+class EpisodeChat:
     """The served model's turn frame for one episode (core/renderers.py), and the call format of the parser
     in use: what the system prompt and the feedback tell the model to write is what is parsed."""
 
@@ -123,7 +123,7 @@ class _Chat:
         return f"No tool call found. Call exactly one tool as {self.call_format}."
 
 
-def _chat(ctx: LoopContext) -> _Chat:
+def episode_chat(ctx: LoopContext) -> EpisodeChat:
     try:
         renderer, end_of_turn = ctx.policy.renderer(), ctx.policy.end_of_turn_ids()
     except PolicyError as error:
@@ -131,7 +131,7 @@ def _chat(ctx: LoopContext) -> _Chat:
     name = renderer.tool_parser if ctx.tool_parser == AUTO else ctx.tool_parser
     # an explicit parser's own family's format (browsergym reads Hermes calls too), else the model's
     call_format = next((r.call_format for r in RENDERERS.values() if r.tool_parser == name), HERMES_CALL)
-    return _Chat(renderer, PARSERS[name], call_format if ctx.tool_parser != AUTO else renderer.call_format,
+    return EpisodeChat(renderer, PARSERS[name], call_format if ctx.tool_parser != AUTO else renderer.call_format,
                  frozenset(end_of_turn))
 
 
@@ -195,7 +195,7 @@ def _versions(ctx: LoopContext, completion: Completion) -> _Versions:
     return _Versions(known[0] if known else None, known[-1] if known else None, runs)
 
 
-def _sample(ctx: LoopContext, tokens: list[int], trajectory: Trajectory) -> tuple[Completion, _Versions] | TerminationReason:
+def sample_turn(ctx: LoopContext, tokens: list[int], trajectory: Trajectory) -> tuple[Completion, _Versions] | TerminationReason:
     """A completion and its settled versions; sampled again (up to `resamples` times) when weights
     whose probe failed sampled it, so that it is never stored."""
     for attempt in range(ctx.resamples + 1):
@@ -226,7 +226,7 @@ def _generate(ctx: LoopContext, tokens: list[int], *, seed: int | None) -> Compl
         raise PolicyFault(str(error)) from error
 
 
-def _act(ctx: LoopContext, chat: _Chat, completion: Completion
+def _act(ctx: LoopContext, chat: EpisodeChat, completion: Completion
          ) -> tuple[ToolResult, dict[str, Any] | None, str | None]:
     """Run the completion's tool call. Returns the result, the parsed call, and its format error, if
     any: `unparsed` (a call that cannot be read) or `missing` (no call)."""
@@ -255,7 +255,7 @@ def _breaks_prefix(completion: Completion, *, sent: list[int], trajectory: Traje
 
 def run_agent_loop(ctx: LoopContext, *, prompt_ids: list[int]) -> Trajectory:
     trajectory = Trajectory()
-    chat = _chat(ctx)
+    chat = episode_chat(ctx)
     pending_env = list(prompt_ids)  # environment tokens not yet attached to a turn
     tokens = list(prompt_ids)
     format_errors = tool_errors = 0
@@ -263,7 +263,7 @@ def run_agent_loop(ctx: LoopContext, *, prompt_ids: list[int]) -> Trajectory:
         if trajectory.timings["sandbox"] > ctx.limits.episode_timeout_s:  # the agent's own time, spent
             trajectory.termination = TerminationReason.EPISODE_TIMEOUT
             return trajectory
-        sampled = _sample(ctx, tokens, trajectory)
+        sampled = sample_turn(ctx, tokens, trajectory)
         if isinstance(sampled, TerminationReason):
             trajectory.termination = sampled
             return trajectory
@@ -339,7 +339,7 @@ def initial_prompt(ctx: LoopContext, *, instruction: str) -> list[int]:
     says how to write a call says it in Hermes' spelling (core.renderers.HERMES_CALL): it is told in the
     format the episode's parser reads, so a Llama 3 model is never asked for `<tool_call>` and then
     parsed as Llama 3."""
-    system = ctx.kind.system_prompt().replace(HERMES_CALL, _chat(ctx).call_format)
+    system = ctx.kind.system_prompt().replace(HERMES_CALL, episode_chat(ctx).call_format)
     messages = [{"role": "system", "content": system}, {"role": "user", "content": instruction}]
     try:
         return ctx.policy.tokenize_chat(messages=messages, tools=ctx.kind.tools())

@@ -108,6 +108,7 @@ def store_episode(
     episode.prefix_breaks = trajectory.prefix_breaks
     episode.unparsed_tool_calls = trajectory.unparsed_tool_calls
     episode.turns_without_tool_call = trajectory.turns_without_tool_call
+    episode.program = trajectory.program
     episode.sandbox_id = sandbox_id
     episode.finished_at = datetime.now(UTC)
     session.flush()

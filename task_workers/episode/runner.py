@@ -43,6 +43,7 @@ from task_workers.episode.group_judge import group_of, judge_finished_group
 from task_workers.episode.learned import has_learned_layers, rescore_stored, with_learned
 from task_workers.episode.loop import LoopContext, initial_prompt, run_agent_loop
 from task_workers.episode.persist import Unscored, claim_episode, store_episode
+from task_workers.episode.program import run_program
 from task_workers.episode.trajectory import ArtifactRecord, Trajectory
 from task_workers.policy.client import PolicyClient
 from task_workers.policy.pool import EpisodePolicy, PolicyPool
@@ -174,7 +175,11 @@ def _play(loaded: _Loaded, kind: EnvironmentKind, opened: Opened, policy: Policy
                       sampling=loaded.sampling, tool_parser=loaded.spec.tool_parser, seed=loaded.seed,
                       require_version=loaded.training or loaded.expect_version is not None,
                       run=loaded.run_id if loaded.training else None, expect_version=loaded.expect_version)
-    trajectory = run_agent_loop(ctx, prompt_ids=initial_prompt(ctx, instruction=opened.text))
+    program = getattr(kind, "program", None)
+    if program is not None:  # an agent program plays instead of the tool loop (environments/agent_program)
+        trajectory = run_program(ctx, program=program, instruction=opened.text)
+    else:
+        trajectory = run_agent_loop(ctx, prompt_ids=initial_prompt(ctx, instruction=opened.text))
     trajectory.artifacts[:0] = [ArtifactRecord(None, art.name, art.media_type, art.data) for art in opened.artifacts]
     return trajectory
 

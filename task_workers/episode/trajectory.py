@@ -34,6 +34,10 @@ class TurnRecord:
     truncated_bytes: int = 0
     replica: str | None = None
     """The policy replica that sampled it (task_workers/policy/pool.py); None from a lone client."""
+    segment: int = 0
+    """Which token stream it continues: an agent program's call whose prompt does not extend the previous
+    call's prompt and completion starts a new segment (task_workers/episode/gateway.py), trained as a
+    sequence of its own; Crucible's own loop has one."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,9 @@ class Trajectory:
     unparsed_tool_calls: int = 0
     """Turns whose tool call was begun but could not be read (MalformedToolCall)."""
     turns_without_tool_call: int = 0
-    """Turns whose completion held no tool call."""
+    """Turns whose completion held no tool call (an agent program's: no match of its action syntax)."""
+    program: dict[str, Any] | None = None
+    """An agent program's record (core.schemas.episode.ProgramRecord): its exit status, calls, segments."""
 
     @property
     def num_tokens(self) -> int:

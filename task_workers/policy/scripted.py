@@ -115,6 +115,8 @@ class ScriptedPolicy:
         self.generate = generate
         self.weight_version = "0"
         self.requests = 0
+        self.served: list[tuple[list[int], list[int]]] = []
+        """(prompt ids, completion ids) of every completion answered, in order: what it served."""
         self.paused = False
         """What GET /is_paused reports (as vLLM's dev route); requests are served regardless."""
         self.app = self._build()
@@ -163,6 +165,7 @@ class ScriptedPolicy:
             time.sleep(reply.delay_s)
             return JSONResponse({"error": {"message": "scripted failure", "code": reply.status}}, reply.status)
         ids, finish = self._output(reply, max_tokens)
+        self.served.append((list(prompt_ids), list(ids)))
         spans: list[dict[str, Any]] = []
         for position in range(len(ids)):
             if reply.delay_s:
@@ -190,6 +193,7 @@ class ScriptedPolicy:
         if reply.status != 200:
             return JSONResponse({"error": {"message": "scripted failure", "code": reply.status}}, reply.status)
         ids, finish = self._output(reply, max_tokens)
+        self.served.append((list(prompt_ids), list(ids)))
         choice = {
             "index": 0, "text": detokenize(ids), "finish_reason": finish, "token_ids": ids,
             "prompt_token_ids": prompt_ids,

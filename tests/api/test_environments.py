@@ -25,7 +25,7 @@ def test_register_is_idempotent_and_a_change_is_a_new_version(client: TestClient
 def test_an_invalid_spec_says_which_field(client: TestClient) -> None:
     response = client.post("/v1/environments", json={"name": "calc", "kind": "nope"})
     assert response.status_code == 422
-    assert "kind: expected one of browser, chat, code_repo, openenv, read_number, got 'nope'" in response.json()["error"]["message"]
+    assert "kind: expected one of agent_program, browser, chat, code_repo, openenv, read_number, got 'nope'" in response.json()["error"]["message"]
     response = client.post("/v1/environments", json={"name": "calc", "kind": "code_repo", "limits": {"max_turns": 0}})
     assert "limits.max_turns: Input should be greater than or equal to 1, got 0" in response.json()["error"]["message"]
 

@@ -80,7 +80,7 @@ CELERY_WORKER = f"celery-test-worker-{os.getpid()}"  # per process: another xdis
 
 @pytest.fixture
 def celery_worker(scripted, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    """A real Celery worker thread consuming code_repo, pointed at the scripted policy server. Its reaper sweeps
+    """A real Celery worker thread consuming code_repo and agent_program, pointed at the scripted policy server. Its reaper sweeps
     every crucible container on the machine: a test using it goes in xdist_group("docker-global")."""
     from task_workers.celery_app import create_app
     from task_workers.context import close_worker_context
@@ -93,7 +93,7 @@ def celery_worker(scripted, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]
     app = create_app()
     app.conf.task_default_queue = "code_repo"
     try:
-        with embedded_worker(app, queues=["code_repo"]):
+        with embedded_worker(app, queues=["code_repo", "agent_program"]):
             yield app
     finally:
         close_worker_context()
