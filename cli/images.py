@@ -4,6 +4,7 @@
     crucible images build code-repo --force
     crucible images ls -o json
     crucible images openenv echo dipg  # OpenEnv environments from PyPI (environments/openenv/images.py)
+    crucible images agent mini-swe-agent   # an agent program from PyPI on the code-repo image (agent_program)
     crucible images push               # to CRUCIBLE_IMAGE_REGISTRY, for worker hosts (environments/images/registry.py)
 """
 
@@ -137,4 +138,31 @@ def openenv(
     table = Table("IMAGE", "TAG", "APP")
     for row in rows:
         table.add_row(str(row["name"]), str(row["tag"]), str(row["app"]))
+    console.print(table)
+
+
+@app.command()
+def agent(
+    names: list[str] = typer.Argument(..., help="agent programs to build (mini-swe-agent)"),
+    output: OutputFormat = OutputOption,
+) -> None:
+    """Build agent-program images: a program from PyPI installed into the code-repo image, for an agent_program
+    environment's `image`. Prints each tag (also tagged :latest) and the `agent_program` section that runs it."""
+    from core.errors import ConfigError
+    from environments.agent_program.images import PROGRAMS, program_image
+    from environments.images import build_images
+
+    with readable_errors():
+        unknown = [name for name in names if name not in PROGRAMS]
+        if unknown:
+            raise ConfigError(f"program: expected one of {', '.join(PROGRAMS)}, got {', '.join(unknown)[:300]}")
+        base = next(image.tag for image in build_images(names=["code-repo"]) if image.name == "code-repo")
+        rows = [{"name": name, "tag": program_image(name, base_tag=base), "agent_program": PROGRAMS[name].section}
+                for name in names]
+    if output is OutputFormat.json:
+        print_json(rows)
+        return
+    table = Table("PROGRAM", "TAG")
+    for row in rows:
+        table.add_row(str(row["name"]), str(row["tag"]))
     console.print(table)

@@ -28,7 +28,7 @@ def _populate(session: Session) -> int:
                                    task_id=task_id, environment_id=env.id, status="completed", num_turns=2)
     for turn in browser_trajectory().turns:
         columns = {name: value for name, value in vars(turn).items()
-                   if name not in ("replica", "version_runs")}  # added by 0007 and 0011
+                   if name not in ("replica", "version_runs", "segment")}  # added by 0007, 0011 and 0016
         session.execute(insert(Turn).values(run_id=run_id, episode_id=episode_id, **columns))
     session.commit()
     return episode_id

@@ -21,13 +21,13 @@ from transformers import AutoModelForCausalLM
 
 from core.models import Episode, EpisodeGroup, Turn
 from core.schemas.episode import ProgramRecord
-from environments.agent_program.config import INSTRUCTION
+from environments.agent_program.images import MINI_SWE_AGENT, program_image
 from environments.service import register_environment
 from environments.spec import parse_spec
 from task_workers.policy.scripted import Samples
 from tests.factories import pending_group, task
-from tests.support.calc_red import WEIGHTS
 from tests.support.episode_fixtures import wait_ended
+from tests.support.programs import program_spec
 from trainer.advantages import assign_advantages, shaped_reward
 from trainer.config import LossConfig, TrainerConfig
 from trainer.engine import TorchEngine
@@ -37,30 +37,6 @@ from trainer.step import update
 # Runs a worker whose reaper sweeps every crucible container on the machine.
 pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("docker-global")]
 
-AGENT = r'''
-import json, os, re, subprocess, sys, urllib.error, urllib.request
-base = os.environ["OPENAI_BASE_URL"]
-messages = [{"role": "system", "content": "Reply with one ```bash block."}, {"role": "user", "content": sys.argv[1]}]
-while True:
-    body = json.dumps({"model": "any", "messages": messages, "temperature": 1.7}).encode()
-    request = urllib.request.Request(base + "/chat/completions", data=body, headers={
-        "Content-Type": "application/json", "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
-    try:
-        reply = json.load(urllib.request.urlopen(request, timeout=600))
-    except urllib.error.HTTPError as error:
-        print("refused", error.code, error.read().decode()[:200])
-        sys.exit(2)
-    text = reply["choices"][0]["message"]["content"]
-    messages.append({"role": "assistant", "content": text})
-    found = re.search(r"```bash\n(.*?)\n```", text, re.S)
-    if found is None:
-        messages.append({"role": "user", "content": "no command found"})
-        continue
-    if found.group(1).strip() == "exit":
-        sys.exit(0)
-    done = subprocess.run(found.group(1), shell=True, capture_output=True, text=True, timeout=60)
-    messages.append({"role": "user", "content": f"<returncode>{done.returncode}</returncode>\n{done.stdout}{done.stderr}"})
-'''
 FIX = ["[sample:0] ```bash\ncat calc.py\n```", "```bash\nsed -i 's/a - b/a + b/' calc.py\n```",
        "```bash\npython3 -m pytest -q tests\n```", "```bash\nexit\n```"]
 WRONG = ["[sample:1] ```bash\ncat calc.py\n```", "I will look first.", "```bash\nsed -i 's/a - b/a * b/' calc.py\n```",
@@ -69,17 +45,6 @@ WRONG = ["[sample:1] ```bash\ncat calc.py\n```", "I will look first.", "```bash\
 
 def bash(command: str) -> str:
     return f"```bash\n{command}\n```"
-
-
-def program_spec(image: str, name: str, **program: object) -> dict:
-    return {
-        "name": name, "kind": "agent_program", "image": image,
-        "sandbox": {"memory": "512m", "pids": 256, "workspace_size": "64m", "tmp_size": "64m", "max_lifetime_s": 900},
-        "limits": {"episode_timeout_s": 120, "max_response_tokens": 256},
-        "verifier": {"weights": WEIGHTS},
-        "agent_program": {"command": ["python3", "-c", AGENT, INSTRUCTION], "max_calls": 10, "timeout_s": 120,
-                          "action_regex": r"```bash\n(.*?)\n```", **program},
-    }
 
 
 def play(session: Session, worker, *, image: str, payload: dict, script: str, size: int = 1, **program: object
@@ -224,3 +189,60 @@ def test_a_program_reaches_nothing_but_its_own_gateway_and_cannot_plant_its_rewa
     # The hidden tests ran in a fresh sandbox from the task's own copy: planted files changed nothing.
     assert episode.reward_components.get("hidden_tests", 0.0) == 0.0
     assert episode.reward is not None and episode.reward < wrong_fix_reward + 1e-9
+
+
+def msa(command: str, thought: str = "THOUGHT: next.") -> str:
+    return f"{thought}\n\n```mswea_bash_command\n{command}\n```"
+
+
+MSA_FIX = [msa("cat calc.py", "[sample:0] THOUGHT: read it first."), msa("sed -i 's/a - b/a + b/' calc.py"),
+           msa("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")]
+
+
+def _once_without_an_action(replied: list[str]):
+    def step(_: str) -> str:
+        """A reply without mini-swe-agent's action block, once. mini-swe-agent answers a format error by
+        dropping that reply from its history: the next call sees the same turn again, and gets the fix."""
+        if not replied:
+            replied.append("no action")
+            return "THOUGHT: no command this time."
+        return msa("sed -i 's/a - b/a * b/' calc.py")
+    return step
+
+
+@pytest.fixture(scope="module")
+def mini_swe_agent_image(code_repo_image: str) -> str:
+    return program_image("mini-swe-agent", base_tag=code_repo_image)
+
+
+@pytest.mark.slow  # minutes: its image's wheels from PyPI, then mini-swe-agent's start-up per episode (`make test-all`)
+def test_mini_swe_agent_from_pypi_fixes_the_task_and_a_wrong_fix_earns_the_wrong_fix_reward(
+    db_session: Session, scripted, celery_worker, mini_swe_agent_image, calc_payload, wrong_fix_reward,
+) -> None:
+    """mini-swe-agent 2.4.6, unmodified, in its text-based mode (environments/agent_program/images.py): its
+    litellm calls reach the episode's gateway; its own format error (a reply without its action block) is a
+    turn without an action; the graders see only the repository it left."""
+    policy, _ = scripted
+    wrong = [msa("cat calc.py", "[sample:1] THOUGHT: read it first."), _once_without_an_action([]),
+             msa("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")]
+    policy.scripts["msa"] = Samples([MSA_FIX, wrong])
+    _, episodes = play(db_session, celery_worker, image=mini_swe_agent_image, payload=calc_payload, script="msa",
+                       size=2, **{**MINI_SWE_AGENT, "max_calls": 8})
+    records = [ProgramRecord.model_validate(e.program) for e in episodes]
+    assert [(e.status, e.termination_reason) for e in episodes] == [("completed", "program_exited")] * 2, \
+        [(e.failures, r.output[-2000:]) for e, r in zip(episodes, records, strict=True)]
+    by_reward = sorted(zip(episodes, records, strict=True), key=lambda pair: pair[0].reward)
+    (wrong, wrong_record), (right, right_record) = by_reward
+    assert (right.reward, wrong.reward) == (pytest.approx(1.0), pytest.approx(wrong_fix_reward)), \
+        [(e.reward_components, e.flags, e.final_diff, e.verifier_layers) for e in (right, wrong)]
+    assert (right_record.calls, right_record.exit_status, right_record.segments, right.turns_without_tool_call) == (
+        3, 0, 1, 0)
+    # Its format error rewrote its context (the reply dropped): the call after it starts a second segment.
+    assert (wrong_record.calls, wrong_record.exit_status, wrong_record.segments, wrong.turns_without_tool_call) == (
+        4, 0, 2, 1)
+    served = {tuple(prompt + completion) for prompt, completion in policy.served}
+    for episode in (right, wrong):
+        streams: dict[int, list[int]] = {}
+        for turn in _turns(db_session, episode):  # each segment's stream so far: a prompt served, then its sample
+            streams.setdefault(turn.segment, []).extend(turn.token_ids)
+            assert tuple(streams[turn.segment]) in served
