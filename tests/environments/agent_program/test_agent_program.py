@@ -12,6 +12,7 @@ output as the next user message)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -89,8 +90,12 @@ def test_an_agent_program_fixes_the_task_a_wrong_fix_earns_the_wrong_fix_reward_
             assert turn.loss_mask == [0] * turn.prompt_length + [1] * (len(turn.token_ids) - turn.prompt_length)
     wrong = next(e for e in episodes if e.reward < 1.0)
     assert wrong.turns_without_tool_call == 1  # "I will look first." holds no ```bash block
-    # A trainer step on the stored episodes: a group whose two samples differ.
-    groups = load_groups(db_session, [db_session.get(EpisodeGroup, group.id)])
+    _train_one_step(db_session, group, tiny_model_dir)
+
+
+def _train_one_step(session: Session, group: EpisodeGroup, tiny_model_dir: Path) -> None:
+    """A trainer step on a stored group whose two samples differ: each sequence it holds trained once."""
+    groups = load_groups(session, [session.get(EpisodeGroup, group.id)])
     samples = groups[0].samples
     for sample in samples:
         sample.score = shaped_reward(sample, loss=LossConfig())
@@ -217,7 +222,7 @@ def mini_swe_agent_image(code_repo_image: str) -> str:
 
 @pytest.mark.slow  # minutes: its image's wheels from PyPI, then mini-swe-agent's start-up per episode (`make test-all`)
 def test_mini_swe_agent_from_pypi_fixes_the_task_and_a_wrong_fix_earns_the_wrong_fix_reward(
-    db_session: Session, scripted, celery_worker, mini_swe_agent_image, calc_payload, wrong_fix_reward,
+    db_session: Session, scripted, celery_worker, mini_swe_agent_image, calc_payload, wrong_fix_reward, tiny_model_dir,
 ) -> None:
     """mini-swe-agent 2.4.6, unmodified, in its text-based mode (environments/agent_program/images.py): its
     litellm calls reach the episode's gateway; its own format error (a reply without its action block) is a
@@ -226,7 +231,7 @@ def test_mini_swe_agent_from_pypi_fixes_the_task_and_a_wrong_fix_earns_the_wrong
     wrong = [msa("cat calc.py", "[sample:1] THOUGHT: read it first."), _once_without_an_action([]),
              msa("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")]
     policy.scripts["msa"] = Samples([MSA_FIX, wrong])
-    _, episodes = play(db_session, celery_worker, image=mini_swe_agent_image, payload=calc_payload, script="msa",
+    group, episodes = play(db_session, celery_worker, image=mini_swe_agent_image, payload=calc_payload, script="msa",
                        size=2, **{**MINI_SWE_AGENT, "max_calls": 8})
     records = [ProgramRecord.model_validate(e.program) for e in episodes]
     assert [(e.status, e.termination_reason) for e in episodes] == [("completed", "program_exited")] * 2, \
@@ -246,3 +251,5 @@ def test_mini_swe_agent_from_pypi_fixes_the_task_and_a_wrong_fix_earns_the_wrong
         for turn in _turns(db_session, episode):  # each segment's stream so far: a prompt served, then its sample
             streams.setdefault(turn.segment, []).extend(turn.token_ids)
             assert tuple(streams[turn.segment]) in served
+            assert turn.weight_version == 0
+    _train_one_step(db_session, group, tiny_model_dir)  # the wrong fix's two segments are two sequences
