@@ -2,7 +2,7 @@
 token-exact. The program logs the messages of each call it makes; every stored segment is, call by call,
 the model's own chat template applied to those messages (what vLLM sampled from, as the tokenizer renders
 it here) followed by the sampled tokens, which decode to the reply the program was given. The tiny model
-writes no command, so the program runs until its call budget is spent."""
+writes no command, so the program runs until its call budget is spent (two episodes of three calls)."""
 
 from __future__ import annotations
 
@@ -54,19 +54,24 @@ def test_an_agent_programs_turns_are_exactly_what_vllm_sampled_from_its_messages
     env, _ = register_environment(db_session, spec=parse_spec(spec))
     the_task = task(db_session, env, external_id="calc-vllm", instruction="Fix add() in calc.py.",
                     payload=json.loads(json.dumps(calc_task_payload)))
-    _, (episode_id,) = pending_group(db_session, env=env, the_task=the_task, name="run-prog-vllm")
+    _, episode_ids = pending_group(db_session, env=env, the_task=the_task, size=2, name="run-prog-vllm")
     db_session.commit()
     client = PolicyClient(base_url=served_original.api_url)
     try:
-        assert run_episode(episode_id, policy=client, sandboxes=sandboxes, worker="test").stored
+        for episode_id in episode_ids:
+            assert run_episode(episode_id, policy=client, sandboxes=sandboxes, worker="test").stored
     finally:
         client.close()
-    episode = db_session.get(Episode, episode_id)
+    for episode_id in episode_ids:
+        _check_token_exact(db_session, db_session.get(Episode, episode_id), tokenizer)
+
+
+def _check_token_exact(session: Session, episode: Episode, tokenizer) -> None:
     record = ProgramRecord.model_validate(episode.program)
     assert (episode.status, episode.termination_reason, record.calls, record.stopped) == (
         "completed", "max_turns", 3, "max_calls"), (episode.failures, record)
-    turns = list(db_session.execute(select(Turn).where(Turn.run_id == episode.run_id, Turn.episode_id == episode_id)
-                                    .order_by(Turn.index)).scalars())
+    turns = list(session.execute(select(Turn).where(Turn.run_id == episode.run_id, Turn.episode_id == episode.id)
+                                 .order_by(Turn.index)).scalars())
     calls = [json.loads(line[5:]) for line in record.output.splitlines() if line.startswith("CALL ")]
     replies = [json.loads(line[6:]) for line in record.output.splitlines() if line.startswith("REPLY ")]
     assert len(turns) == 3 == len(replies) and len(calls) >= 3  # the fourth call was refused
@@ -75,7 +80,7 @@ def test_an_agent_programs_turns_are_exactly_what_vllm_sampled_from_its_messages
         stream = streams.setdefault(turn.segment, [])
         stream += turn.token_ids[:turn.prompt_length]
         assert stream == list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                         return_dict=False))
+                                                            return_dict=False))
         sampled = turn.token_ids[turn.prompt_length:]
         stream += sampled
         assert 1 <= len(sampled) <= 16 and turn.weight_version == 0 and all(lp <= 0 for lp in turn.logprobs)
