@@ -35,10 +35,11 @@ class ProgramConfig(BaseModel):
               Annotated[str, Field(max_length=4096)]] = Field(default_factory=dict, max_length=32)
     """The program's own settings; not the gateway's address nor the loader's (RESERVED_ENV)."""
     max_calls: int = Field(default=30, ge=1, le=1000)
-    """Model calls the program may make; the next is answered 429 and the program stopped (max_turns)."""
+    """Model calls the program may make, a request the gateway refuses unread counting as one; past them the
+    next is answered 429 and the program stopped (max_turns)."""
     timeout_s: float = Field(default=600.0, gt=0, le=86400)
     """The program's own time: wall-clock time less its waits on the gateway (episode_timeout past it)."""
-    max_request_bytes: int = Field(default=4 << 20, ge=4096, le=64 << 20)
+    max_request_bytes: int = Field(default=4 << 20, ge=4096, le=16 << 20)
     """One model call's request; a larger one is answered 400 unread."""
     action_regex: str | None = Field(default=None, max_length=1024)
     """The program's own action syntax: a call whose reply does not match it counts as a turn without an

@@ -18,7 +18,8 @@ on as if it had been sampled.
 The program controls nothing but its messages: the sampling parameters are the run's (a request's
 temperature, n, logprobs, tools-as-sampling or model name are ignored), the token budget of a call is the
 spec's `max_response_tokens` (less, where the program asks for less) within `max_context_tokens`, and past
-`max_calls` every call is refused (429) and the episode ends `max_turns`.
+`max_calls` chat requests (one refused unread counts too) every call is refused (429) and the episode ends
+`max_turns`. The time a sampled call took is the platform's (`waited_s`); a refused one's is the program's.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class Gateway:
     """Seconds spent answering calls: the platform's time, not the program's."""
     _stream: list[int] = field(default_factory=list)
     _segment: int = -1
+    _requests: int = 0
 
     def __post_init__(self) -> None:
         self._chat = episode_chat(self.ctx)
@@ -64,12 +66,14 @@ class Gateway:
         return self._segment + 1
 
     def handle(self, method: str, path: str, body: str) -> tuple[int, str]:
-        """(HTTP status, JSON body) for one request of the program. PolicyFault and SandboxFault propagate."""
-        started = time.monotonic()
+        """(HTTP status, JSON body) for one request of the program. PolicyFault and SandboxFault propagate.
+        Only a call that sampled is the platform's time (`waited_s`); a refused one is the program's."""
+        started, turns = time.monotonic(), len(self.trajectory.turns)
         try:
             return self._handle(method, path.split("?", 1)[0].rstrip("/"), body)
         finally:
-            self.waited_s += time.monotonic() - started
+            if len(self.trajectory.turns) > turns:
+                self.waited_s += time.monotonic() - started
 
     def _handle(self, method: str, path: str, body: str) -> tuple[int, str]:
         if method == "GET" and path in MODELS:
@@ -78,9 +82,10 @@ class Gateway:
             return self._refuse(404, f"expected POST {ROUTES[0]} (or GET {MODELS[0]}), got {method} {path[:200]}")
         if self.ended is not None:
             return self._refuse(429, f"the episode is over ({self.ended.value}): no more model calls")
-        if len(self.trajectory.turns) >= self.max_calls:
+        if self._requests >= self.max_calls:  # a request refused unread spends one too: no free retries
             self.ended = TerminationReason.MAX_TURNS
             return self._refuse(429, f"the episode's budget of {self.max_calls} model calls is spent")
+        self._requests += 1
         request = _read(body)
         if isinstance(request, str):
             return self._refuse(400, request)

@@ -36,7 +36,8 @@ START_S = 60.0
 """How long the bridge may take to start the program."""
 STOP_S = 30.0
 """How long the bridge may take to kill the program and report, once told to stop."""
-MAX_LINE = 80 << 20
+LINE_SLACK = 1 << 20
+"""A request's line is its body JSON-escaped (at most 6 bytes a byte: a control character as \\u00XX) and this."""
 GATEWAY_KEY = "crucible-gateway"
 """The API key the program is given: the gateway asks for none (OpenAI clients insist on one)."""
 
@@ -88,7 +89,7 @@ def _serve(stream: ExecStream, gateway: Gateway, program: ProgramConfig) -> tupl
         own = time.monotonic() - began - gateway.waited_s  # the program's own time so far
         deadline = time.monotonic() + (program.timeout_s - own if stopped is None else STOP_S)
         try:
-            event = _read(stream, deadline=deadline)
+            event = _read(stream, deadline=deadline, max_line=6 * program.max_request_bytes + LINE_SLACK)
         except StreamTimeout:
             if stopped is not None:
                 raise SandboxFault(f"the agent program's bridge did not stop the program within {STOP_S:g} s") from None
@@ -99,6 +100,10 @@ def _serve(stream: ExecStream, gateway: Gateway, program: ProgramConfig) -> tupl
             return stopped, event
         if event.get("event") != "request":
             raise SandboxFault(f"the agent program's bridge: expected a request or its exit, got {str(event)[:200]}")
+        if stopped is not None:  # sent before the bridge heard stop: nothing more is sampled
+            _send(stream, {"op": "reply", "id": event.get("id"), "status": 429,
+                           "body": json.dumps({"error": {"message": "crucible gateway: the episode is over"}})})
+            continue
         status, body = gateway.handle(str(event.get("method")), str(event.get("path")), str(event.get("body", "")))
         _send(stream, {"op": "reply", "id": event.get("id"), "status": status, "body": body})
         if gateway.ended is not None and stopped is None:
@@ -113,13 +118,13 @@ def _send(stream: ExecStream, message: dict) -> None:
         raise SandboxFault(f"the agent program's bridge went away: {error}; it said: {_said(stream)}") from None
 
 
-def _read(stream: ExecStream, *, deadline: float) -> dict:
+def _read(stream: ExecStream, *, deadline: float, max_line: int = LINE_SLACK) -> dict:
     try:
         end = stream.read_until(b"\n", deadline=deadline)
     except StreamClosed as error:
         raise SandboxFault(f"the agent program's bridge went away: {error}; it said: {_said(stream)}") from None
-    if end > MAX_LINE:
-        raise SandboxFault(f"the agent program's bridge: expected a line under {MAX_LINE} bytes, got {end}")
+    if end > max_line:
+        raise SandboxFault(f"the agent program's bridge: expected a line under {max_line} bytes, got {end}")
     line = stream.take(end)
     try:
         event = json.loads(line)

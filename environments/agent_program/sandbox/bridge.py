@@ -101,19 +101,21 @@ def read_request(conn: socket.socket, limit: int) -> tuple[str, str, bytes] | st
     for line in lines[1:]:
         name, _, value = line.partition(":")
         if name.strip().lower() == "content-length":
-            if not value.strip().isdigit():
+            if not value.strip().isascii() or not value.strip().isdigit():  # '²' is a digit int() refuses
                 return f"expected a Content-Length, got {value.strip()[:40]!r}"
             length = int(value.strip())
         elif name.strip().lower() == "transfer-encoding":
             return "expected a Content-Length body, got Transfer-Encoding"
     if length > limit:
         return f"expected a body under {limit} bytes, got {length}"
-    while len(body) < length:
-        chunk = conn.recv(min(65536, length - len(body)))
+    chunks, received = [body], len(body)
+    while received < length:
+        chunk = conn.recv(min(65536, length - received))
         if not chunk:
             return "the connection closed inside the body"
-        body += chunk
-    return parts[0], parts[1], body[:length]
+        chunks.append(chunk)
+        received += len(chunk)
+    return parts[0], parts[1], b"".join(chunks)[:length]
 
 
 def answer(conn: socket.socket, status: int, body: str) -> None:
@@ -139,10 +141,14 @@ def serve(server: socket.socket, limit: int) -> None:
                 if isinstance(request, str):
                     answer(conn, 400, json.dumps({"error": {"message": f"crucible gateway: {request}"}}))
                     continue
-                number += 1
                 method, path, body = request
-                emit({"event": "request", "id": number, "method": method, "path": path,
-                      "body": body.decode("utf-8", errors="replace")})
+                try:
+                    text = body.decode("utf-8")
+                except UnicodeDecodeError:
+                    answer(conn, 400, json.dumps({"error": {"message": "crucible gateway: expected a UTF-8 body"}}))
+                    continue
+                number += 1
+                emit({"event": "request", "id": number, "method": method, "path": path, "body": text})
                 with _replied:
                     while number not in _replies and not _stopped.is_set():
                         _replied.wait()
@@ -151,7 +157,7 @@ def serve(server: socket.socket, limit: int) -> None:
                     answer(conn, 429, json.dumps({"error": {"message": "crucible gateway: the episode is over"}}))
                     continue
                 answer(conn, int(reply["status"]), str(reply["body"]))
-            except OSError:
+            except (OSError, ValueError):  # the program's connection, not the bridge: serve the next
                 continue
 
 

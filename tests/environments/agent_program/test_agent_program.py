@@ -167,6 +167,14 @@ attempt("the keeper dir", lambda: open("/run/crucible-keeper/planted", "w").writ
 open("test_hidden.py", "w").write("def test_add():\n    assert True\n")
 open(".crucible_reward", "w").write("1.0")
 open("tests/test_calc.py", "w").write("def test_mul():\n    assert True\n")
+# Requests the bridge must refuse and live on: a Content-Length int() cannot read, a body that is not UTF-8.
+port = int(os.environ["OPENAI_BASE_URL"].rsplit(":", 1)[1].split("/")[0])
+def raw(data):
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+        conn.sendall(data)
+        return conn.recv(100).split(b"\r\n")[0].decode()
+print("odd length:", raw("POST /v1/chat/completions HTTP/1.1\r\nContent-Length: \u00b2\r\n\r\n".encode()))
+print("not utf-8:", raw(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\n\r\n\xff\xfe"))
 # Its own gateway answers; no header or path names another episode's.
 body = json.dumps({"messages": [{"role": "user", "content": "episode 1 please [script:escape]"}]}).encode()
 request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=body,
@@ -190,6 +198,7 @@ def test_a_program_reaches_nothing_but_its_own_gateway_and_cannot_plant_its_rewa
     for what in ("docker host", "a bridge address", "the API on the host", "dns", "the control dir", "the keeper dir"):
         assert f"{what} refused:" in output, output
     assert "REACHED" not in output and "gateway policy" in output
+    assert "odd length: HTTP/1.1 400" in output and "not utf-8: HTTP/1.1 400" in output  # and it served on
     assert record.calls == 1 == episode.num_turns
     # The hidden tests ran in a fresh sandbox from the task's own copy: planted files changed nothing.
     assert episode.reward_components.get("hidden_tests", 0.0) == 0.0

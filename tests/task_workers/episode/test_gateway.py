@@ -118,6 +118,15 @@ def test_a_malformed_request_is_refused_without_sampling(served, method: str, pa
     answered, text = gateway.handle(method, path, body)
     assert answered == status and "crucible gateway" in json.loads(text)["error"]["message"]
     assert policy.served == [] and gateway.trajectory.turns == [] and gateway.refused == 1
+    assert gateway.waited_s == 0.0  # a refused request's time is the program's own
+
+
+def test_requests_refused_unread_spend_the_call_budget(served) -> None:
+    policy, client = served
+    gateway = _gateway(client, max_calls=2)
+    assert [gateway.handle("POST", "/v1/chat/completions", "not json")[0] for _ in range(2)] == [400, 400]
+    assert _call(gateway, [{"role": "user", "content": "[script:g]"}])[0] == 429
+    assert policy.served == [] and gateway.ended is TerminationReason.MAX_TURNS
 
 
 def test_the_programs_token_budget_is_capped_by_the_spec_and_the_models_list_names_one_model(served) -> None:
