@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from core.termination import TerminationReason
@@ -49,7 +49,8 @@ class Gateway:
     action_regex: str | None = None
     trajectory: Trajectory = field(default_factory=Trajectory)
     ended: TerminationReason | None = None
-    """Why no more calls are answered: max_turns (the budget spent) or context_exhausted."""
+    """Why no more calls are answered: max_turns (the budget spent), context_exhausted, or episode_timeout (set
+    by the program's runner when its own time ran out)."""
     refused: int = 0
     waited_s: float = 0.0
     """Seconds spent answering calls: the platform's time, not the program's."""
@@ -100,12 +101,9 @@ class Gateway:
         except PolicyError as error:  # the server refused these messages (its template cannot render them)
             return self._refuse(400, f"the chat template cannot render these messages: {error}")
         limits = self.ctx.limits
-        if max_tokens is not None:
-            self.ctx.limits = limits.model_copy(update={"max_response_tokens": min(max_tokens, limits.max_response_tokens)})
-        try:
-            sampled = sample_turn(self.ctx, prompt, self.trajectory)
-        finally:
-            self.ctx.limits = limits
+        ctx = self.ctx if max_tokens is None else replace(self.ctx, limits=limits.model_copy(
+            update={"max_response_tokens": min(max_tokens, limits.max_response_tokens)}))
+        sampled = sample_turn(ctx, prompt, self.trajectory)
         if isinstance(sampled, TerminationReason):
             self.ended = sampled
             return self._refuse(400, f"the context window is full ({len(prompt)} prompt tokens of "
@@ -113,11 +111,11 @@ class Gateway:
         completion, versions = sampled
         turn = self._stitch(list(completion.prompt_ids) if completion.prompt_ids is not None else prompt,
                             completion.token_ids)
+        fresh = len(turn) - len(completion.token_ids)  # the environment tokens new to the stream
         text = _without_end_of_turn(completion.text, self._chat.renderer.end_of_turn)
         self.trajectory.turns.append(TurnRecord(
-            index=len(self.trajectory.turns), token_ids=turn, logprobs=[0.0] * (len(turn) - len(completion.token_ids))
-            + completion.logprobs, loss_mask=[0] * (len(turn) - len(completion.token_ids)) + [1] * len(completion.token_ids),
-            prompt_length=len(turn) - len(completion.token_ids), completion_text=completion.text,
+            index=len(self.trajectory.turns), token_ids=turn, logprobs=[0.0] * fresh + completion.logprobs,
+            loss_mask=[0] * fresh + [1] * len(completion.token_ids), prompt_length=fresh, completion_text=completion.text,
             finish_reason=completion.finish_reason, generation_s=completion.seconds, weight_version=versions.start,
             weight_version_end=versions.end, version_runs=versions.runs, replica=completion.replica,
             segment=self._segment))

@@ -132,7 +132,7 @@ def episode_chat(ctx: LoopContext) -> EpisodeChat:
     # an explicit parser's own family's format (browsergym reads Hermes calls too), else the model's
     call_format = next((r.call_format for r in RENDERERS.values() if r.tool_parser == name), HERMES_CALL)
     return EpisodeChat(renderer, PARSERS[name], call_format if ctx.tool_parser != AUTO else renderer.call_format,
-                 frozenset(end_of_turn))
+                       frozenset(end_of_turn))
 
 
 class _RejectedWeights(Exception):

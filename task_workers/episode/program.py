@@ -25,6 +25,7 @@ from core.schemas.episode import ProgramRecord
 from core.termination import TerminationReason
 from environments.agent_program.config import ProgramConfig
 from sandboxes.layout import sandbox_env
+from sandboxes.spec import SandboxSpec
 from sandboxes.stream import ExecStream, StreamClosed, StreamTimeout
 from task_workers.episode.errors import SandboxFault
 from task_workers.episode.gateway import Gateway
@@ -38,6 +39,9 @@ STOP_S = 30.0
 """How long the bridge may take to kill the program and report, once told to stop."""
 LINE_SLACK = 1 << 20
 """A request's line is its body JSON-escaped (at most 6 bytes a byte: a control character as \\u00XX) and this."""
+STOPPED = {TerminationReason.MAX_TURNS: "max_calls", TerminationReason.CONTEXT_EXHAUSTED: "context",
+           TerminationReason.EPISODE_TIMEOUT: "timeout"}
+"""Why the platform stopped the program (episodes.program.stopped), by the episode's ending."""
 GATEWAY_KEY = "crucible-gateway"
 """The API key the program is given: the gateway asks for none (OpenAI clients insist on one)."""
 
@@ -46,68 +50,61 @@ def bridge_source() -> str:
     return (Path(environments.agent_program.__file__).parent / "sandbox" / "bridge.py").read_text()
 
 
-def program_env(ctx: LoopContext, program: ProgramConfig) -> dict[str, str]:
+def program_env(spec: SandboxSpec, program: ProgramConfig) -> dict[str, str]:
     """The program's environment: the sandbox's, the program's own settings, and the gateway's address on the
     sandbox's loopback (`{port}`: the bridge's, filled in by it)."""
-    spec = getattr(ctx.sandbox, "spec", None)
-    base = sandbox_env(spec) if spec is not None else {}
     gateway = "http://127.0.0.1:{port}/v1"
-    return {**base, **program.env, "OPENAI_BASE_URL": gateway, "OPENAI_API_BASE": gateway,
+    return {**sandbox_env(spec), **program.env, "OPENAI_BASE_URL": gateway, "OPENAI_API_BASE": gateway,
             "OPENAI_API_KEY": GATEWAY_KEY}
 
 
 def run_program(ctx: LoopContext, *, program: ProgramConfig, instruction: str) -> Trajectory:
     gateway = Gateway(ctx, max_calls=program.max_calls, action_regex=program.action_regex)
     trajectory = gateway.trajectory
-    spec = getattr(ctx.sandbox, "spec", None)
+    spec: SandboxSpec = ctx.sandbox.spec  # type: ignore[attr-defined]  # every sandbox of a worker has one
     stream = ctx.sandbox.open_control(["/usr/bin/python3", "-I", "-c", bridge_source()])
     started = time.monotonic()
     try:
-        _send(stream, {"op": "start", "argv": program.argv(instruction), "env": program_env(ctx, program),
-                       "cwd": spec.workdir if spec is not None else "/workspace",
-                       "user": spec.user if spec is not None else "1000:1000",
-                       "max_request_bytes": program.max_request_bytes})
+        _send(stream, {"op": "start", "argv": program.argv(instruction), "env": program_env(spec, program),
+                       "cwd": spec.workdir, "user": spec.user, "max_request_bytes": program.max_request_bytes})
         _expect(stream, "started", deadline=time.monotonic() + START_S)
-        stopped, exited = _serve(stream, gateway, program)
+        exited = _serve(stream, gateway, program)
     finally:
         stream.close()
         trajectory.timings["sandbox"] += time.monotonic() - started - gateway.waited_s
-    trajectory.termination = (gateway.ended or TerminationReason.EPISODE_TIMEOUT if stopped
-                              else TerminationReason.PROGRAM_EXITED)
-    trajectory.submitted = not stopped and exited.get("status") == 0
+    trajectory.termination = gateway.ended or TerminationReason.PROGRAM_EXITED
+    trajectory.submitted = gateway.ended is None and exited.get("status") == 0
     trajectory.program = ProgramRecord(
-        exit_status=exited.get("status"), stopped=stopped, calls=len(trajectory.turns), refused=gateway.refused,
-        segments=gateway.segments, output=str(exited.get("output", ""))[-65536:]).stored()
+        exit_status=exited.get("status"), stopped=STOPPED.get(gateway.ended) if gateway.ended else None,
+        calls=len(trajectory.turns), refused=gateway.refused, segments=gateway.segments,
+        output=str(exited.get("output", ""))[-65536:]).stored()
     return trajectory
 
 
-def _serve(stream: ExecStream, gateway: Gateway, program: ProgramConfig) -> tuple[str | None, dict]:
-    """Answer the program's calls until it exits or its budget is spent; (why it was stopped, its exit event)."""
+def _serve(stream: ExecStream, gateway: Gateway, program: ProgramConfig) -> dict:
+    """Answer the program's calls until it exits, stopping it once the gateway ends the episode (its budget of
+    calls or context spent) or its own time runs out; its exit event. Once stopping, a call still in flight
+    is refused by the gateway, unsampled."""
     began = time.monotonic()
-    stopped: str | None = None
     while True:
+        stopping = gateway.ended is not None
         own = time.monotonic() - began - gateway.waited_s  # the program's own time so far
-        deadline = time.monotonic() + (program.timeout_s - own if stopped is None else STOP_S)
+        deadline = time.monotonic() + (STOP_S if stopping else program.timeout_s - own)
         try:
             event = _read(stream, deadline=deadline, max_line=6 * program.max_request_bytes + LINE_SLACK)
         except StreamTimeout:
-            if stopped is not None:
+            if stopping:
                 raise SandboxFault(f"the agent program's bridge did not stop the program within {STOP_S:g} s") from None
-            stopped = "timeout"
+            gateway.ended = TerminationReason.EPISODE_TIMEOUT
             _send(stream, {"op": "stop"})
             continue
         if event.get("event") == "exit":
-            return stopped, event
+            return event
         if event.get("event") != "request":
             raise SandboxFault(f"the agent program's bridge: expected a request or its exit, got {str(event)[:200]}")
-        if stopped is not None:  # sent before the bridge heard stop: nothing more is sampled
-            _send(stream, {"op": "reply", "id": event.get("id"), "status": 429,
-                           "body": json.dumps({"error": {"message": "crucible gateway: the episode is over"}})})
-            continue
         status, body = gateway.handle(str(event.get("method")), str(event.get("path")), str(event.get("body", "")))
         _send(stream, {"op": "reply", "id": event.get("id"), "status": status, "body": body})
-        if gateway.ended is not None and stopped is None:
-            stopped = "max_calls" if gateway.ended is TerminationReason.MAX_TURNS else "context"
+        if not stopping and gateway.ended is not None:
             _send(stream, {"op": "stop"})
 
 

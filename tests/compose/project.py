@@ -131,22 +131,21 @@ class Project:
     extra: list[Path] = field(default_factory=list)
 
     def command(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        files = [arg for path in [ROOT / "compose.yaml", *self.extra] for arg in ("-f", str(path))]
-        env = {**{k: v for k, v in os.environ.items() if not k.startswith("CRUCIBLE_")}, **self.variables}
-        done = subprocess.run(["docker-compose", "--project-directory", str(ROOT), "-p", self.name, *files, *args],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+        done = self._run(args, timeout=timeout)
         if check and done.returncode != 0:
             raise AssertionError(f"docker-compose {' '.join(args)}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
                                  f"\n{self.logs()}")
         return done
 
     def logs(self) -> str:
+        return self._run(("logs", "--no-color", "--tail", "60"), timeout=120).stdout[-12000:]
+
+    def _run(self, args: tuple[str, ...], *, timeout: float) -> subprocess.CompletedProcess[str]:
+        """`docker-compose ARGS` on this project's files, with its variables and none of the caller's CRUCIBLE_*."""
         files = [arg for path in [ROOT / "compose.yaml", *self.extra] for arg in ("-f", str(path))]
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("CRUCIBLE_")}, **self.variables}
-        done = subprocess.run(["docker-compose", "--project-directory", str(ROOT), "-p", self.name, *files, "logs",
-                               "--no-color", "--tail", "60"], cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=120, check=False)
-        return done.stdout[-12000:]
+        return subprocess.run(["docker-compose", "--project-directory", str(ROOT), "-p", self.name, *files, *args],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
     def config(self) -> dict:
         return _yaml(self.command("config").stdout)
