@@ -1,4 +1,4 @@
-.PHONY: test test-all test-fleet test-compose demo factory rl-real rl-discover rl-browser rl-mixed rl-openenv setup lint docs bench bench-api bench-blinding
+.PHONY: test test-all test-fleet test-compose test-harbor demo factory rl-real rl-discover rl-browser rl-mixed rl-openenv setup lint docs bench bench-api bench-blinding
 
 setup:
 	scripts/setup.sh
@@ -19,6 +19,11 @@ test-fleet:
 # Debian's packages (tests/compose; `make test` runs its short case, the file read by docker-compose).
 test-compose:
 	CRUCIBLE_TEST_WORKERS=0 CRUCIBLE_TEST_SLOW=1 scripts/test.sh tests/compose -rP
+
+# Harbor tasks in and out with the `harbor` package itself, in its Debian 13 image (built on the first run:
+# debootstrap and harbor's wheels, a few minutes); `make test` runs the grading of a Harbor task without it.
+test-harbor:
+	CRUCIBLE_TEST_SLOW=1 scripts/test.sh -m harbor tests/environments/harbor -rP
 
 demo:
 	scripts/demo.sh

@@ -99,6 +99,7 @@ def _graded_report(task: CodeRepoTask, key: Any, *, open_sandbox: OpenSandbox, s
             sandbox.put_files({f"{WORKSPACE}/{p}": t.encode() for p, t in task.solution.files.items()})
         sandbox.put_files({f"{WORKSPACE}/{path}": text.encode() for path, text in key.graded_files().items()})
         forget_history(sandbox)
+        assert isinstance(task.hidden_tests, TestSpec)  # the factory's tasks: pytest layers
         raw = _pytest(sandbox, task.hidden_tests, extra=[])
     return _report(raw.report) or {}
 
@@ -106,6 +107,7 @@ def _graded_report(task: CodeRepoTask, key: Any, *, open_sandbox: OpenSandbox, s
 def _judged_failures(task: CodeRepoTask, key: Any, *, open_sandbox: OpenSandbox, solved: bool) -> list[str]:
     """The tests the worker fails on the task's base (the mutant) or, `solved`, on base + its reference."""
     report = _graded_report(task, key, open_sandbox=open_sandbox, solved=solved)
+    assert isinstance(task.hidden_tests, TestSpec)
     return sorted(t for t, (outcome, _) in key.judge_report(report, task.hidden_tests.tests).items()
                   if outcome != "passed")
 

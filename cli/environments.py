@@ -19,10 +19,11 @@ from core.models import Environment, Task
 from core.settings import get_settings
 from environments.browser.importing import GENERATED_FORMATS
 from environments.browser.task import miniwob_names
-from environments.service import get_environment, list_environments, register_environment
+from environments.registry import get_kind
+from environments.service import get_environment, list_environments, register_environment, spec_of
 from environments.spec import check_network_policy, check_reward_servers, load_spec_file
 from environments.task_lines import check_split
-from environments.tasks import TaskFormat, import_generated, import_tasks
+from environments.tasks import TaskFormat, import_generated, import_harbor, import_tasks
 
 if TYPE_CHECKING:  # imported where they are used: the CLI starts fast
     from environments.code_repo.factory import FactoryReport
@@ -144,50 +145,69 @@ def serve(
 
 
 FILE_FORMATS = ("crucible", "swebench")
+FOLDER_FORMATS = ("harbor",)
 
 
 @tasks_app.command("import")
 def import_(
     environment: str = typer.Argument(..., help="Registered environment name."),
-    path: Path | None = typer.Argument(None, help="JSONL task file (crucible and swebench formats)."),
+    paths: list[Path] | None = typer.Argument(None, help="A JSONL task file (crucible and swebench formats), or "
+                                              "Harbor task folders (harbor)."),
     format: str = typer.Option("crucible", "--format", "-f",
-                               help="crucible or swebench (files); miniwob or shop (generated, browser environments)"),
+                               help="crucible or swebench (files); harbor (folders); miniwob or shop (generated, "
+                                    "browser environments)"),
     repos_dir: Path | None = typer.Option(None, help="Where SWE-bench repositories are cloned."),
     image: str | None = typer.Option(None, "--image", help="swebench: each instance's own image, a template "
                                      "with {instance_id} or {instance_key}, e.g. "
-                                     "'swebench/sweb.eval.x86_64.{instance_key}:latest' (repository at /testbed)"),
+                                     "'swebench/sweb.eval.x86_64.{instance_key}:latest' (repository at /testbed); "
+                                     "harbor: a local image for the tasks' environment instead of building "
+                                     "environment/Dockerfile, {name} the task's name"),
     tasks: str | None = typer.Option(None, "--tasks", help="miniwob: task names separated by commas, or all (default)"),
     seeds: int | None = typer.Option(None, "--seeds", help="miniwob: seeds per task name (default 10)"),
     seed_start: int | None = typer.Option(None, "--seed-start", help="miniwob: the first seed (default 0)"),
     count: int | None = typer.Option(None, "--count", help="shop: how many tasks to generate"),
     start: int | None = typer.Option(None, "--start", help="shop: the first task index (default 0)"),
-    split: str | None = typer.Option(None, "--split", help="generated formats: the tasks' split (default train)"),
+    split: str | None = typer.Option(None, "--split", help="generated formats and harbor: the tasks' split "
+                                     "(default train)"),
     output: OutputFormat = OutputOption,
 ) -> None:
-    """Import (or update) tasks from a JSONL file, or generate a browser environment's tasks."""
+    """Import (or update) tasks from a JSONL file or Harbor folders, or generate a browser environment's tasks."""
     generated = {"tasks": tasks, "seeds": seeds, "seed_start": seed_start, "count": count, "start": start,
                  "split": split}
+    given_paths = list(paths or [])
+    formats = (*FILE_FORMATS, *FOLDER_FORMATS, *GENERATED_FORMATS)
     with readable_errors():
-        if format not in (*FILE_FORMATS, *GENERATED_FORMATS):
-            raise ConfigError(f"--format: expected one of {', '.join((*FILE_FORMATS, *GENERATED_FORMATS))}, "
-                              f"got {format[:80]!r}")
-        if format in FILE_FORMATS:
-            if path is None:
-                raise ConfigError(f"PATH: expected a JSONL task file for --format {format}, got none")
-            given = [f"--{name.replace('_', '-')}" for name, value in generated.items() if value is not None]
+        if format not in formats:
+            raise ConfigError(f"--format: expected one of {', '.join(formats)}, got {format[:80]!r}")
+        if format in (*FILE_FORMATS, *FOLDER_FORMATS):
+            if not given_paths:
+                what = "Harbor task folders" if format in FOLDER_FORMATS else "a JSONL task file"
+                raise ConfigError(f"PATH: expected {what} for --format {format}, got none")
+            if format in FILE_FORMATS and len(given_paths) > 1:
+                raise ConfigError(f"PATH: expected one JSONL task file for --format {format}, got {len(given_paths)}")
+            allowed = {"split"} if format in FOLDER_FORMATS else set()
+            given = [f"--{name.replace('_', '-')}" for name, value in generated.items()
+                     if value is not None and name not in allowed]
             if given:
                 raise ConfigError(f"{given[0]}: expected only with a generated format ({', '.join(GENERATED_FORMATS)}), "
-                                  f"got it with --format {format} (the file's lines are the tasks)")
+                                  f"got it with --format {format}")
+            if format in FOLDER_FORMATS and repos_dir is not None:
+                raise ConfigError(f"--repos-dir: expected only with --format swebench, got it with --format {format}")
+            if split is not None:
+                check_split(split)
         elif image is not None:
-            raise ConfigError(f"--image: expected only with --format swebench, got it with --format {format}")
-        elif path is not None or repos_dir is not None:
+            raise ConfigError(f"--image: expected only with --format swebench or harbor, got it with --format {format}")
+        elif given_paths or repos_dir is not None:
             raise ConfigError(f"PATH: expected none with --format {format} (its tasks are generated), got "
-                              f"{str(path or repos_dir)[:200]!r}")
+                              f"{str(given_paths[0] if given_paths else repos_dir)[:200]!r}")
     with readable_errors(), session_scope() as session:
-        if path is not None:
+        if format in FOLDER_FORMATS:
+            imported = import_harbor(session, environment=environment, folders=given_paths, image=image,
+                                     split=split or "train")
+        elif given_paths:
             fmt: TaskFormat = "swebench" if format == "swebench" else "crucible"
-            imported = import_tasks(session, environment=environment, path=path, format=fmt, repos_dir=repos_dir,
-                                    image=image)
+            imported = import_tasks(session, environment=environment, path=given_paths[0], format=fmt,
+                                    repos_dir=repos_dir, image=image)
         else:
             imported = import_generated(session, environment=environment, format=format, **generated)
         blinding = blinding_by_task(session, task_ids=list(session.execute(
@@ -202,6 +222,52 @@ def import_(
             console.print(f"its code_repo tasks: {len(blinding) - unblinded} of {len(blinding)} have a reference "
                           f"solution, so their hidden tests are graded blinded (`crucible tasks ls` shows each "
                           f"task's share once graded)", highlight=False)
+
+
+@tasks_app.command("export")
+def export(
+    environment: str = typer.Argument(..., help="Registered environment name (a code_repo or agent_program one)."),
+    out: Path = typer.Argument(..., help="A folder to write the tasks into, one folder each (made if missing)."),
+    format: str = typer.Option("harbor", "--format", "-f", help="harbor: Harbor task folders, read back by the "
+                                                               "harbor package"),
+    split: str | None = typer.Option(None, "--split", help="Only this split's tasks."),
+    output: OutputFormat = OutputOption,
+) -> None:
+    """Write an environment's tasks as Harbor task folders, then have the `harbor` package read each back."""
+    from environments.code_repo.task import CodeRepoTask, TestSpec
+    from environments.harbor.convert import read_back, write_folder
+
+    with readable_errors(), session_scope() as session:
+        if format not in FOLDER_FORMATS:
+            raise ConfigError(f"--format: expected one of {', '.join(FOLDER_FORMATS)}, got {format[:80]!r}")
+        env = get_environment(session, name=environment)
+        if "harbor" not in get_kind(env.kind).formats:
+            raise ConfigError(f"environment {environment!r} is a {env.kind} environment: expected a code_repo or "
+                              "agent_program one (Harbor tasks are repositories)")
+        spec = spec_of(env)
+        query = select(Task.external_id, Task.instruction, Task.payload).where(Task.environment_name == environment)
+        if split is not None:
+            query = query.where(Task.split == check_split(split))
+        rows = list(session.execute(query.order_by(Task.id)))
+        if not rows:
+            raise ConfigError(f"environment {environment!r}: expected tasks to export, got none"
+                              + (f" in split {split!r}" if split else ""))
+        out.mkdir(parents=True, exist_ok=True)
+        written: dict[Path, tuple[str, TestSpec]] = {}
+        for row in rows:
+            task = CodeRepoTask.model_validate(row.payload)
+            folder = write_folder(out, external_id=row.external_id, instruction=row.instruction, task=task,
+                                  image=task.image or spec.image, environment=environment)
+            assert isinstance(task.hidden_tests, TestSpec)
+            written[folder.resolve()] = (row.instruction, task.hidden_tests)
+        reads = read_back(written)
+    version = reads[0].harbor_version
+    if output is OutputFormat.json:
+        print_json({"environment": environment, "exported": len(written), "out": str(out),
+                    "read_back": {"harbor": version, "tasks": [read.name for read in reads]}})
+    else:
+        console.print(f"exported {len(written)} tasks to {safe(str(out))}; harbor {version} read each back",
+                      highlight=False)
 
 
 def _factory_inputs(*, split: str, requirements: list[str], out: Path,

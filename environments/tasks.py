@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from environments.code_repo.importing import TaskRecord
 
 TaskFormat = Literal["crucible", "swebench"]
+"""The formats of a task file (a Harbor task is a folder: import_harbor)."""
 
 
 def _check_kind(session: Session, environment: str, format: str) -> str:
@@ -103,6 +104,18 @@ def import_tasks(
     else:
         records = importing.read_crucible_jsonl(path)
     return _store(session, environment=environment, records=records)
+
+
+def import_harbor(session: Session, *, environment: str, folders: list[Path], image: str | None = None,
+                  split: str = "train") -> int:
+    """Client side: Harbor task folders read by the `harbor` package (environments/harbor), each task's image
+    built (or `image`, a local one, `{name}` the task's name), upserted as code_repo tasks."""
+    _check_kind(session, environment, "harbor")
+    from environments.harbor.convert import harbor_records
+    from environments.harbor.reader import read_tasks
+
+    return _store(session, environment=environment, records=harbor_records(read_tasks(folders), image=image,
+                                                                            split=split))
 
 
 def import_uploaded(

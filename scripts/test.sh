@@ -17,14 +17,15 @@ set +e
 # docs/getting-started.md has the latest runs).
 # The default run leaves out tests marked slow (minutes each: real-vLLM syncs mid-episode and during a
 # failing publish), those marked fleet (tests/fleet: hosts in network namespaces, `make test-fleet`) and
-# compose (tests/compose: compose.yaml brought up with docker-compose, `make test-compose`);
+# compose (tests/compose: compose.yaml brought up with docker-compose, `make test-compose`) and harbor (the
+# `harbor` package in its Debian 13 image reading and writing task folders, `make test-harbor`);
 # `make test-all` (CRUCIBLE_TEST_SLOW=1) runs them too.
 parallel=(--durations=25)
 if [ "${CRUCIBLE_TEST_WORKERS:-2}" != 0 ]; then parallel+=(-n "${CRUCIBLE_TEST_WORKERS:-2}" --dist loadgroup); fi
 if [ -n "${CRUCIBLE_TEST_SLOW:-}" ]; then
   .venv/bin/pytest "${parallel[@]}" "$@"
 else
-  .venv/bin/pytest "${parallel[@]}" -m "not slow and not fleet and not compose" "$@"
+  .venv/bin/pytest "${parallel[@]}" -m "not slow and not fleet and not compose and not harbor" "$@"
 fi
 status=$?
 set -e

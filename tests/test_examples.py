@@ -45,3 +45,12 @@ def test_the_openenv_examples_register_and_import(db_session: Session) -> None:
         env, created = register_environment(db_session, spec=load_spec_file(EXAMPLES / f"{name}.yaml"))
         assert created and env.kind == "openenv"
         assert import_tasks(db_session, environment=env.name, path=EXAMPLES / "openenv-echo.jsonl") == 3
+
+
+def test_the_harbor_example_registers(db_session: Session) -> None:
+    """Its task folder is imported by the `harbor` package in tests/environments/harbor/test_harbor_package.py."""
+    env, created = register_environment(db_session, spec=load_spec_file(EXAMPLES / "harbor.yaml"))
+    assert created and env.kind == "code_repo" and env.spec["task_images"] == ["crucible-harbor/*"]
+    assert sorted(p.relative_to(EXAMPLES / "harbor").as_posix() for p in (EXAMPLES / "harbor").rglob("*") if p.is_file()) \
+        == ["fix-calc/environment/Dockerfile", "fix-calc/environment/calc.py", "fix-calc/instruction.md",
+            "fix-calc/solution/solve.sh", "fix-calc/task.toml", "fix-calc/tests/test.sh", "fix-calc/tests/test_outputs.py"]

@@ -89,17 +89,19 @@ ORDER BY e.task_id, e.id DESC
 
 def blinding_by_task(session: Session, *, task_ids: list[int]) -> dict[int, str]:
     """Per code_repo task, what its hidden tests' grading keeps out of the sandbox: `n/m` tests blinded in
-    its latest grade, `unblinded: no reference solution`, or `not graded yet` (tasks of other kinds: none)."""
+    its latest grade, `unblinded: no reference solution` (or a Harbor task's test.sh), or `not graded yet` (tasks of
+    other kinds: none)."""
     if not task_ids:
         return {}
     graded = {int(row.task_id): f"{row.blinded}/{row.graded}"
               for row in session.execute(_BLINDING, {"ids": task_ids})}
-    rows = session.execute(select(Task.id, Task.payload["hidden_tests"].isnot(None), Task.payload["solution"])
-                           .where(Task.id.in_(task_ids))).all()
+    rows = session.execute(select(Task.id, Task.payload["hidden_tests"].isnot(None), Task.payload["solution"],
+                                  Task.payload["hidden_tests"]["format"].astext).where(Task.id.in_(task_ids))).all()
     out: dict[int, str] = {}
-    for task_id, code_repo, solution in rows:
+    for task_id, code_repo, solution, layer in rows:
         if not code_repo:
             continue
-        out[task_id] = graded.get(task_id) or ("unblinded: no reference solution" if not solution
-                                               else "not graded yet")
+        ungraded = ("unblinded: a Harbor task's tests/test.sh" if layer == "harbor"
+                    else "unblinded: no reference solution" if not solution else "not graded yet")
+        out[task_id] = graded.get(task_id) or ungraded
     return out

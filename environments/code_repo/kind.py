@@ -40,7 +40,7 @@ SYSTEM_PROMPT = (
 class CodeRepoKind(Kind):
     name = "code_repo"
     default_weights = verifier.DEFAULT_WEIGHTS
-    formats = ("crucible", "swebench")
+    formats = ("crucible", "swebench", "harbor")
     task_images = True
 
     def __init__(self, spec: EnvironmentSpec) -> None:

@@ -43,6 +43,8 @@ _keys: TaskMemo[Key] = TaskMemo()
 
 def unblinded_reason(task: CodeRepoTask, *, enabled: bool) -> str:
     """Why the task's hidden tests are graded unblinded ('' when they can be blinded)."""
+    if not isinstance(task.hidden_tests, TestSpec):
+        return "a Harbor task's tests/test.sh is a program of its own: its checks cannot be judged outside"
     if not enabled:
         return "blinding is off for this environment (verifier.blind_hidden_tests)"
     if task.solution is None:
@@ -62,7 +64,7 @@ def reference_key(task: CodeRepoTask, *, base: str, open_sandbox: OpenSandbox) -
 def _compute(task: CodeRepoTask, *, base: str, open_sandbox: OpenSandbox) -> Key:
     spec = task.hidden_tests
     solution = task.solution
-    assert solution is not None
+    assert solution is not None and isinstance(spec, TestSpec)
     with open_sandbox() as trusted:
         if install_repo(trusted, task) != base:
             raise SetupError("the reference sandbox's base commit differs from the one the worker recorded")

@@ -31,7 +31,7 @@ from environments.base import Sandbox
 from environments.base import TaskRefused as BaseTaskRefused
 from environments.code_repo.snapshot import MAX_SNAPSHOT_BYTES, check_snapshot
 from environments.code_repo.task import BUNDLE_REF, CodeRepoTask, ImageRepo, RepoSnapshot
-from sandboxes.layout import KEEPER_DIR
+from sandboxes.layout import KEEPER_DIR, privileged_argv
 
 WORKSPACE = "/workspace"
 BASE_TAG = "crucible-base"
@@ -87,9 +87,11 @@ def _program(name: str, placeholders: dict[str, str] | None = None) -> str:
 
 def _exec(sandbox: Sandbox, script: str, *args: str, stdin: bytes | None = None, as_keeper: bool = False,
           timeout_s: float = TRANSFER_TIMEOUT_S) -> tuple[int, bytes, str]:
-    """A one-off bash process outside the agent's shell; returns (exit code, stdout, stderr text)."""
-    result = sandbox.exec(["bash", "-c", f"export {GIT_ENV}; {script}", "crucible", *args], stdin=stdin, as_keeper=as_keeper,
-                          timeout_s=timeout_s)
+    """A one-off bash process outside the agent's shell; returns (exit code, stdout, stderr text). It starts with an
+    empty environment (privileged_argv's), never the image's: a task's image may set BASH_ENV, LD_LIBRARY_PATH or
+    PYTHONPATH to a directory of the workspace, which in a grading sandbox holds the submission."""
+    result = sandbox.exec(privileged_argv(["bash", "-c", f"export {GIT_ENV}; {script}", "crucible", *args]),
+                          stdin=stdin, as_keeper=as_keeper, timeout_s=timeout_s)
     return result.exit_code, bytes(result.output), bytes(result.stderr).decode(errors="replace").strip()[-800:]
 
 

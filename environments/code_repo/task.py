@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 
 # The snapshot and its packers live beside their safety checks; re-exported here for the payload's users.
 from environments.code_repo.snapshot import BUNDLE_REF, ImageRepo, RepoSnapshot, pack_directory, pack_git
 from environments.spec import IMAGE_REF
 
-__all__ = ["BUNDLE_REF", "DEFAULT_PROTECTED", "CodeRepoTask", "ImageRepo", "RepoSnapshot", "Solution", "TestSpec",
-           "pack_directory", "pack_git"]
+__all__ = ["BUNDLE_REF", "DEFAULT_PROTECTED", "CodeRepoTask", "HarborTests", "ImageRepo", "RepoSnapshot", "Solution",
+           "TestSpec", "pack_directory", "pack_git"]
 
 # What an agent may not change, as globs: a glob without "/" matches a file's name at any depth, one
 # with "/" matches the whole path ("*" crosses directories). A spec's `verifier.protected_paths`
@@ -94,6 +102,63 @@ class TestSpec(BaseModel):
         return "python3 -m pytest -q -p no:cacheprovider " + " ".join(shlex.quote(p) for p in self.collect_paths())
 
 
+HARBOR_TEST = "test.sh"
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+_SYSTEM_DIRS = frozenset({"bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run", "sbin", "sys",
+                          "tmp", "usr", "var", "logs", "tests", "home", "root", "opt"})
+
+
+class HarborTests(BaseModel):
+    """A Harbor task's tests (environments/harbor): its `tests/` folder, uploaded only to a fresh grading
+    sandbox holding base + the submission, where `bash /tests/test.sh` runs as the agent's uid from the task's
+    working directory; the layer's score is the reward it writes to /logs/verifier (harbor_tests.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+    __test__ = False
+
+    format: Literal["harbor"]
+    files: dict[str, str] = Field(max_length=10_000)
+    """tests/: path relative to the folder → text; `test.sh` is the entry point."""
+    workdir: str = Field(max_length=200, pattern=r"^(/[A-Za-z0-9_][A-Za-z0-9._-]*)+$")
+    """The task's working directory (its Dockerfile's WORKDIR): a link to the workspace in its adapted image,
+    and where test.sh starts."""
+    timeout_s: float = Field(default=600, gt=0, le=3600)
+    env: dict[str, str] = Field(default_factory=dict, max_length=100)
+    """`[verifier].env` of task.toml, literal values."""
+
+    @field_validator("files")
+    @classmethod
+    def _has_its_script(cls, files: dict[str, str]) -> dict[str, str]:
+        files_inside_workspace(files)
+        directories = {"/".join(path.split("/")[:depth]) for path in files for depth in range(1, path.count("/") + 1)}
+        for path in files:
+            if any(part in ("", ".") for part in path.split("/")) or path in directories:
+                raise ValueError(f"files: expected file paths such as helpers/data.json (no empty or . part, none a "
+                                 f"directory of another), got {path[:200]!r}")
+        if HARBOR_TEST not in files:
+            raise ValueError(f"files: expected the tests folder's {HARBOR_TEST}, got {sorted(files)[:10]}")
+        return files
+
+    @field_validator("workdir")
+    @classmethod
+    def _not_a_system_directory(cls, value: str) -> str:
+        if value.startswith("/workspace/"):  # the workspace is a tmpfs over the image's: a link inside it is hidden
+            raise ValueError(f"workdir: expected /workspace itself or a directory outside it, got {value!r}")
+        if value.split("/")[1] in _SYSTEM_DIRS and value != "/workspace":
+            raise ValueError(f"workdir: expected a directory of its own such as /app, got {value!r} (under "
+                             f"/{value.split('/')[1]}, which the sandbox needs)")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _plain_variables(cls, env: dict[str, str]) -> dict[str, str]:
+        for name, value in env.items():
+            if not re.fullmatch(_ENV_NAME, name) or "\0" in value or len(value) > 4096:
+                raise ValueError(f"env: expected NAME=value pairs (a name of letters, digits and _, a value of at "
+                                 f"most 4096 characters without NUL), got {name[:100]!r}")
+        return env
+
+
 class Solution(BaseModel):
     """A task's reference solution: the base plus this passes the hidden tests."""
 
@@ -122,8 +187,9 @@ class CodeRepoTask(BaseModel):
     public_tests: TestSpec | None = None
     """The agent may run these (`run_tests`); their files are in its workspace. Graded like the hidden
     tests, in a fresh sandbox."""
-    hidden_tests: TestSpec
-    """Run only by the verifier, in a fresh sandbox, on the submitted diff."""
+    hidden_tests: TestSpec | HarborTests
+    """Run only by the verifier, in a fresh sandbox, on the submitted diff: pytest through the grader's own
+    runner, or a Harbor task's tests/test.sh (`format: harbor`)."""
     protected_paths: list[str] = Field(default_factory=list, max_length=1000)
     """Globs this task protects in addition to the environment's list."""
     solution: Solution | None = None
@@ -157,6 +223,17 @@ class CodeRepoTask(BaseModel):
         if self._exported is None:
             raise RuntimeError("the image's repository was not exported (CodeRepoKind.prepare) before setup")
         return self._exported
+
+    @field_validator("hidden_tests", mode="wrap")
+    @classmethod
+    def _layer_by_format(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> TestSpec | HarborTests:
+        """`format: harbor` picks a Harbor task's tests, anything else is a pytest layer: errors name the fields of
+        the one meant (`hidden_tests.paths`), not every member of the union."""
+        if isinstance(value, TestSpec | HarborTests):
+            return value
+        if isinstance(value, dict) and value.get("format") == "harbor":
+            return HarborTests.model_validate(value)
+        return TestSpec.model_validate(value)
 
     @field_validator("image")
     @classmethod

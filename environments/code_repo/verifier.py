@@ -32,6 +32,7 @@ from environments.base import GraderFault, LayerResult, OpenSandbox, Sandbox, To
 from environments.code_repo import monitors
 from environments.code_repo.blinding import Key, unblinded_key
 from environments.code_repo.grader import collect_test_ids, put_or_reject, run_tests
+from environments.code_repo.harbor_tests import run_harbor_tests
 from environments.code_repo.memo import TaskMemo
 from environments.code_repo.reference import reference_key, unblinded_reason
 from environments.code_repo.repo import (
@@ -50,7 +51,7 @@ from environments.code_repo.repo import (
     staged_blobs,
     staged_diff,
 )
-from environments.code_repo.task import DEFAULT_PROTECTED, CodeRepoTask, TestSpec
+from environments.code_repo.task import DEFAULT_PROTECTED, CodeRepoTask, HarborTests, TestSpec
 from environments.rewards import FlagPolicy
 from environments.spec import VerifierConfig
 
@@ -138,7 +139,7 @@ def _submission(grader: Sandbox, *, task: CodeRepoTask, base: str, tree: bytes, 
     changes = changed_files(grader, base=base)
     protected = [*(config.protected_paths if config.protected_paths is not None else DEFAULT_PROTECTED),
                  *task.protected_paths]
-    pythonpath = [*(task.hidden_tests.pythonpath), *(task.public_tests.pythonpath if task.public_tests else [])]
+    pythonpath = [path for spec in _pytest_layers(task) for path in spec.pythonpath]
     # Contents come from git's objects (the index, the base commit), never from the tree: a link
     # or a hard link cannot show the monitors one file and the interpreter another.
     new = staged_blobs(grader, [path for status, path in changes if status != "D"])
@@ -178,15 +179,19 @@ def _modules_of(grader: Sandbox) -> frozenset[str]:
 def _test_packages(task: CodeRepoTask) -> set[str]:
     """Every __init__.py from a graded test's directory up to the root: pytest imports the tests through
     them, so they run first (a root one included, under pytest's default `prepend` import mode)."""
-    specs = [task.hidden_tests, *([task.public_tests] if task.public_tests else [])]
     paths = {"__init__.py"}
-    for spec in specs:
+    for spec in _pytest_layers(task):
         for path in [*spec.collect_paths(), *spec.files]:
             parts = path.split("::", 1)[0].strip("/").split("/")
             parts = parts[:-1] if parts[-1].endswith(".py") else parts
             paths.update("/".join([*parts[:depth], "__init__.py"]) for depth in range(1, len(parts) + 1)
                          if parts[0] not in ("", "."))
     return paths
+
+
+def _pytest_layers(task: CodeRepoTask) -> list[TestSpec]:
+    """The layers pytest runs (a Harbor task's hidden layer is its own script)."""
+    return [spec for spec in (task.hidden_tests, task.public_tests) if isinstance(spec, TestSpec)]
 
 
 def _data(blob: Blob | None) -> bytes | None:
@@ -224,6 +229,8 @@ def _hidden(fresh: Sandbox, *, task: CodeRepoTask, base: str, tree: bytes, diff:
     With `key`, the test files are the blinded ones: no expected value enters this sandbox."""
     started = time.monotonic()
     spec = task.hidden_tests
+    if isinstance(spec, HarborTests):
+        return _harbor(fresh, task=task, spec=spec, base=base, tree=tree, diff=diff, started=started)
     files = key.graded_files() if key is not None else spec.files
     if spec.tests:
         install_repo(fresh, task)
@@ -244,6 +251,20 @@ def _hidden(fresh: Sandbox, *, task: CodeRepoTask, base: str, tree: bytes, diff:
     if key is not None:  # the base commit holds the tests as the repository had them: no history to read
         forget_history(fresh)
     return _layer(fresh, spec, "hidden_tests", findings, changed, key=key, unblinded=unblinded)
+
+
+def _harbor(fresh: Sandbox, *, task: CodeRepoTask, spec: HarborTests, base: str, tree: bytes, diff: bytes,
+            started: float) -> LayerResult:
+    """A Harbor task's tests/test.sh in a second fresh sandbox: base + the same files (the same diff, byte for
+    byte), its history gone (Harbor's working directory has none), then tests/ where /tests leads."""
+    install_repo(fresh, task)
+    load_submission(fresh, tree, base=base)
+    if staged_diff(fresh, base=base) != diff:
+        raise SetupError("the hidden-test sandbox's tree differs from the graded diff")
+    forget_history(fresh)
+    run = run_harbor_tests(fresh, spec)
+    return LayerResult("hidden_tests", run.score, run.passed, run.detail, time.monotonic() - started,
+                       record={"blinded": run.blinded, "graded": run.graded})
 
 
 def _add_test_files(sandbox: Sandbox, files: dict[str, str]) -> None:

@@ -60,6 +60,32 @@ IMPORT_CHANGES = (
 
 
 @dataclass(frozen=True, kw_only=True)
+class DebianRoot:
+    """A root filesystem that debootstrap makes from Debian's packages and `docker import` tags
+    `<repository>:<hash of every input>`."""
+
+    repository: str
+    suite: str
+    packages: tuple[str, ...]
+    setup: str
+    """Run in the root filesystem (chroot) before it is packed."""
+    changes: tuple[str, ...] = IMPORT_CHANGES
+
+    def digest(self) -> str:
+        inputs = {"v": BUILDER_VERSION, "suite": self.suite, "variant": VARIANT, "packages": self.packages,
+                  "setup": self.setup, "changes": self.changes}
+        return _sha(json.dumps(inputs, sort_keys=True).encode())[:12]
+
+    @property
+    def tag(self) -> str:
+        return f"{self.repository}:{self.digest()}"
+
+
+BASE_ROOT = DebianRoot(repository="crucible/base", suite=SUITE, packages=PACKAGES, setup=SETUP_SCRIPT)
+"""The sandboxes' base: Debian 12 (bookworm), the release of the machines Crucible runs on."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class BuiltImage:
     name: str
     tag: str
@@ -116,9 +142,7 @@ def _sha(data: bytes) -> str:
 
 
 def base_hash() -> str:
-    inputs = {"v": BUILDER_VERSION, "suite": SUITE, "variant": VARIANT, "packages": PACKAGES,
-              "setup": SETUP_SCRIPT, "changes": IMPORT_CHANGES}
-    return _sha(json.dumps(inputs, sort_keys=True).encode())[:12]
+    return BASE_ROOT.digest()
 
 
 def environment_names() -> list[str]:
@@ -149,7 +173,6 @@ def _tag_latest(api: docker.APIClient, tag: str) -> None:
 
 def build_base(*, api: docker.APIClient, cache_dir: Path, base_image: str | None = None, force: bool = False) -> BuiltImage:
     """The base image: `base_image` if given (must exist locally), else debootstrap + docker import."""
-    started = time.monotonic()
     if base_image:
         if not _image_exists(api, base_image):
             raise ImageBuildError(
@@ -157,24 +180,33 @@ def build_base(*, api: docker.APIClient, cache_dir: Path, base_image: str | None
                 "load it with `docker load` or unset the setting to build one with debootstrap)"
             )
         return BuiltImage(name="base", tag=base_image, built=False, seconds=0.0)
-    digest = base_hash()
-    tag = f"crucible/base:{digest}"
+    return build_root(BASE_ROOT, api=api, cache_dir=cache_dir, force=force, name="base")
+
+
+def build_root(root: DebianRoot, *, api: docker.APIClient, cache_dir: Path, force: bool = False,
+               name: str | None = None) -> BuiltImage:
+    """`root.tag`: debootstrap + docker import, the root filesystem's tarball cached in `cache_dir`; a no-op
+    when the tag exists."""
+    started = time.monotonic()
+    name = name or root.repository
+    digest = root.digest()
+    tag = root.tag
     if _image_exists(api, tag) and not force:
         _tag_latest(api, tag)
-        return BuiltImage(name="base", tag=tag, built=False, seconds=time.monotonic() - started)
-    tarball = cache_dir / f"base-{digest}.tar"
+        return BuiltImage(name=name, tag=tag, built=False, seconds=time.monotonic() - started)
+    tarball = cache_dir / f"{root.repository.rsplit('/', 1)[-1]}-{digest}.tar"
     if not tarball.exists() or force:
-        _debootstrap_tarball(cache_dir=cache_dir, tarball=tarball)
+        _debootstrap_tarball(root, cache_dir=cache_dir, tarball=tarball)
     log.info("importing %s as %s", tarball, tag)
     try:
-        api.import_image_from_file(str(tarball), repository="crucible/base", tag=digest, changes=list(IMPORT_CHANGES))
+        api.import_image_from_file(str(tarball), repository=root.repository, tag=digest, changes=list(root.changes))
     except APIError as error:
         raise ImageBuildError(f"docker import: expected {tarball} to import, got {error}") from None
     _tag_latest(api, tag)
-    return BuiltImage(name="base", tag=tag, built=True, seconds=time.monotonic() - started)
+    return BuiltImage(name=name, tag=tag, built=True, seconds=time.monotonic() - started)
 
 
-def _debootstrap_tarball(*, cache_dir: Path, tarball: Path) -> None:
+def _debootstrap_tarball(root: DebianRoot, *, cache_dir: Path, tarball: Path) -> None:
     if os.geteuid() != 0:
         raise ImageBuildError(
             "debootstrap: expected to run as root (it builds a root filesystem), got uid "
@@ -187,9 +219,9 @@ def _debootstrap_tarball(*, cache_dir: Path, tarball: Path) -> None:
     debs.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(work, ignore_errors=True)
     try:
-        _run(["debootstrap", f"--variant={VARIANT}", f"--include={','.join(PACKAGES)}",
-              f"--cache-dir={debs}", SUITE, str(work), MIRROR], what="debootstrap")
-        _run(["chroot", str(work), "/bin/sh", "-c", SETUP_SCRIPT], what="base setup")
+        _run(["debootstrap", f"--variant={VARIANT}", f"--include={','.join(root.packages)}",
+              f"--cache-dir={debs}", root.suite, str(work), MIRROR], what="debootstrap")
+        _run(["chroot", str(work), "/bin/sh", "-c", root.setup], what="root filesystem setup")
         partial = tarball.with_suffix(".partial")
         _run(["tar", "--numeric-owner", "-C", str(work), "-cf", str(partial), "."], what="tar")
         partial.replace(tarball)

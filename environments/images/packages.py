@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import platform
 import re
 import subprocess
 import sys
@@ -50,17 +51,18 @@ def package_image(base_tag: str, package: str, requirements: list[str]) -> str:
 
 
 def wheel_image(base_tag: str, *, repository: str, name: str, requirements: list[str],
-                files: dict[str, bytes] | None = None, steps: str = "") -> str:
+                files: dict[str, bytes] | None = None, steps: str = "", python: tuple[int, int] | None = None) -> str:
     """`<repository>/<name>:<hash>`: `base_tag` with the wheels of `requirements` in its site-packages, then
     `files` (paths relative to the build context, e.g. `extra/app.py`) and the Dockerfile `steps` that use
-    them, run with no network. The hash covers all of it."""
+    them, run with no network. The hash covers all of it. `python`: the image's CPython (major, minor) when it
+    is not this interpreter's; the wheels are then resolved for it and Linux on this machine's architecture."""
     api = docker_api()
     with tempfile.TemporaryDirectory(prefix="crucible-package-image-") as directory:
         context = Path(directory)
         site = context / "site"
         argv = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input",
                 "--target", str(site), "--only-binary=:all:", "--no-compile", "--ignore-installed",
-                "--no-warn-script-location", "--", *requirements]
+                "--no-warn-script-location", *(_for_python(python) if python else []), "--", *requirements]
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=PIP_DEADLINE_S, check=False)
         except subprocess.TimeoutExpired:
@@ -76,7 +78,7 @@ def wheel_image(base_tag: str, *, repository: str, name: str, requirements: list
         if installed > MAX_INSTALLED_BYTES:
             raise ImageBuildError(f"expected at most {MAX_INSTALLED_BYTES >> 20} MiB installed for "
                                   f"{', '.join(requirements)}, got {installed >> 20} MiB")
-        version = tuple(sys.version_info[:2])
+        version = python or tuple(sys.version_info[:2])
         digest = hashlib.sha256(_tree_hash(site, base_tag=base_tag, version=version).encode())
         for path, data in sorted((files or {}).items()):
             digest.update(f"{path}\0{hashlib.sha256(data).hexdigest()}\0".encode())
@@ -99,6 +101,17 @@ def wheel_image(base_tag: str, *, repository: str, name: str, requirements: list
                 raise ImageBuildError(f"docker build of its image: {chunk['error'].strip()[:400]}")
             lines.append(str(chunk.get("stream", "")))
     return tag
+
+
+def _for_python(python: tuple[int, int]) -> list[str]:
+    """pip's options to resolve wheels for another CPython on Linux (glibc up to Debian 13's 2.41). Its
+    Requires-Python check reads the running interpreter even so: the target version decides instead."""
+    major, minor = python
+    arch = platform.machine()
+    platforms = [f"manylinux_2_{glibc}_{arch}" for glibc in range(41, 4, -1)]
+    platforms += [f"manylinux2014_{arch}", f"manylinux2010_{arch}", f"manylinux1_{arch}", f"linux_{arch}"]
+    return ["--python-version", f"{major}.{minor}", "--implementation", "cp", "--abi", f"cp{major}{minor}",
+            "--ignore-requires-python", *(option for tag in platforms for option in ("--platform", tag))]
 
 
 def _tree_hash(site: Path, *, base_tag: str, version: tuple[int, ...]) -> str:

@@ -133,7 +133,7 @@ def test_bad_options_store_nothing(db_session: Session, web: str, format: str, o
 
 def test_format_and_kind_must_match(db_session: Session, web: str, tmp_path: Path) -> None:
     register_environment(db_session, spec=parse_spec(CODE))
-    with pytest.raises(ConfigError, match=r"format: expected crucible, swebench for 'calc' \(a code_repo environment\), "
+    with pytest.raises(ConfigError, match=r"format: expected crucible, swebench, harbor for 'calc' \(a code_repo environment\), "
                                           r"got 'miniwob'"):
         import_generated(db_session, environment="calc", format="miniwob", tasks="click-button", seeds=1)
     with pytest.raises(ConfigError, match=r"got 'shop'"):
@@ -224,7 +224,7 @@ def test_the_cli_imports_and_refuses_in_one_line(db_session: Session, web: str, 
         (["--format", "shop", "--count", "2", str(tmp_path / "t.jsonl")], "PATH: expected none with --format shop"),
         (["--format", "crucible"], "PATH: expected a JSONL task file for --format crucible, got none"),
         (["--format", "crucible", "--seeds", "3", str(tmp_path / "t.jsonl")], "--seeds: expected only with a generated"),
-        (["--format", "wiki"], "--format: expected one of crucible, swebench, miniwob, shop, got 'wiki'"),
+        (["--format", "wiki"], "--format: expected one of crucible, swebench, harbor, miniwob, shop, got 'wiki'"),
         ([str(tmp_path / "missing.jsonl")], "missing.jsonl: cannot read the task file"),
     ]:
         result = _crucible("tasks", "import", web, *args)
