@@ -22,6 +22,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+import docker
 from docker.errors import NotFound
 
 from core.errors import ConfigError
@@ -83,11 +84,11 @@ def environment_image(read: HarborRead, *, image: str | None = None) -> str:
         digest.update(hashlib.sha256(path.read_bytes()).digest())
     tag = f"{ENVIRONMENT_REPOSITORY}/{_name(read.name)}:{digest.hexdigest()[:12]}"
     if not _image_exists(api, tag):
-        _build(api, context=context, dockerfile=None, tag=tag, what=f"{read.folder}: environment/Dockerfile")
+        _build(api, context=context, tag=tag, what=f"{read.folder}: environment/Dockerfile")
     return tag
 
 
-def _build(api, *, context: Path, dockerfile: str | None, tag: str, what: str) -> None:  # type: ignore[no-untyped-def]
+def _build(api: docker.APIClient, *, context: Path, tag: str, what: str) -> None:
     lines: list[str] = []
     for chunk in api.build(path=str(context), tag=tag, network_mode="none", pull=False, rm=True, forcerm=True,
                            decode=True, timeout=BUILD_DEADLINE_S, labels={"crucible.harbor": "1"},
@@ -124,7 +125,7 @@ def adapted_image(environment: str, *, workdir: str) -> str:
     if not _image_exists(api, tag):
         with tempfile.TemporaryDirectory(prefix="crucible-harbor-adapt-") as directory:
             (Path(directory) / "Dockerfile").write_text(dockerfile)
-            _build(api, context=Path(directory), dockerfile=dockerfile, tag=tag, what=f"adapting {environment}")
+            _build(api, context=Path(directory), tag=tag, what=f"adapting {environment}")
     return tag
 
 

@@ -10,16 +10,16 @@ read-only; sandbox/read_tasks.py prints one JSON object per folder.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.errors import ConfigError
+import requests
+
+from core.errors import ConfigError, CrucibleError
 from environments.images.build import IMPORT_CHANGES, DebianRoot, build_root
 from environments.images.packages import wheel_image
 from sandboxes.docker_client import docker_api
-from sandboxes.errors import ImageBuildError
 
 HARBOR = "harbor==0.25.0"
 PYTHON = (3, 13)
@@ -34,6 +34,10 @@ MAX_TASKS = 1000
 MAX_OUTPUT = 256 << 20
 READ_DEADLINE_S = 300.0
 NOBODY = "65534:65534"
+
+
+class ReaderError(CrucibleError):
+    """The reader container failed (not a folder's fault: harbor's refusals are ConfigErrors naming the folder)."""
 
 
 @dataclass(frozen=True)
@@ -103,17 +107,18 @@ def _run_reader(folders: list[Path], *, image: str) -> list[dict[str, Any]]:
     )
     try:
         api.start(container)
-        deadline = time.monotonic() + READ_DEADLINE_S
-        status = api.wait(container, timeout=READ_DEADLINE_S)
-        if time.monotonic() > deadline:
-            raise ImageBuildError(f"harbor's reader did not finish within {READ_DEADLINE_S:g} s")
+        try:
+            status = api.wait(container, timeout=READ_DEADLINE_S)
+        except requests.exceptions.RequestException:  # the client's read timed out: the reader is stuck
+            raise ReaderError(f"harbor's reader: expected it to finish within {READ_DEADLINE_S:g} s, it did "
+                              "not") from None
         output = api.logs(container, stdout=True, stderr=False)
         errors = api.logs(container, stdout=False, stderr=True).decode(errors="replace")
     finally:
         api.remove_container(container, force=True)
     if status.get("StatusCode") != 0 or len(output) > MAX_OUTPUT:
-        raise ImageBuildError(f"harbor's reader: expected exit 0, got {status.get('StatusCode')}: {errors[-800:]}")
+        raise ReaderError(f"harbor's reader: expected exit 0, got {status.get('StatusCode')}: {errors[-800:]}")
     documents = [json.loads(line) for line in output.splitlines() if line.strip()]
     if len(documents) != len(folders):
-        raise ImageBuildError(f"harbor's reader: expected {len(folders)} documents, got {len(documents)}: {errors[-400:]}")
+        raise ReaderError(f"harbor's reader: expected {len(folders)} documents, got {len(documents)}: {errors[-400:]}")
     return documents
