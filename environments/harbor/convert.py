@@ -1,7 +1,8 @@
 """Harbor folders to Crucible's code_repo tasks, and code_repo tasks to Harbor folders.
 
     records = harbor_records(read_tasks(folders))            # import: images built, workspaces exported
-    folder = write_folder(out, name, instruction, task)      # export; read_back(...) has harbor read them
+    folder = write_folder(out, external_id="calc-1", instruction=text, task=task, image=image, environment="calc")
+    read_back({folder: (text, task.hidden_tests)})           # export: harbor reads each folder back
 
 Import: the instruction is instruction.md as harbor reads it; the repository is the working directory's files in
 the task's image; the hidden layer is tests/ (HarborTests), run only in a fresh grading sandbox. What the task's
