@@ -236,6 +236,7 @@ def export(
     """Write an environment's tasks as Harbor task folders, then have the `harbor` package read each back."""
     from environments.code_repo.task import CodeRepoTask, TestSpec
     from environments.harbor.convert import read_back, write_folder
+    from environments.sandboxes import sandbox_spec_for
 
     with readable_errors(), session_scope() as session:
         if format not in FOLDER_FORMATS:
@@ -257,7 +258,7 @@ def export(
         for row in rows:
             task = CodeRepoTask.model_validate(row.payload)
             folder = write_folder(out, external_id=row.external_id, instruction=row.instruction, task=task,
-                                  image=task.image or spec.image, environment=environment)
+                                  image=task.image or sandbox_spec_for(spec).image, environment=environment)
             assert isinstance(task.hidden_tests, TestSpec)
             written[folder.resolve()] = (row.instruction, task.hidden_tests)
         reads = read_back(written)

@@ -95,7 +95,7 @@ def test_a_crucible_task_is_exported_read_back_by_harbor_and_plays_again_after_i
     tmp_path: Path,
 ) -> None:
     policy, _ = scripted
-    source = _register(db_session, {**env_spec(code_repo_image), "name": "calc-source"})
+    source = _register(db_session, {**env_spec("code-repo"), "name": "calc-source"})  # as examples/calc.yaml names it
     factories.task(db_session, _env(db_session, source), external_id="calc/add #1", payload=calc_payload,
                    instruction="Fix add() in calc.py. [script:roundtrip]")
     db_session.commit()
@@ -110,6 +110,7 @@ def test_a_crucible_task_is_exported_read_back_by_harbor_and_plays_again_after_i
         "environment/Dockerfile", "environment/workspace/calc.py", "environment/workspace/tests/test_calc.py",
         "instruction.md", "solution/solve.sh", "task.toml", "tests/files/test_hidden.py", "tests/reward.py",
         "tests/test.sh"]
+    assert (folder / "environment" / "Dockerfile").read_text().startswith(f"FROM {code_repo_image}\n")
     (read,) = read_tasks([folder])  # harbor's own model, once more, by hand
     assert read.instruction == "Fix add() in calc.py. [script:roundtrip]"
     assert read.config["verifier"]["timeout_sec"] == 60.0 and read.config["environment"]["workdir"] == "/workspace"
