@@ -15,15 +15,13 @@ the diff (flags as for any task)."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import math
 from dataclasses import dataclass
 
 from core.tar import pack_files
 from environments.base import Sandbox
-from environments.code_repo.grader import TestRun, _program
+from environments.code_repo.grader import TestRun, _decode_log, _program
 from environments.code_repo.repo import SetupError
 from environments.code_repo.task import HarborTests
 
@@ -37,8 +35,8 @@ class RawHarborRun:
     exit_code: int
     timed_out: bool
     output: str
-    reward_json: bytes | None
-    reward_txt: bytes | None
+    reward_json: str | None
+    reward_txt: str | None
     stopped: bool = True
     """Every process of the tests' uid was killed before the reward files were read (else none was read)."""
 
@@ -73,16 +71,9 @@ def _run(sandbox: Sandbox, spec: HarborTests) -> RawHarborRun:
     if len(fields) != 3 or not fields[0].isdigit():
         raise SetupError(f"harbor tests: the run's wrapper recorded no exit status ({lines[0][:100]!r})")
     return RawHarborRun(exit_code=int(fields[0]), timed_out=fields[1] == "1", stopped=fields[2] == "1",
-                        output=_decode(lines[1]).decode(errors="replace"),
-                        reward_json=None if lines[2] == b"-" else _decode(lines[2]),
-                        reward_txt=None if lines[3] == b"-" else _decode(lines[3]))
-
-
-def _decode(line: bytes) -> bytes:
-    try:
-        return base64.b64decode(line, validate=True)
-    except (binascii.Error, ValueError):
-        return b""
+                        output=_decode_log(lines[1]),
+                        reward_json=None if lines[2] == b"-" else _decode_log(lines[2]),
+                        reward_txt=None if lines[3] == b"-" else _decode_log(lines[3]))
 
 
 def reward_of(raw: RawHarborRun) -> tuple[float, str]:
@@ -96,18 +87,17 @@ def reward_of(raw: RawHarborRun) -> tuple[float, str]:
             continue
         try:
             value = parse(data)
-        except (ValueError, TypeError, UnicodeDecodeError, RecursionError, OverflowError) as error:
+        except (ValueError, TypeError, RecursionError, OverflowError) as error:
             return 0.0, f"{where}: {error}"
         if not math.isfinite(value) or not 0.0 <= value <= 1.0:
             return 0.0, f"{where}: expected a reward in [0, 1], got {value!r}"
         found.append((value, where))
     if not found:
         return 0.0, "no reward: test.sh wrote neither /logs/verifier/reward.json nor reward.txt"
-    value, where = min(found)
-    return value, "; ".join(f"{name}: {number:g}" for number, name in found) if len(found) > 1 else f"{where}: {value:g}"
+    return min(found)[0], "; ".join(f"{name}: {number:g}" for number, name in found)
 
 
-def _json_reward(data: bytes) -> float:
+def _json_reward(data: str) -> float:
     try:
         document = json.loads(data)
     except ValueError:
@@ -120,8 +110,8 @@ def _json_reward(data: bytes) -> float:
     return float(value)
 
 
-def _text_reward(data: bytes) -> float:
+def _text_reward(data: str) -> float:
     try:
-        return float(data.decode())
-    except (ValueError, UnicodeDecodeError):
+        return float(data)
+    except ValueError:
         raise ValueError(f"expected a number, got {data[:80]!r}") from None

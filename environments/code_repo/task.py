@@ -144,7 +144,7 @@ class HarborTests(BaseModel):
     def _not_a_system_directory(cls, value: str) -> str:
         if value.startswith("/workspace/"):  # the workspace is a tmpfs over the image's: a link inside it is hidden
             raise ValueError(f"workdir: expected /workspace itself or a directory outside it, got {value!r}")
-        if value.split("/")[1] in _SYSTEM_DIRS and value != "/workspace":
+        if value.split("/")[1] in _SYSTEM_DIRS:
             raise ValueError(f"workdir: expected a directory of its own such as /app, got {value!r} (under "
                              f"/{value.split('/')[1]}, which the sandbox needs)")
         return value

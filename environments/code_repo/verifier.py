@@ -241,9 +241,7 @@ def _hidden(fresh: Sandbox, *, task: CodeRepoTask, base: str, tree: bytes, diff:
             spec = _with_base_ids(fresh, task=task, base=base, spec=spec, files=files)
             if key is not None:  # the task's ids, not the graded files' neutral parametrize ids
                 spec = spec.model_copy(update={"tests": [key.original(test) for test in spec.tests]})
-    load_submission(fresh, tree, base=base)
-    if staged_diff(fresh, base=base) != diff:
-        raise SetupError("the hidden-test sandbox's tree differs from the graded diff")
+    _load_same_diff(fresh, tree=tree, base=base, diff=diff)
     conflict = apply_patch(fresh, spec.patch or "", name="test patch")
     if conflict:
         return LayerResult("hidden_tests", 0.0, False, conflict, time.monotonic() - started)
@@ -258,13 +256,18 @@ def _harbor(fresh: Sandbox, *, task: CodeRepoTask, spec: HarborTests, base: str,
     """A Harbor task's tests/test.sh in a second fresh sandbox: base + the same files (the same diff, byte for
     byte), its history gone (Harbor's working directory has none), then tests/ where /tests leads."""
     install_repo(fresh, task)
-    load_submission(fresh, tree, base=base)
-    if staged_diff(fresh, base=base) != diff:
-        raise SetupError("the hidden-test sandbox's tree differs from the graded diff")
+    _load_same_diff(fresh, tree=tree, base=base, diff=diff)
     forget_history(fresh)
     run = run_harbor_tests(fresh, spec)
     return LayerResult("hidden_tests", run.score, run.passed, run.detail, time.monotonic() - started,
                        record={"blinded": run.blinded, "graded": run.graded})
+
+
+def _load_same_diff(fresh: Sandbox, *, tree: bytes, base: str, diff: bytes) -> None:
+    """The agent's files over the base in a second fresh sandbox, which must show the graded diff byte for byte."""
+    load_submission(fresh, tree, base=base)
+    if staged_diff(fresh, base=base) != diff:
+        raise SetupError("the hidden-test sandbox's tree differs from the graded diff")
 
 
 def _add_test_files(sandbox: Sandbox, files: dict[str, str]) -> None:

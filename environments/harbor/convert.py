@@ -30,7 +30,6 @@ from pydantic import ValidationError
 
 from core.errors import ConfigError
 from environments.code_repo.importing import MAX_ID_CHARS, MAX_INSTRUCTION_CHARS, TaskRecord
-from environments.code_repo.snapshot import check_snapshot
 from environments.code_repo.task import CodeRepoTask, HarborTests, ImageRepo, TestSpec
 from environments.harbor.images import adapted_image, environment_image, export_workdir, workdir_of
 from environments.harbor.reader import HarborRead
@@ -43,17 +42,21 @@ def harbor_records(reads: list[HarborRead], *, image: str | None = None, split: 
     for every task instead of its own, a template where `{name}` is the task's name."""
     for read in reads:
         where = str(read.folder)
-        named = image.replace("{name}", read.name) if image else None
-        environment = environment_image(read, image=named)
-        workdir = workdir_of(read, environment)
-        snapshot = export_workdir(environment, workdir)
-        check_snapshot(snapshot, where=f"{where}: {workdir}")
+        if not read.instruction.strip() or len(read.instruction) > MAX_INSTRUCTION_CHARS:
+            raise ConfigError(f"{where}: instruction.md: expected 1 to {MAX_INSTRUCTION_CHARS} characters, "
+                              f"got {len(read.instruction.strip())}")
+        if len(read.name) > MAX_ID_CHARS:
+            raise ConfigError(f"{where}: name: expected at most {MAX_ID_CHARS} characters, got {len(read.name)}")
         verifier = read.config.get("verifier") or {}
         env = verifier.get("env") or {}
         for name, value in env.items():
             if "${" in str(value):
                 raise ConfigError(f"{where}: [verifier].env: {name}: expected a literal value, got {str(value)[:80]!r} "
                                   "(the machine's variables never reach a grading sandbox)")
+        named = image.replace("{name}", read.name) if image else None
+        environment = environment_image(read, image=named)
+        workdir = workdir_of(read, environment)
+        snapshot = export_workdir(environment, workdir)  # checked as it was packed (pack_directory)
         try:
             tests = HarborTests(format="harbor", files=read.tests, workdir=workdir, env=env,
                                 timeout_s=min(float(verifier.get("timeout_sec") or 600.0), MAX_TIMEOUT_S))
@@ -62,11 +65,6 @@ def harbor_records(reads: list[HarborRead], *, image: str | None = None, split: 
             first = error.errors()[0]
             field, message = ".".join(map(str, first["loc"])), first["msg"].removeprefix("Value error, ")
             raise ConfigError(f"{where}: {message if message.startswith(field) else f'{field}: {message}'}") from None
-        if not read.instruction.strip() or len(read.instruction) > MAX_INSTRUCTION_CHARS:
-            raise ConfigError(f"{where}: instruction.md: expected 1 to {MAX_INSTRUCTION_CHARS} characters, "
-                              f"got {len(read.instruction.strip())}")
-        if len(read.name) > MAX_ID_CHARS:
-            raise ConfigError(f"{where}: name: expected at most {MAX_ID_CHARS} characters, got {len(read.name)}")
         yield TaskRecord(read.name, read.instruction, split, task.model_dump(mode="json"))
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import re
 import tarfile
 import tempfile
 from pathlib import Path
@@ -30,6 +29,7 @@ from environments.code_repo.snapshot import MAX_UNPACKED_BYTES
 from environments.code_repo.task import HarborTests, RepoSnapshot, pack_directory
 from environments.harbor.reader import HarborRead
 from environments.images.build import _image_exists
+from environments.images.packages import _repository_name
 from sandboxes.docker_client import docker_api
 from sandboxes.errors import ImageBuildError
 
@@ -56,10 +56,6 @@ LABEL crucible.harbor.workdir="{workdir}"
 """
 
 
-def _name(text: str) -> str:
-    return re.sub(r"[^a-z0-9._-]", "-", text.lower()).strip("._-")[:100] or "task"
-
-
 def environment_image(read: HarborRead, *, image: str | None = None) -> str:
     """The image of the task's environment: `image` (a local image the operator names), task.toml's
     `[environment].docker_image` (it must be on this engine), else `environment/Dockerfile` built here
@@ -82,7 +78,7 @@ def environment_image(read: HarborRead, *, image: str | None = None) -> str:
     for path in sorted(p for p in context.rglob("*") if p.is_file()):
         digest.update(f"{path.relative_to(context).as_posix()}\0{path.stat().st_mode & 0o111}\0".encode())
         digest.update(hashlib.sha256(path.read_bytes()).digest())
-    tag = f"{ENVIRONMENT_REPOSITORY}/{_name(read.name)}:{digest.hexdigest()[:12]}"
+    tag = f"{ENVIRONMENT_REPOSITORY}/{_repository_name(read.name, default='task')}:{digest.hexdigest()[:12]}"
     if not _image_exists(api, tag):
         _build(api, context=context, tag=tag, what=f"{read.folder}: environment/Dockerfile")
     return tag
@@ -121,7 +117,8 @@ def adapted_image(environment: str, *, workdir: str) -> str:
     dockerfile = ADAPT.format(base=environment, link_workdir=link, scratch=SCRATCH, workdir=workdir)
     image_id = api.inspect_image(environment)["Id"]
     digest = hashlib.sha256(f"{image_id}\n{dockerfile}".encode()).hexdigest()[:12]
-    tag = f"{REPOSITORY}/{_name(environment.rsplit(':', 1)[0].rsplit('/', 1)[-1])}:{digest}"
+    name = _repository_name(environment.rsplit(":", 1)[0].rsplit("/", 1)[-1], default="task")
+    tag = f"{REPOSITORY}/{name}:{digest}"
     if not _image_exists(api, tag):
         with tempfile.TemporaryDirectory(prefix="crucible-harbor-adapt-") as directory:
             (Path(directory) / "Dockerfile").write_text(dockerfile)

@@ -122,8 +122,8 @@ def _tree_hash(site: Path, *, base_tag: str, version: tuple[int, ...]) -> str:
     return digest.hexdigest()[:12]
 
 
-def _repository_name(package: str) -> str:
-    return re.sub(r"[^a-z0-9._-]", "-", package.lower()).strip("._-")[:100] or "package"
+def _repository_name(package: str, *, default: str = "package") -> str:
+    return re.sub(r"[^a-z0-9._-]", "-", package.lower()).strip("._-")[:100] or default
 
 
 def _last_error(stderr: str) -> str:

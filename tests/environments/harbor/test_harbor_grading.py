@@ -139,7 +139,10 @@ def test_a_file_the_images_environment_names_runs_nowhere_in_grading(
 
 
 def _raw(*, json_text: bytes | None = None, text: bytes | None = None) -> RawHarborRun:
-    return RawHarborRun(exit_code=0, timed_out=False, output="", reward_json=json_text, reward_txt=text)
+    """A run whose reward files hold these bytes, read as the wrapper's lines are (text, undecodable bytes replaced)."""
+    return RawHarborRun(exit_code=0, timed_out=False, output="",
+                        reward_json=None if json_text is None else json_text.decode(errors="replace"),
+                        reward_txt=None if text is None else text.decode(errors="replace"))
 
 
 @pytest.mark.parametrize("raw, score, why", [
